@@ -1,0 +1,25 @@
+# ctest script (cmake -P): installs the mlacp build tree MLACP_BUILD_DIR into WORK_DIR/prefix, then configures,
+# builds and runs the consumer project CONSUMER_SOURCE_DIR against that prefix alone.
+foreach(var MLACP_BUILD_DIR CONSUMER_SOURCE_DIR WORK_DIR CMAKE_GENERATOR)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "MlacpInstallTest.cmake: ${var} is not set")
+  endif()
+endforeach()
+
+function(run_step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result)
+  if(NOT result EQUAL 0)
+    string(REPLACE ";" " " command "${ARGN}")
+    message(FATAL_ERROR "install test: '${command}' failed (${result})")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+run_step(${CMAKE_COMMAND} --install "${MLACP_BUILD_DIR}" --prefix "${prefix}")
+run_step(
+  ${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${CMAKE_GENERATOR}"
+  -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} -DCMAKE_C_COMPILER=${CMAKE_C_COMPILER} "-DCMAKE_PREFIX_PATH=${prefix}"
+  -DCMAKE_BUILD_TYPE=Release)
+run_step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+run_step("${WORK_DIR}/build/consumer")

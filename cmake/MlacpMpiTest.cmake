@@ -1,0 +1,73 @@
+# mlacp_add_mpi_test(<name> SOURCES <src>... [RANKS <n>...] [LABELS <label>...] [TIMEOUT <s>] [ARGS <arg>...])
+#
+# Builds one GoogleTest binary on the MPI test main and registers it with ctest once per rank count, as
+# <name>_np<n>, launched through MPIEXEC_EXECUTABLE MPIEXEC_NUMPROC_FLAG <n> MPIEXEC_PREFLAGS <binary>
+# MPIEXEC_POSTFLAGS. Set MPIEXEC_EXECUTABLE=srun and MPIEXEC_NUMPROC_FLAG=-n to run them under Slurm.
+# Every test gets a TIMEOUT so that a hang fails instead of blocking the run.
+include_guard(GLOBAL)
+
+if(NOT DEFINED MLACP_MPIEXEC_PREFLAGS_SET)
+  # Open MPI refuses more ranks than cores unless told; the tests run 4 ranks on small machines.
+  execute_process(
+    COMMAND ${MPIEXEC_EXECUTABLE} --version
+    OUTPUT_VARIABLE _mlacp_mpiexec_version
+    ERROR_QUIET)
+  if(_mlacp_mpiexec_version MATCHES "Open MPI|OpenRTE" AND NOT MPIEXEC_PREFLAGS MATCHES "oversubscribe")
+    set(MPIEXEC_PREFLAGS
+        "${MPIEXEC_PREFLAGS};--oversubscribe"
+        CACHE STRING "Flags to pass to MPIEXEC_EXECUTABLE directly before the executable" FORCE)
+  endif()
+  set(MLACP_MPIEXEC_PREFLAGS_SET
+      ON
+      CACHE INTERNAL "")
+endif()
+
+function(mlacp_add_mpi_test name)
+  cmake_parse_arguments(arg "" "TIMEOUT" "SOURCES;RANKS;LABELS;ARGS" ${ARGN})
+  if(NOT arg_RANKS)
+    set(arg_RANKS 1 2 4)
+  endif()
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${MLACP_TEST_TIMEOUT})
+  endif()
+  add_executable(${name} ${arg_SOURCES})
+  target_link_libraries(${name} PRIVATE mlacp_test_main mlacp::mlacp mlacp_warnings)
+  foreach(nranks IN LISTS arg_RANKS)
+    add_test(NAME ${name}_np${nranks}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${nranks} ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}>
+                     ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
+    set_tests_properties(
+      ${name}_np${nranks}
+      PROPERTIES TIMEOUT ${arg_TIMEOUT}
+                 PROCESSORS ${nranks}
+                 LABELS "mpi;np${nranks};${arg_LABELS}"
+                 ENVIRONMENT
+                 "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+  endforeach()
+endfunction()
+
+# mlacp_add_expect_output_test(<name> RANKS <n> COMMAND <exe> <args>... EXPECT_EXIT zero|nonzero
+#                              EXPECT <regex>... [REJECT <regex>...] [TIMEOUT <s>] [LABELS <label>...])
+#
+# Runs <exe> under MPIEXEC with <n> ranks and checks the exit status and that every EXPECT pattern matches the
+# combined output (each on its own, in any order: ranks' output interleaves), through MlacpExpectOutput.cmake.
+function(mlacp_add_expect_output_test name)
+  cmake_parse_arguments(arg "" "RANKS;EXPECT_EXIT;TIMEOUT" "COMMAND;EXPECT;REJECT;LABELS" ${ARGN})
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT 120)
+  endif()
+  set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${arg_RANKS} ${MPIEXEC_PREFLAGS} ${arg_COMMAND}
+              ${MPIEXEC_POSTFLAGS})
+  string(REPLACE ";" "|" command "${command}")
+  string(REPLACE ";" "|" expect "${arg_EXPECT}")
+  string(REPLACE ";" "|" reject "${arg_REJECT}")
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${command}" -DEXPECT_EXIT=${arg_EXPECT_EXIT}
+                                "-DEXPECT=${expect}" "-DREJECT=${reject}" -P ${PROJECT_SOURCE_DIR}/cmake/MlacpExpectOutput.cmake)
+  set_tests_properties(
+    ${name}
+    PROPERTIES TIMEOUT ${arg_TIMEOUT}
+               PROCESSORS ${arg_RANKS}
+               LABELS "mpi;np${arg_RANKS};${arg_LABELS}"
+               ENVIRONMENT
+               "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+endfunction()

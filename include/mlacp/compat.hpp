@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// The one place where mlacp adapts to differences between Kokkos / Kokkos Kernels versions: Debian's
+// Trilinos-packaged 3.4.01 and upstream 4.x/5.x. Nothing else in mlacp branches on a version.
+#pragma once
+
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#define MLACP_KOKKOS_VERSION_AT_LEAST(major, minor) (KOKKOS_VERSION >= (major)*10000 + (minor)*100)
+
+// Kokkos Kernels 4.x defines KOKKOSKERNELS_VERSION in KokkosKernels_config.h; 3.4 does not define it at all.
+#if defined(KOKKOSKERNELS_VERSION)
+#define MLACP_KOKKOSKERNELS_VERSION KOKKOSKERNELS_VERSION
+#else
+#define MLACP_KOKKOSKERNELS_VERSION 0
+#endif
+
+namespace mlacp::compat {
+
+/// Number of dimensions of a View type, as an int, in a constant expression. (`View::rank` is an enum in 3.4 and an
+/// integral_constant in 4.x; both convert.)
+template <class ViewType>
+inline constexpr int view_rank_v = static_cast<int>(ViewType::rank);
+
+/// Fences one execution-space instance, with a label where Kokkos supports labelled fences (3.6 and later).
+template <class ExecSpace>
+void fence(const ExecSpace& space, [[maybe_unused]] const std::string& label) {
+#if MLACP_KOKKOS_VERSION_AT_LEAST(3, 6)
+  space.fence(label);
+#else
+  space.fence();
+#endif
+}
+
+/// Fences every execution space (global fence), with a label where supported.
+inline void fence_all([[maybe_unused]] const std::string& label) {
+#if MLACP_KOKKOS_VERSION_AT_LEAST(3, 6)
+  Kokkos::fence(label);
+#else
+  Kokkos::fence();
+#endif
+}
+
+/// True once Kokkos::finalize has run. Kokkos before 4.0 cannot tell: there it answers !is_initialized().
+inline bool kokkos_is_finalized() {
+#if MLACP_KOKKOS_VERSION_AT_LEAST(4, 0)
+  return Kokkos::is_finalized();
+#else
+  return !Kokkos::is_initialized();
+#endif
+}
+
+/// C = beta*C + alpha*op(A)*op(B) on the given execution-space instance, for rank-2 Views.
+/// Kokkos Kernels 3.6 and later take the instance; before that, the instance is fenced first and the plain
+/// overload (which runs on the default instance and fences after itself) is called, which is still ordered.
+template <class ExecSpace, class AView, class BView, class CView>
+void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, typename CView::const_value_type alpha,
+          const AView& a, const BView& b, typename CView::const_value_type beta, const CView& c) {
+#if MLACP_KOKKOSKERNELS_VERSION >= 30600
+  KokkosBlas::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
+#else
+  space.fence();
+  KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
+#endif
+}
+
+/// A Kokkos Tools profiling region for the lifetime of the object (Kokkos::Profiling::ScopedRegion is 4.x only).
+class ScopedRegion {
+ public:
+  explicit ScopedRegion(const std::string& name) { Kokkos::Profiling::pushRegion(name); }
+  ~ScopedRegion() { Kokkos::Profiling::popRegion(); }
+  ScopedRegion(const ScopedRegion&)            = delete;
+  ScopedRegion& operator=(const ScopedRegion&) = delete;
+};
+
+}  // namespace mlacp::compat

@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Built against an installed mlacp by the install test; prints "consumer OK" when the installed headers, library
+// and its dependencies work together.
+#include <mpi.h>
+#include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/version.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int ok = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    mlacp::print_configuration(std::cout);
+    Kokkos::View<double**, Kokkos::LayoutRight> a("a", 2, 3), b("b", 3, 2), c("c", 2, 2);
+    Kokkos::deep_copy(a, 1.0);
+    Kokkos::deep_copy(b, 2.0);
+    mlacp::compat::gemm(Kokkos::DefaultExecutionSpace(), "N", "N", 1.0, a, b, 0.0, c);
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+    ok        = host(1, 1) == 6.0;
+  }
+  MPI_Finalize();
+  std::puts(ok ? "consumer OK" : "consumer FAILED");
+  return ok ? 0 : 1;
+}
