@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The Ulysses layout exchange: sequence-sharded <-> head-sharded.
+#pragma once
+
+#include <mlacp/detail/block_layout.hpp>
+#include <mlacp/detail/launch.hpp>
+
+namespace mlacp {
+
+/// Launches an all-to-all that gathers `gather_dim` (its extent grows by P) and scatters `scatter_dim` (its extent
+/// shrinks by P), with the semantics of hyper_parallel's async_ulysses_seq_to_head_launch: `scatter_dim` is split into
+/// P contiguous blocks, block j goes to rank j, and the received blocks are concatenated along `gather_dim` in rank
+/// order. On [B, S, H, d]: (1, 2) sends token-local to head-local, (2, 1) the inverse.
+///
+/// `view`: rank 3..5, LayoutRight, float or double, accessible from `space`. Pack and unpack run as kernels on the
+/// instance `space`, which is fenced before MPI reads the send buffer; the result is ready in `space`'s order after
+/// wait(). P == 1 returns `view` itself (same allocation) without communication. Errors (InvalidArgument, before
+/// anything is sent): a dimension out of range, gather_dim == scatter_dim, extent(scatter_dim) not divisible by P,
+/// and, in checked mode, ranks passing different shapes.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace& space, const ViewType& view,
+                                                                 int gather_dim, int scatter_dim, const Mesh& mesh,
+                                                                 const std::string& name = "all_to_all") {
+  using T        = typename ViewType::non_const_value_type;
+  using MemSpace = typename ViewType::memory_space;
+  using Result   = collective_result_t<ViewType>;
+  detail::check_collective_types<ExecSpace, ViewType>();
+  detail::validate_collective(mesh,
+                              detail::describe(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim));
+  const int parts = mesh.size();
+  if (parts == 1) return AsyncCollective<Result>(name, nullptr, Result(view), {});
+
+  compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
+  const auto n = static_cast<std::int64_t>(view.size());
+  auto send    = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  auto recv    = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
+  detail::pack_blocks(space, view.data(), send.data(), detail::around_dim(view, scatter_dim), parts, name + " pack");
+  Result result =
+      detail::allocate_result(name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
+                              scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
+  detail::AroundDim received = detail::around_dim(result, gather_dim);
+  received.mid /= parts;
+  const int count     = static_cast<int>(n / parts);
+  const MPI_Comm comm = mesh.comm();
+  auto start          = [count, comm](const T* s, T* r, MPI_Request* request) {
+    return MPI_Ialltoall(s, count, mpi::datatype<T>(), r, count, mpi::datatype<T>(), comm, request);
+  };
+  auto unpack = [space, result, received, parts, name](const detail::Buffer<T, MemSpace>& r) {
+    detail::unpack_blocks(space, r.data(), result.data(), received, parts, name + " unpack");
+  };
+  return detail::launch_mpi(space, name, send, recv, result, start, unpack);
+}
+
+}  // namespace mlacp

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The handle of one launched collective.
+#pragma once
+
+#include <mlacp/detail/pending_transport.hpp>
+#include <mlacp/diagnostics.hpp>
+#include <mlacp/error.hpp>
+#include <mlacp/event_recorder.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace mlacp {
+
+/// A collective in flight: returned by launch_all_to_all / launch_all_gather / launch_reduce_scatter.
+///
+/// Move-only. It owns the send and receive buffers and the transport request until it is waited. wait() is called
+/// exactly once and returns the result View, ready in the order of the execution-space instance given at launch
+/// (its unpack kernel is enqueued there); a second wait() throws UsageError "... cannot be waited twice". test()
+/// makes progress without blocking, so compute loops can drive the transport. A handle destroyed (or assigned over)
+/// while launched and not waited completes the operation first, so that no request leaks and no buffer is freed while
+/// the transport may still write it, and reports the misuse (stderr and diagnostics::unwaited_handles()).
+template <class ResultView>
+class AsyncCollective {
+ public:
+  using result_type = ResultView;
+
+  /// An empty handle: nothing launched.
+  AsyncCollective() = default;
+
+  /// Used by the launch functions. `transport` may be null (nothing to wait for: P == 1); `finish` runs once when the
+  /// transport completed and enqueues the unpack; `keep_alive` holds the buffers until the handle is destroyed.
+  AsyncCollective(std::string name, std::unique_ptr<detail::PendingTransport> transport, ResultView result,
+                  std::function<void()> finish, std::function<void()> keep_alive = {})
+      : state_(std::make_unique<State>()) {
+    state_->name       = std::move(name);
+    state_->transport  = std::move(transport);
+    state_->result     = std::move(result);
+    state_->finish     = std::move(finish);
+    state_->keep_alive = std::move(keep_alive);
+    events::record(EventKind::launch, state_->name);
+  }
+
+  ~AsyncCollective() { abandon(); }
+  AsyncCollective(AsyncCollective&& other) noexcept = default;
+  AsyncCollective& operator=(AsyncCollective&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  AsyncCollective(const AsyncCollective&)            = delete;
+  AsyncCollective& operator=(const AsyncCollective&) = delete;
+
+  /// True when a collective was launched into this handle (and it was not moved away), waited or not.
+  bool launched() const noexcept { return state_ != nullptr; }
+  /// True once wait() returned.
+  bool waited() const noexcept { return state_ && state_->waited; }
+  /// True when launched and not yet waited: wait() is still owed.
+  bool pending() const noexcept { return state_ && !state_->waited; }
+  const std::string& name() const {
+    static const std::string empty;
+    return state_ ? state_->name : empty;
+  }
+
+  /// Progresses the transport without blocking; true when the data has arrived (wait() will not block on the
+  /// network). Throws UsageError on an empty handle.
+  bool test() {
+    require_launched("test");
+    if (state_->waited) return true;
+    return !state_->transport || state_->transport->test();
+  }
+
+  /// Completes the collective and returns its result. Exactly once: a second call throws UsageError.
+  ResultView wait() {
+    require_launched("wait");
+    if (state_->waited) throw UsageError("mlacp: collective '" + state_->name + "' cannot be waited twice");
+    events::record(EventKind::wait_begin, state_->name);
+    if (state_->transport) state_->transport->wait();
+    if (state_->finish) state_->finish();
+    state_->waited = true;
+    state_->finish = nullptr;
+    events::record(EventKind::wait_end, state_->name);
+    return state_->result;
+  }
+
+ private:
+  struct State {
+    std::string name;
+    std::unique_ptr<detail::PendingTransport> transport;
+    ResultView result;
+    std::function<void()> finish;
+    std::function<void()> keep_alive;
+    bool waited = false;
+  };
+
+  void require_launched(const char* what) const {
+    if (!state_)
+      throw UsageError(std::string("mlacp: ") + what +
+                       "() on an empty collective handle (nothing was launched into it, or it was moved from)");
+  }
+
+  void abandon() noexcept {
+    if (!state_) return;
+    if (!state_->waited) {
+      if (state_->transport) state_->transport->complete_noexcept();
+      diagnostics::detail::report_unwaited_handle(state_->name);
+    }
+    state_.reset();
+  }
+
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mlacp

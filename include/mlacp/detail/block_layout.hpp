@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Pack and unpack kernels of the collectives. A LayoutRight tensor seen around one dimension `d` is a 3-D array
+// [outer, mid, inner] (outer = product of the extents before d, mid = extent(d), inner = product after d), so every
+// rank-N exchange is a 3-D re-indexing, written once here for any N.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace mlacp::detail {
+
+struct AroundDim {
+  std::int64_t outer = 1;
+  std::int64_t mid   = 1;
+  std::int64_t inner = 1;
+  std::int64_t size() const { return outer * mid * inner; }
+};
+
+template <class ViewType>
+AroundDim around_dim(const ViewType& view, int dim) {
+  AroundDim a;
+  for (int d = 0; d < static_cast<int>(ViewType::rank); ++d) {
+    const auto extent = static_cast<std::int64_t>(view.extent(static_cast<unsigned>(d)));
+    if (d < dim) a.outer *= extent;
+    if (d == dim) a.mid = extent;
+    if (d > dim) a.inner *= extent;
+  }
+  return a;
+}
+
+/// out = the P contiguous blocks of `in` split along `a.mid`: block j holds in[:, j*m:(j+1)*m, :] (m = a.mid / parts)
+/// as a LayoutRight [outer, m, inner] array. Used to send block j to rank j.
+template <class ExecSpace, class T>
+void pack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int parts, const std::string& label) {
+  const std::int64_t m     = a.mid / parts;
+  const std::int64_t block = a.outer * m * a.inner;
+  const std::int64_t mid = a.mid, inner = a.inner;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, a.size()),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const std::int64_t o                               = i / (mid * inner);
+        const std::int64_t x                               = (i / inner) % mid;
+        const std::int64_t n                               = i % inner;
+        const std::int64_t j                               = x / m;
+        out[j * block + (o * m + (x - j * m)) * inner + n] = in[i];
+      });
+}
+
+/// The inverse direction: `in` holds P blocks, each a LayoutRight [outer, mid, inner] array (block i from rank i);
+/// out is [outer, mid * P, inner] with block i at out[:, i*mid:(i+1)*mid, :].
+template <class ExecSpace, class T>
+void unpack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int parts, const std::string& label) {
+  const std::int64_t block = a.size();
+  const std::int64_t mid = a.mid, inner = a.inner, wide = a.mid * parts;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, block * parts),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const std::int64_t r                      = i / block;
+        const std::int64_t k                      = i - r * block;
+        const std::int64_t o                      = k / (mid * inner);
+        const std::int64_t y                      = (k / inner) % mid;
+        const std::int64_t n                      = k % inner;
+        out[(o * wide + r * mid + y) * inner + n] = in[i];
+      });
+}
+
+}  // namespace mlacp::detail

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// What the three collectives share: compile-time requirements on the View, the description of the call for
+// validation, buffer allocation, host staging for MPI libraries that are not GPU-aware, and the MPI launch.
+#pragma once
+
+#include <mlacp/async_collective.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/config.hpp>
+#include <mlacp/detail/collective_validation.hpp>
+#include <mlacp/mesh.hpp>
+#include <mlacp/mpi/datatype.hpp>
+#include <mlacp/mpi/request_transport.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace mlacp {
+
+/// The View type a collective returns for an input of type ViewType: same value type and rank, LayoutRight, same
+/// memory space, managed.
+template <class ViewType>
+using collective_result_t =
+    Kokkos::View<typename ViewType::non_const_data_type, Kokkos::LayoutRight, typename ViewType::memory_space>;
+
+namespace detail {
+
+template <class ExecSpace, class ViewType>
+constexpr void check_collective_types() {
+  static_assert(Kokkos::is_view<ViewType>::value, "mlacp collectives take Kokkos::View arguments");
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
+                "the first argument of an mlacp collective is a Kokkos execution-space instance");
+  static_assert(compat::view_rank_v<ViewType> >= 3 && compat::view_rank_v<ViewType> <= max_collective_rank,
+                "mlacp collectives take Views of rank 3 to 5");
+  static_assert(std::is_same_v<typename ViewType::array_layout, Kokkos::LayoutRight>,
+                "mlacp collectives take LayoutRight (row-major, contiguous) Views");
+  static_assert(mpi::is_supported_value<typename ViewType::non_const_value_type>::value,
+                "mlacp collectives take Views of float or double");
+  static_assert(!std::is_const_v<typename ViewType::value_type>,
+                "mlacp collectives take non-const Views (with P == 1 the input itself is returned)");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename ViewType::memory_space>::accessible,
+                "the execution space of an mlacp collective must be able to access the View's memory space");
+}
+
+template <class ViewType>
+CollectiveCall describe(CollectiveKind kind, const ViewType& view, int dim_a, int dim_b) {
+  CollectiveCall call{kind,
+                      compat::view_rank_v<ViewType>,
+                      {},
+                      dim_a,
+                      dim_b,
+                      static_cast<int>(sizeof(typename ViewType::value_type)),
+                      view.data() != nullptr || view.size() == 0};
+  for (int d = 0; d < call.rank; ++d)
+    call.extents[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(view.extent(static_cast<unsigned>(d)));
+  return call;
+}
+
+/// A result View shaped like `like`, with extent(dim_a) = extent_a and, when dim_b >= 0, extent(dim_b) = extent_b.
+template <class ViewType>
+collective_result_t<ViewType> allocate_result(const std::string& label, const ViewType& like, int dim_a,
+                                              std::int64_t extent_a, int dim_b = -1, std::int64_t extent_b = 0) {
+  std::size_t n[8] = {KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX,
+                      KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX};
+  for (int d = 0; d < compat::view_rank_v<ViewType>; ++d) n[d] = like.extent(static_cast<unsigned>(d));
+  n[dim_a] = static_cast<std::size_t>(extent_a);
+  if (dim_b >= 0) n[dim_b] = static_cast<std::size_t>(extent_b);
+  return collective_result_t<ViewType>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n[0], n[1], n[2], n[3],
+                                       n[4]);
+}
+
+template <class T, class MemSpace>
+using Buffer = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
+
+template <class T, class MemSpace>
+Buffer<T, MemSpace> allocate_buffer(const std::string& label, std::int64_t n) {
+  return Buffer<T, MemSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), static_cast<std::size_t>(n));
+}
+
+/// Whether MPI may be handed pointers into MemSpace directly.
+template <class MemSpace>
+constexpr bool mpi_reads_directly() {
+  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible || MLACP_ENABLE_GPU_AWARE_MPI;
+}
+
+/// Starts an MPI nonblocking collective from `send` into `recv` (both already sized). The instance is fenced first
+/// so that MPI never reads a send buffer that a kernel is still writing. When MPI cannot read MemSpace, the data
+/// goes through host staging buffers and `recv` is filled, on `space`, by the finish step, before `unpack` runs.
+/// `start(const T* send, T* recv, MPI_Request*)` issues the MPI call.
+template <class ExecSpace, class T, class MemSpace, class ResultView, class Start, class Unpack>
+AsyncCollective<ResultView> launch_mpi(const ExecSpace& space, const std::string& name, Buffer<T, MemSpace> send,
+                                       Buffer<T, MemSpace> recv, ResultView result, Start start, Unpack unpack) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  if constexpr (mpi_reads_directly<MemSpace>()) {
+    compat::fence(space, name + ": send buffer complete before MPI reads it");
+    mpi::check_mpi(start(send.data(), recv.data(), &request), name + ": MPI launch");
+    auto finish     = [=]() { unpack(recv); };
+    auto keep_alive = [send, recv]() {};
+    return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
+                                       std::move(finish), std::move(keep_alive));
+  } else {
+    auto host_send = allocate_buffer<T, Kokkos::HostSpace>(name + " host send", static_cast<std::int64_t>(send.size()));
+    auto host_recv = allocate_buffer<T, Kokkos::HostSpace>(name + " host recv", static_cast<std::int64_t>(recv.size()));
+    Kokkos::deep_copy(space, host_send, send);
+    compat::fence(space, name + ": host staging complete before MPI reads it");
+    mpi::check_mpi(start(host_send.data(), host_recv.data(), &request), name + ": MPI launch");
+    auto finish = [=]() {
+      Kokkos::deep_copy(space, recv, host_recv);
+      unpack(recv);
+    };
+    auto keep_alive = [send, recv, host_send, host_recv]() {};
+    return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
+                                       std::move(finish), std::move(keep_alive));
+  }
+}
+
+}  // namespace detail
+}  // namespace mlacp

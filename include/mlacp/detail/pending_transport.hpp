@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// One in-flight transport operation (an MPI request, an NCCL collective on a stream), seen by the handle that owns it.
+#pragma once
+
+namespace mlacp::detail {
+
+class PendingTransport {
+ public:
+  virtual ~PendingTransport() = default;
+  /// Makes progress without blocking; true once the operation is complete (then the receive buffer may be read in
+  /// the order wait() establishes).
+  virtual bool test() = 0;
+  /// Completes the operation. For MPI this blocks the host until the data has arrived; for NCCL it makes the compute
+  /// stream wait on the completion event without blocking the host.
+  virtual void wait() = 0;
+  /// Completes the operation, never throws; used by destructors of handles that were not waited.
+  virtual void complete_noexcept() noexcept = 0;
+};
+
+}  // namespace mlacp::detail

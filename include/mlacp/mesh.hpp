@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The Ulysses group: the ranks that exchange sequence shards for head shards.
+#pragma once
+
+#include <mpi.h>
+#include <mlacp/config.hpp>
+
+#include <memory>
+
+namespace mlacp {
+
+namespace detail {
+struct NcclContext;
+}
+
+/// A Ulysses (context-parallel) group over an MPI communicator. Move-only.
+///
+/// By default the communicator is duplicated and the duplicate is owned (freed by the destructor), so that mlacp's
+/// traffic can never match a user's messages; `Ownership::borrow` uses the caller's communicator as it is.
+///
+/// Checked mode (on unless the environment sets MLACP_CHECKED=0; switch with set_checked) makes every collective
+/// verify, with one small MPI_Allreduce before anything is sent, that all ranks passed the same shape and operation,
+/// and turns any rank's invalid argument into the same exception on every rank instead of a hang.
+class Mesh {
+ public:
+  enum class Ownership { duplicate, borrow };
+
+  explicit Mesh(MPI_Comm comm, Ownership ownership = Ownership::duplicate);
+  ~Mesh();
+  Mesh(Mesh&& other) noexcept;
+  Mesh& operator=(Mesh&& other) noexcept;
+  Mesh(const Mesh&)            = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  MPI_Comm comm() const noexcept { return comm_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  bool owns_communicator() const noexcept { return owned_; }
+
+  bool checked() const noexcept { return checked_; }
+  void set_checked(bool checked) noexcept { checked_ = checked; }
+
+  /// Whether an NCCL communicator was created (enable_nccl) for this mesh.
+  bool has_nccl() const noexcept { return nccl_ != nullptr; }
+  /// The NCCL context (communicator and its CUDA stream); nullptr without NCCL.
+  detail::NcclContext* nccl() const noexcept { return nccl_.get(); }
+
+#if MLACP_HAVE_NCCL
+  /// Collective over the mesh: creates an NCCL communicator on the current CUDA device from the MPI one (rank 0's
+  /// unique id is broadcast over MPI) and a non-blocking CUDA stream on which mlacp enqueues NCCL collectives.
+  void enable_nccl();
+#endif
+
+ private:
+  void release() noexcept;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_      = 0;
+  int size_      = 0;
+  bool owned_    = false;
+  bool checked_  = true;
+  std::unique_ptr<detail::NcclContext> nccl_;
+};
+
+}  // namespace mlacp

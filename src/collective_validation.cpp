@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <mlacp/detail/collective_validation.hpp>
+#include <mlacp/error.hpp>
+#include <mlacp/mesh.hpp>
+#include <mlacp/mpi/request_transport.hpp>
+
+#include <climits>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace mlacp::detail {
+
+const char* collective_name(CollectiveKind kind) noexcept {
+  switch (kind) {
+    case CollectiveKind::all_to_all:
+      return "mlacp::launch_all_to_all";
+    case CollectiveKind::all_gather:
+      return "mlacp::launch_all_gather";
+    case CollectiveKind::reduce_scatter:
+      return "mlacp::launch_reduce_scatter";
+  }
+  return "mlacp collective";
+}
+
+namespace {
+
+std::string shape_string(const CollectiveCall& call) {
+  std::ostringstream out;
+  out << '[';
+  for (int d = 0; d < call.rank; ++d) out << (d ? ", " : "") << call.extents[static_cast<std::size_t>(d)];
+  out << ']';
+  return out.str();
+}
+
+std::string check_dimension(const CollectiveCall& call, const char* what, int dim) {
+  if (dim >= 0 && dim < call.rank) return {};
+  std::ostringstream out;
+  out << collective_name(call.kind) << ": " << what << " = " << dim << " is out of range for a rank-" << call.rank
+      << " View of shape " << shape_string(call) << "; expected 0 <= " << what << " < " << call.rank;
+  return out.str();
+}
+
+std::string check_divisible(const CollectiveCall& call, const char* what, int dim, int group_size) {
+  const auto extent = call.extents[static_cast<std::size_t>(dim)];
+  if (extent % group_size == 0) return {};
+  std::ostringstream out;
+  out << collective_name(call.kind) << ": " << what << " " << dim << " has size " << extent
+      << ", which is not divisible by the group size P = " << group_size << " (View shape " << shape_string(call)
+      << ")";
+  return out.str();
+}
+
+// The local checks; an empty string when the call is valid on this rank.
+std::string local_error(const CollectiveCall& call, int group_size) {
+  if (!call.allocated)
+    return std::string(collective_name(call.kind)) + ": the View of shape " + shape_string(call) +
+           " is not allocated (data() is null)";
+  std::string error;
+  switch (call.kind) {
+    case CollectiveKind::all_to_all:
+      if (!(error = check_dimension(call, "gather_dim", call.dim_a)).empty()) return error;
+      if (!(error = check_dimension(call, "scatter_dim", call.dim_b)).empty()) return error;
+      if (call.dim_a == call.dim_b)
+        return std::string(collective_name(call.kind)) + ": gather_dim and scatter_dim are both " +
+               std::to_string(call.dim_a) + "; expected two different dimensions";
+      if (!(error = check_divisible(call, "scattered dimension", call.dim_b, group_size)).empty()) return error;
+      break;
+    case CollectiveKind::all_gather:
+      if (!(error = check_dimension(call, "dim", call.dim_a)).empty()) return error;
+      break;
+    case CollectiveKind::reduce_scatter:
+      if (!(error = check_dimension(call, "dim", call.dim_a)).empty()) return error;
+      if (!(error = check_divisible(call, "scattered dimension", call.dim_a, group_size)).empty()) return error;
+      break;
+  }
+  std::int64_t elements = 1;
+  for (int d = 0; d < call.rank; ++d) elements *= call.extents[static_cast<std::size_t>(d)];
+  const std::int64_t per_message = call.kind == CollectiveKind::all_gather ? elements : elements / group_size;
+  if (per_message > INT_MAX)
+    return std::string(collective_name(call.kind)) + ": " + std::to_string(per_message) +
+           " elements per rank and message exceed MPI's int count limit (" + std::to_string(INT_MAX) +
+           "); split the View";
+  return {};
+}
+
+// The fields every rank must agree on, in order, with their names for the message.
+std::vector<std::pair<std::string, std::int64_t>> agreement_fields(const CollectiveCall& call) {
+  std::vector<std::pair<std::string, std::int64_t>> fields;
+  fields.emplace_back("the operation", static_cast<std::int64_t>(call.kind));
+  fields.emplace_back("the View rank", call.rank);
+  for (int d = 0; d < max_collective_rank; ++d)
+    fields.emplace_back("extent(" + std::to_string(d) + ")", call.extents[static_cast<std::size_t>(d)]);
+  fields.emplace_back(call.kind == CollectiveKind::all_to_all ? "gather_dim" : "dim", call.dim_a);
+  fields.emplace_back("scatter_dim", call.dim_b);
+  fields.emplace_back("the value size (sizeof float or double)", call.value_size);
+  return fields;
+}
+
+}  // namespace
+
+void validate_collective(const Mesh& mesh, const CollectiveCall& call) {
+  const std::string error = local_error(call, mesh.size());
+  if (!mesh.checked() || mesh.size() == 1) {
+    if (!error.empty()) throw InvalidArgument(error);
+    return;
+  }
+
+  // One MPI_Allreduce(MAX) carries: the lowest failing rank (negated), then every field and its negation, so that
+  // max and min of each field arrive together.
+  const auto fields = agreement_fields(call);
+  std::vector<std::int64_t> values(1 + 2 * fields.size());
+  values[0] = -static_cast<std::int64_t>(error.empty() ? mesh.size() : mesh.rank());
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    values[1 + 2 * i] = fields[i].second;
+    values[2 + 2 * i] = -fields[i].second;
+  }
+  mpi::check_mpi(
+      MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX, mesh.comm()),
+      std::string(collective_name(call.kind)) + ": checked-mode MPI_Allreduce");
+
+  const auto failing_rank = static_cast<int>(-values[0]);
+  if (failing_rank < mesh.size()) {
+    char message[1024] = {};
+    if (mesh.rank() == failing_rank) std::strncpy(message, error.c_str(), sizeof(message) - 1);
+    mpi::check_mpi(MPI_Bcast(message, sizeof(message), MPI_CHAR, failing_rank, mesh.comm()),
+                   std::string(collective_name(call.kind)) + ": checked-mode MPI_Bcast");
+    throw InvalidArgument(std::string(message) + " [raised on rank " + std::to_string(failing_rank) + " of " +
+                          std::to_string(mesh.size()) + "; nothing was sent]");
+  }
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    const std::int64_t largest  = values[1 + 2 * i];
+    const std::int64_t smallest = -values[2 + 2 * i];
+    if (largest != smallest) {
+      std::ostringstream out;
+      out << collective_name(call.kind) << ": the ranks of the mesh disagree on " << fields[i].first << " (from "
+          << smallest << " to " << largest << " across ranks; this rank passed " << fields[i].second << ", shape "
+          << shape_string(call) << "); every rank must pass the same shape, dimensions and type "
+          << "[nothing was sent]";
+      throw InvalidArgument(out.str());
+    }
+  }
+}
+
+}  // namespace mlacp::detail

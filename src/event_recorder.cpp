@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <mlacp/event_recorder.hpp>
+
+#include <atomic>
+#include <mutex>
+
+namespace mlacp {
+
+const char* to_string(EventKind kind) noexcept {
+  switch (kind) {
+    case EventKind::launch:
+      return "launch";
+    case EventKind::wait_begin:
+      return "wait_begin";
+    case EventKind::wait_end:
+      return "wait_end";
+    case EventKind::compute_begin:
+      return "compute_begin";
+    case EventKind::compute_end:
+      return "compute_end";
+  }
+  return "unknown";
+}
+
+namespace events {
+namespace {
+
+struct Recorder {
+  std::atomic<bool> on{false};
+  std::mutex mutex;
+  std::vector<Event> list;
+  std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+};
+
+Recorder& recorder() {
+  static Recorder instance;
+  return instance;
+}
+
+}  // namespace
+
+void enable(bool on) noexcept { recorder().on.store(on, std::memory_order_relaxed); }
+
+bool enabled() noexcept { return recorder().on.load(std::memory_order_relaxed); }
+
+void clear() {
+  auto& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.list.clear();
+  r.origin = std::chrono::steady_clock::now();
+}
+
+std::vector<Event> snapshot() {
+  auto& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.list;
+}
+
+void record(EventKind kind, const std::string& name) {
+  auto& r = recorder();
+  if (!r.on.load(std::memory_order_relaxed)) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.list.push_back(Event{kind, name, std::chrono::duration<double>(now - r.origin).count()});
+}
+
+std::ptrdiff_t find(const std::vector<Event>& list, EventKind kind, const std::string& name) {
+  for (std::size_t i = 0; i < list.size(); ++i)
+    if (list[i].kind == kind && list[i].name == name) return static_cast<std::ptrdiff_t>(i);
+  return -1;
+}
+
+ScopedCompute::ScopedCompute(std::string name) : name_(std::move(name)), active_(enabled()) {
+  if (active_) record(EventKind::compute_begin, name_);
+}
+
+ScopedCompute::~ScopedCompute() {
+  if (active_) record(EventKind::compute_end, name_);
+}
+
+}  // namespace events
+}  // namespace mlacp

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Every invalid argument of the collectives is raised, with its message, on every rank, before anything is sent.
+#include "mpi_test_harness.hpp"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <mlacp/collectives.hpp>
+
+#include <functional>
+#include <string>
+
+namespace {
+
+using View4 = Kokkos::View<double****, Kokkos::LayoutRight>;
+
+// Runs `launch` and expects mlacp::InvalidArgument whose message contains every part of `expected`.
+void expect_invalid(const std::function<void()>& launch, const std::vector<std::string>& expected) {
+  try {
+    launch();
+    ADD_FAILURE() << "no exception; expected InvalidArgument containing '" << expected.front() << "'";
+  } catch (const mlacp::InvalidArgument& e) {
+    for (const auto& part : expected) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+  // Nothing was left in flight: the communicator still works for everybody.
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(CollectiveValidation, DimensionOutOfRange) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto p = static_cast<std::size_t>(mesh.size());
+  View4 x("x", 2, 4 * p, 4 * p, 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 4, 2, mesh); },
+                 {"mlacp::launch_all_to_all: gather_dim = 4 is out of range for a rank-4 View",
+                  "expected 0 <= "
+                  "gather_dim < 4"});
+  expect_invalid([&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, -1, mesh); },
+                 {"scatter_dim = -1 is out of range"});
+  expect_invalid([&] { mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 7, mesh); },
+                 {"mlacp::launch_all_gather: dim = 7 is out of range"});
+  expect_invalid([&] { mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), x, -2, mesh); },
+                 {"mlacp::launch_reduce_scatter: dim = -2 is out of range"});
+}
+
+TEST(CollectiveValidation, GatherEqualsScatter) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  View4 x("x", 2, 4, 4, 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 2, 2, mesh); },
+                 {"gather_dim and scatter_dim are both 2; expected two different dimensions"});
+}
+
+TEST(CollectiveValidation, ScatteredSizeNotDivisibleNamesDimensionSizeAndP) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto p = static_cast<std::size_t>(mesh.size());
+  if (p == 1) GTEST_SKIP() << "every size is divisible by P = 1";
+  View4 x("x", 2, 4 * p, 4 * p + 1, 3);
+  const std::string sizes = "scattered dimension 2 has size " + std::to_string(4 * p + 1) +
+                            ", which is not divisible by the group size P = " + std::to_string(p);
+  expect_invalid([&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh); }, {sizes});
+  expect_invalid([&] { mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), x, 2, mesh); },
+                 {"mlacp::launch_reduce_scatter: " + sizes});
+}
+
+TEST(CollectiveValidation, UnallocatedView) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  View4 x;
+  View4 y(static_cast<double*>(nullptr), 2, 4, 4, 3);
+  expect_invalid([&] { mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), y, 1, mesh); },
+                 {"the View of shape [2, 4, 4, 3] is not allocated"});
+  // An empty View is valid: nothing to send.
+  EXPECT_EQ(mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh).wait().size(), 0u);
+}
+
+TEST(CollectiveValidation, CheckedModeCatchesShapesThatDifferAcrossRanks) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  if (mesh.size() == 1) GTEST_SKIP() << "needs two ranks";
+  ASSERT_TRUE(mesh.checked());
+  const auto p = static_cast<std::size_t>(mesh.size());
+  // The last rank has one token more: without the check MPI would read and write past the smaller buffers.
+  View4 x("x", 2, 4 + (mesh.rank() == mesh.size() - 1 ? 1 : 0), 4 * p, 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh); },
+                 {"mlacp::launch_all_to_all: the ranks of the mesh disagree on extent(1) (from 4 to 5 across ranks",
+                  "every rank must pass the same shape"});
+  // Different operations on different ranks.
+  View4 y("y", 2, 4 * p, 4 * p, 3);
+  expect_invalid(
+      [&] {
+        if (mesh.rank() == 0)
+          mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), y, 1, mesh);
+        else
+          mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), y, 1, mesh);
+      },
+      {"the ranks of the mesh disagree on the operation"});
+}
+
+TEST(CollectiveValidation, CheckedModeRaisesOneRanksErrorOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  if (mesh.size() == 1) GTEST_SKIP() << "needs two ranks";
+  const auto p = static_cast<std::size_t>(mesh.size());
+  View4 x("x", 2, 4 * p, 4 * p, 3);
+  const int bad = mesh.size() - 1;
+  expect_invalid(
+      [&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, mesh.rank() == bad ? 9 : 2, mesh); },
+      {"scatter_dim = 9 is out of range",
+       "[raised on rank " + std::to_string(bad) + " of " + std::to_string(mesh.size()) + "; nothing was sent]"});
+}
+
+TEST(CollectiveValidation, UncheckedModeStillValidatesLocally) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mesh.set_checked(false);
+  View4 x("x", 2, 4, 4, 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 3, 3, mesh); },
+                 {"gather_dim and scatter_dim are both 3"});
+}
+
+TEST(Mesh, DuplicatesOrBorrowsTheCommunicator) {
+  mlacp::Mesh owned(MPI_COMM_WORLD);
+  int compare = MPI_UNEQUAL;
+  MPI_Comm_compare(owned.comm(), MPI_COMM_WORLD, &compare);
+  EXPECT_EQ(compare, MPI_CONGRUENT);
+  EXPECT_TRUE(owned.owns_communicator());
+  mlacp::Mesh borrowed(MPI_COMM_WORLD, mlacp::Mesh::Ownership::borrow);
+  EXPECT_EQ(borrowed.comm(), MPI_COMM_WORLD);
+  EXPECT_FALSE(borrowed.owns_communicator());
+  EXPECT_EQ(owned.rank(), mlacp::test::world_rank());
+  EXPECT_EQ(owned.size(), mlacp::test::world_size());
+  mlacp::Mesh moved(std::move(owned));
+  EXPECT_EQ(moved.size(), mlacp::test::world_size());
+  EXPECT_EQ(owned.comm(), MPI_COMM_NULL);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW(mlacp::Mesh(MPI_COMM_NULL), mlacp::InvalidArgument);
+}
+
+}  // namespace

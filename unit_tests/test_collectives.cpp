@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The communication core against references built by gathering full tensors to every rank.
+#include "mpi_test_harness.hpp"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <mlacp/collectives.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Extents = std::vector<std::int64_t>;
+
+std::int64_t product(const Extents& e) {
+  return std::accumulate(e.begin(), e.end(), std::int64_t{1}, std::multiplies<>());
+}
+
+Extents unravel(std::int64_t flat, const Extents& e) {
+  Extents idx(e.size());
+  for (std::size_t d = e.size(); d-- > 0;) {
+    idx[d] = flat % e[d];
+    flat /= e[d];
+  }
+  return idx;
+}
+
+std::int64_t ravel(const Extents& idx, const Extents& e) {
+  std::int64_t flat = 0;
+  for (std::size_t d = 0; d < e.size(); ++d) flat = flat * e[d] + idx[d];
+  return flat;
+}
+
+template <class T, int Rank>
+struct ViewOf;
+template <class T>
+struct ViewOf<T, 3> {
+  using type = Kokkos::View<T***, Kokkos::LayoutRight>;
+};
+template <class T>
+struct ViewOf<T, 4> {
+  using type = Kokkos::View<T****, Kokkos::LayoutRight>;
+};
+template <class T>
+struct ViewOf<T, 5> {
+  using type = Kokkos::View<T*****, Kokkos::LayoutRight>;
+};
+
+// A device View holding `values` with the given extents.
+template <class T, int Rank>
+typename ViewOf<T, Rank>::type make_view(const Extents& e, const std::vector<T>& values) {
+  std::size_t n[5] = {1, 1, 1, 1, 1};
+  for (int d = 0; d < Rank; ++d) n[d] = static_cast<std::size_t>(e[static_cast<std::size_t>(d)]);
+  typename ViewOf<T, Rank>::type view;
+  if constexpr (Rank == 3) view = decltype(view)("v", n[0], n[1], n[2]);
+  if constexpr (Rank == 4) view = decltype(view)("v", n[0], n[1], n[2], n[3]);
+  if constexpr (Rank == 5) view = decltype(view)("v", n[0], n[1], n[2], n[3], n[4]);
+  Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(values.data(), values.size());
+  Kokkos::View<T*, Kokkos::LayoutRight, typename decltype(view)::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+      flat(view.data(), view.size());
+  Kokkos::deep_copy(flat, host);
+  return view;
+}
+
+template <class ViewType>
+std::vector<typename ViewType::non_const_value_type> to_host(const ViewType& view) {
+  using T = typename ViewType::non_const_value_type;
+  Kokkos::fence();
+  std::vector<T> out(view.size());
+  Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(out.data(), out.size());
+  Kokkos::View<const T*, Kokkos::LayoutRight, typename ViewType::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+      flat(view.data(), view.size());
+  Kokkos::deep_copy(host, flat);
+  return out;
+}
+
+template <class ViewType>
+Extents extents_of(const ViewType& v) {
+  Extents e;
+  for (int d = 0; d < static_cast<int>(ViewType::rank); ++d) e.push_back(static_cast<std::int64_t>(v.extent(d)));
+  return e;
+}
+
+// Distinct values for every (rank, element), exact in float.
+template <class T>
+std::vector<T> local_values(const Extents& e, int rank) {
+  std::vector<T> v(static_cast<std::size_t>(product(e)));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(rank * 100000 + static_cast<int>(i) + 1);
+  return v;
+}
+
+// Every rank's local tensor, gathered to every rank with plain MPI_Allgather.
+template <class T>
+std::vector<std::vector<T>> gather_all(const std::vector<T>& local) {
+  const int size = mlacp::test::world_size();
+  std::vector<T> all(local.size() * static_cast<std::size_t>(size));
+  MPI_Allgather(local.data(), static_cast<int>(local.size() * sizeof(T)), MPI_BYTE, all.data(),
+                static_cast<int>(local.size() * sizeof(T)), MPI_BYTE, MPI_COMM_WORLD);
+  std::vector<std::vector<T>> per_rank;
+  for (int r = 0; r < size; ++r)
+    per_rank.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(local.size()) * r,
+                          all.begin() + static_cast<std::ptrdiff_t>(local.size()) * (r + 1));
+  return per_rank;
+}
+
+// What rank `me` must receive from all_to_all(gather, scatter): directly from the definition, element by element.
+template <class T>
+std::vector<T> reference_all_to_all(const std::vector<std::vector<T>>& all, const Extents& e, int gather, int scatter,
+                                    int me) {
+  const int parts = static_cast<int>(all.size());
+  Extents out_e   = e;
+  out_e[static_cast<std::size_t>(gather)] *= parts;
+  out_e[static_cast<std::size_t>(scatter)] /= parts;
+  std::vector<T> out(static_cast<std::size_t>(product(out_e)));
+  for (std::int64_t k = 0; k < product(out_e); ++k) {
+    Extents idx  = unravel(k, out_e);
+    const auto g = static_cast<std::size_t>(gather), s = static_cast<std::size_t>(scatter);
+    const auto source = static_cast<std::size_t>(idx[g] / e[g]);
+    idx[g] %= e[g];
+    idx[s] += me * out_e[s];
+    out[static_cast<std::size_t>(k)] = all[source][static_cast<std::size_t>(ravel(idx, e))];
+  }
+  return out;
+}
+
+template <class T>
+class Collectives : public ::testing::Test {};
+using ValueTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(Collectives, ValueTypes);
+
+template <class T, int Rank>
+void check_all_to_all_against_reference(const Extents& e) {
+  const int me = mlacp::test::world_rank();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto values = local_values<T>(e, me);
+  const auto all    = gather_all(values);
+  auto view         = make_view<T, Rank>(e, values);
+  for (int g = 0; g < Rank; ++g) {
+    for (int s = 0; s < Rank; ++s) {
+      if (g == s) continue;
+      auto handle        = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), view, g, s, mesh);
+      auto result        = handle.wait();
+      Extents expected_e = e;
+      expected_e[static_cast<std::size_t>(g)] *= mesh.size();
+      expected_e[static_cast<std::size_t>(s)] /= mesh.size();
+      EXPECT_EQ(extents_of(result), expected_e) << "gather " << g << " scatter " << s;
+      EXPECT_EQ(to_host(result), reference_all_to_all(all, e, g, s, me)) << "gather " << g << " scatter " << s;
+    }
+  }
+}
+
+TYPED_TEST(Collectives, AllToAllMatchesGatheredReferenceForEveryDimensionPairRank4) {
+  const int p = mlacp::test::world_size();
+  check_all_to_all_against_reference<TypeParam, 4>({2 * p, 3 * p, 4 * p, 5 * p});
+}
+
+TYPED_TEST(Collectives, AllToAllMatchesGatheredReferenceRank3AndRank5) {
+  const int p = mlacp::test::world_size();
+  check_all_to_all_against_reference<TypeParam, 3>({p, 2 * p, 3 * p});
+  check_all_to_all_against_reference<TypeParam, 5>({p, 2 * p, p, 3 * p, 2 * p});
+}
+
+TYPED_TEST(Collectives, SeqToHeadThenHeadToSeqIsTheIdentity) {
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const Extents e{2, 5, 3 * p, 7};  // [B, s, H, d]
+  const auto values = local_values<TypeParam>(e, mesh.rank());
+  auto x            = make_view<TypeParam, 4>(e, values);
+  auto heads        = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "seq_to_head").wait();
+  EXPECT_EQ(extents_of(heads), (Extents{2, 5 * p, 3, 7}));
+  auto back = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), heads, 2, 1, mesh, "head_to_seq").wait();
+  EXPECT_EQ(extents_of(back), e);
+  EXPECT_EQ(to_host(back), values);
+}
+
+TYPED_TEST(Collectives, AllGatherAndReduceScatterMatchReferences) {
+  using T      = TypeParam;
+  const int p  = mlacp::test::world_size();
+  const int me = mlacp::test::world_rank();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const Extents e{2, 3 * p, 4};
+  const auto values = local_values<T>(e, me);
+  const auto all    = gather_all(values);
+  auto x            = make_view<T, 3>(e, values);
+  for (int dim = 0; dim < 3; ++dim) {
+    auto gathered = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, dim, mesh).wait();
+    Extents ge    = e;
+    ge[static_cast<std::size_t>(dim)] *= p;
+    ASSERT_EQ(extents_of(gathered), ge);
+    std::vector<T> expected(static_cast<std::size_t>(product(ge)));
+    for (std::int64_t k = 0; k < product(ge); ++k) {
+      Extents idx  = unravel(k, ge);
+      const auto r = static_cast<std::size_t>(idx[static_cast<std::size_t>(dim)] / e[static_cast<std::size_t>(dim)]);
+      idx[static_cast<std::size_t>(dim)] %= e[static_cast<std::size_t>(dim)];
+      expected[static_cast<std::size_t>(k)] = all[r][static_cast<std::size_t>(ravel(idx, e))];
+    }
+    EXPECT_EQ(to_host(gathered), expected) << "all_gather dim " << dim;
+
+    if (e[static_cast<std::size_t>(dim)] % p != 0) continue;
+    auto reduced = mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), x, dim, mesh).wait();
+    Extents re   = e;
+    re[static_cast<std::size_t>(dim)] /= p;
+    ASSERT_EQ(extents_of(reduced), re);
+    std::vector<T> sum(static_cast<std::size_t>(product(re)), T(0));
+    for (std::int64_t k = 0; k < product(re); ++k) {
+      Extents idx = unravel(k, re);
+      idx[static_cast<std::size_t>(dim)] += me * re[static_cast<std::size_t>(dim)];
+      for (int r = 0; r < p; ++r)
+        sum[static_cast<std::size_t>(k)] += all[static_cast<std::size_t>(r)][static_cast<std::size_t>(ravel(idx, e))];
+    }
+    EXPECT_EQ(to_host(reduced), sum) << "reduce_scatter dim " << dim;
+  }
+}
+
+TYPED_TEST(Collectives, ReduceScatterIsTheAdjointOfAllGather) {
+  using T      = TypeParam;
+  const int p  = mlacp::test::world_size();
+  const int me = mlacp::test::world_rank();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const Extents xe{2, 3, 5}, ye{2, 3 * p, 5};
+  std::vector<T> xv(static_cast<std::size_t>(product(xe))), yv(static_cast<std::size_t>(product(ye)));
+  for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<T>(std::sin(1.0 + i + 31.0 * me));
+  for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = static_cast<T>(std::cos(2.0 + i + 17.0 * me));
+  auto x          = make_view<T, 3>(xe, xv);
+  auto y          = make_view<T, 3>(ye, yv);
+  const auto ag   = to_host(mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh).wait());
+  const auto rs   = to_host(mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), y, 1, mesh).wait());
+  double local[2] = {0, 0}, global[2] = {0, 0};
+  for (std::size_t i = 0; i < ag.size(); ++i) local[0] += double(ag[i]) * double(yv[i]);
+  for (std::size_t i = 0; i < rs.size(); ++i) local[1] += double(xv[i]) * double(rs[i]);
+  MPI_Allreduce(local, global, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  const double tolerance = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+  EXPECT_NEAR(global[0], global[1], tolerance * (std::abs(global[0]) + 1.0));
+}
+
+TYPED_TEST(Collectives, SingleRankGroupReturnsTheInputAllocation) {
+  mlacp::Mesh self(MPI_COMM_SELF);
+  Kokkos::View<TypeParam****, Kokkos::LayoutRight> x("x", 2, 3, 4, 5);
+  auto a2a = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, self);
+  EXPECT_TRUE(a2a.test());
+  EXPECT_EQ(a2a.wait().data(), x.data());
+  EXPECT_EQ(mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, self).wait().data(), x.data());
+  EXPECT_EQ(mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), x, 1, self).wait().data(), x.data());
+}
+
+TEST(CollectiveHandle, SecondWaitThrowsAndEmptyHandleRefuses) {
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  Kokkos::View<double****, Kokkos::LayoutRight> x("x", 1, 2, 2 * p, 3);
+  auto handle = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "dO a2a");
+  EXPECT_TRUE(handle.pending());
+  handle.wait();
+  EXPECT_TRUE(handle.waited());
+  try {
+    handle.wait();
+    ADD_FAILURE() << "a second wait() did not throw";
+  } catch (const mlacp::UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "mlacp: collective 'dO a2a' cannot be waited twice");
+  }
+  auto moved = std::move(handle);
+  EXPECT_FALSE(handle.launched());  // NOLINT(bugprone-use-after-move): moved-from state is specified
+  EXPECT_THROW(handle.wait(), mlacp::UsageError);
+  mlacp::AsyncCollective<Kokkos::View<double****, Kokkos::LayoutRight>> empty;
+  EXPECT_THROW(empty.test(), mlacp::UsageError);
+}
+
+TEST(CollectiveHandle, UnwaitedHandleIsCompletedAndReported) {
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  Kokkos::View<float****, Kokkos::LayoutRight> x("x", 1, 2, 2 * p, 3);
+  const auto before = mlacp::diagnostics::unwaited_handles();
+  ::testing::internal::CaptureStderr();
+  { auto dropped = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "forgotten"); }
+  // Assigning over a pending handle completes and reports it too.
+  auto reused = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh, "overwritten");
+  reused      = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh, "second");
+  reused.wait();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(mlacp::diagnostics::unwaited_handles(), before + 2);
+  EXPECT_NE(err.find("collective 'forgotten' was launched but never waited"), std::string::npos) << err;
+  EXPECT_NE(err.find("collective 'overwritten' was launched but never waited"), std::string::npos) << err;
+  // The communicator is still usable: nothing is left in flight.
+  auto after = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh).wait();
+  EXPECT_EQ(after.extent(1), 2u * static_cast<unsigned>(p));
+}
+
+TEST(CollectiveHandle, AllToAllCompletesWhileTheCallerOnlyComputesAndPollsTest) {
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  Kokkos::View<double****, Kokkos::LayoutRight> x("x", 2, 64, 4 * p, 16);
+  Kokkos::deep_copy(x, 1.0);
+  auto handle      = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "polled");
+  const auto start = std::chrono::steady_clock::now();
+  double work      = 0;
+  int polls        = 0;
+  bool done        = false;
+  while (!done && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    for (int i = 0; i < 1000; ++i) work += std::sqrt(static_cast<double>(i + polls));  // the caller's compute
+    ++polls;
+    done = handle.test();
+  }
+  EXPECT_TRUE(done) << "the all-to-all did not complete within 30 s of polling test() (" << polls << " polls)";
+  EXPECT_GT(work, 0.0);
+  EXPECT_FALSE(handle.waited());
+  auto result       = handle.wait();
+  const auto values = to_host(result);
+  EXPECT_EQ(std::accumulate(values.begin(), values.end(), 0.0), static_cast<double>(values.size()));
+}
+
+}  // namespace
