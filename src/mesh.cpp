@@ -54,17 +54,19 @@ Mesh::Mesh(Mesh&& other) noexcept
       size_(other.size_),
       owned_(std::exchange(other.owned_, false)),
       checked_(other.checked_),
+      host_staging_(other.host_staging_),
       nccl_(std::move(other.nccl_)) {}
 
 Mesh& Mesh::operator=(Mesh&& other) noexcept {
   if (this != &other) {
     release();
-    comm_    = std::exchange(other.comm_, MPI_COMM_NULL);
-    rank_    = other.rank_;
-    size_    = other.size_;
-    owned_   = std::exchange(other.owned_, false);
-    checked_ = other.checked_;
-    nccl_    = std::move(other.nccl_);
+    comm_         = std::exchange(other.comm_, MPI_COMM_NULL);
+    rank_         = other.rank_;
+    size_         = other.size_;
+    owned_        = std::exchange(other.owned_, false);
+    checked_      = other.checked_;
+    host_staging_ = other.host_staging_;
+    nccl_         = std::move(other.nccl_);
   }
   return *this;
 }

@@ -237,6 +237,24 @@ TYPED_TEST(Collectives, ReduceScatterIsTheAdjointOfAllGather) {
   EXPECT_NEAR(global[0], global[1], tolerance * (std::abs(global[0]) + 1.0));
 }
 
+TYPED_TEST(Collectives, HostStagingPathGivesTheSameResults) {
+  using T     = TypeParam;
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh direct(MPI_COMM_WORLD);
+  mlacp::Mesh staged(MPI_COMM_WORLD);
+  staged.set_host_staging(true);
+  ASSERT_TRUE(staged.host_staging());
+  const Extents e{2, 2 * p, 3 * p, 5};
+  auto x           = make_view<T, 4>(e, local_values<T>(e, direct.rank()));
+  const auto space = Kokkos::DefaultExecutionSpace();
+  EXPECT_EQ(to_host(mlacp::launch_all_to_all(space, x, 1, 2, staged).wait()),
+            to_host(mlacp::launch_all_to_all(space, x, 1, 2, direct).wait()));
+  EXPECT_EQ(to_host(mlacp::launch_all_gather(space, x, 1, staged).wait()),
+            to_host(mlacp::launch_all_gather(space, x, 1, direct).wait()));
+  EXPECT_EQ(to_host(mlacp::launch_reduce_scatter(space, x, 2, staged).wait()),
+            to_host(mlacp::launch_reduce_scatter(space, x, 2, direct).wait()));
+}
+
 TYPED_TEST(Collectives, SingleRankGroupReturnsTheInputAllocation) {
   mlacp::Mesh self(MPI_COMM_SELF);
   Kokkos::View<TypeParam****, Kokkos::LayoutRight> x("x", 2, 3, 4, 5);

@@ -40,7 +40,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   auto unpack = [space, result, received, parts, name](const detail::Buffer<T, MemSpace>& r) {
     detail::unpack_blocks(space, r.data(), result.data(), received, parts, name + " unpack");
   };
-  return detail::launch_mpi(space, name, send, recv, result, start, unpack);
+  return detail::launch_transport(space, mesh, detail::CollectiveKind::all_gather, name, send, recv,
+                                  static_cast<std::size_t>(count), result, start, unpack);
 }
 
 }  // namespace mlacp

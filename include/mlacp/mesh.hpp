@@ -40,6 +40,12 @@ class Mesh {
   bool checked() const noexcept { return checked_; }
   void set_checked(bool checked) noexcept { checked_ = checked; }
 
+  /// Host staging: when on, MPI collectives copy through host buffers even where MPI could read the View's memory
+  /// directly (for MPI libraries whose GPU support is unreliable, and to test the staging path on any machine). Off by
+  /// default; device memory without MLACP_ENABLE_GPU_AWARE_MPI is always staged.
+  bool host_staging() const noexcept { return host_staging_; }
+  void set_host_staging(bool on) noexcept { host_staging_ = on; }
+
   /// Whether an NCCL communicator was created (enable_nccl) for this mesh.
   bool has_nccl() const noexcept { return nccl_ != nullptr; }
   /// The NCCL context (communicator and its CUDA stream); nullptr without NCCL.
@@ -54,11 +60,12 @@ class Mesh {
  private:
   void release() noexcept;
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_      = 0;
-  int size_      = 0;
-  bool owned_    = false;
-  bool checked_  = true;
+  MPI_Comm comm_     = MPI_COMM_NULL;
+  int rank_          = 0;
+  int size_          = 0;
+  bool owned_        = false;
+  bool checked_      = true;
+  bool host_staging_ = false;
   std::unique_ptr<detail::NcclContext> nccl_;
 };
 

@@ -36,7 +36,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
     return MPI_Ireduce_scatter_block(s, r, count, mpi::datatype<T>(), MPI_SUM, comm, request);
   };
   auto unpack = [](const detail::Buffer<T, MemSpace>&) {};
-  return detail::launch_mpi(space, name, send, recv, result, start, unpack);
+  return detail::launch_transport(space, mesh, detail::CollectiveKind::reduce_scatter, name, send, recv,
+                                  static_cast<std::size_t>(count), result, start, unpack);
 }
 
 }  // namespace mlacp

@@ -10,6 +10,7 @@
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/datatype.hpp>
 #include <mlacp/mpi/request_transport.hpp>
+#include <mlacp/nccl/nccl_transport.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <string>
@@ -84,35 +85,57 @@ constexpr bool mpi_reads_directly() {
   return Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible || MLACP_ENABLE_GPU_AWARE_MPI;
 }
 
-/// Starts an MPI nonblocking collective from `send` into `recv` (both already sized). The instance is fenced first
-/// so that MPI never reads a send buffer that a kernel is still writing. When MPI cannot read MemSpace, the data
-/// goes through host staging buffers and `recv` is filled, on `space`, by the finish step, before `unpack` runs.
-/// `start(const T* send, T* recv, MPI_Request*)` issues the MPI call.
-template <class ExecSpace, class T, class MemSpace, class ResultView, class Start, class Unpack>
-AsyncCollective<ResultView> launch_mpi(const ExecSpace& space, const std::string& name, Buffer<T, MemSpace> send,
-                                       Buffer<T, MemSpace> recv, ResultView result, Start start, Unpack unpack) {
+/// Starts the collective `kind` from `send` into `recv` (both already sized; `count` elements per peer block) and
+/// returns its handle; `unpack(recv)` runs at wait(), on `space`, to produce `result`.
+///
+/// MPI: the instance is fenced first so that MPI never reads a send buffer that a kernel is still writing;
+/// `mpi_start(const T* send, T* recv, MPI_Request*)` issues the nonblocking call. When MPI cannot read MemSpace (or
+/// the mesh asks for host staging), the data goes through host buffers and `recv` is refilled on `space` at wait().
+/// NCCL (CUDA builds, mesh.enable_nccl() called, CUDA execution space): enqueued on the mesh's stream after an event
+/// of `space`'s stream; no host fence, no host staging.
+template <class ExecSpace, class T, class MemSpace, class ResultView, class MpiStart, class Unpack>
+AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh& mesh, CollectiveKind kind,
+                                             const std::string& name, Buffer<T, MemSpace> send,
+                                             Buffer<T, MemSpace> recv, std::size_t count, ResultView result,
+                                             MpiStart mpi_start, Unpack unpack) {
+#if defined(KOKKOS_ENABLE_CUDA) && MLACP_HAVE_NCCL
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
+    if (mesh.has_nccl()) {
+      const auto operation = kind == CollectiveKind::all_to_all   ? nccl::Operation::all_to_all
+                             : kind == CollectiveKind::all_gather ? nccl::Operation::all_gather
+                                                                  : nccl::Operation::reduce_scatter_sum;
+      auto transport       = nccl::launch(operation, send.data(), recv.data(), count, nccl::datatype<T>(), sizeof(T),
+                                          *mesh.nccl(), space.cuda_stream(), name);
+      auto finish          = [=]() { unpack(recv); };
+      auto keep_alive      = [send, recv]() {};
+      return AsyncCollective<ResultView>(name, std::move(transport), std::move(result), std::move(finish),
+                                         std::move(keep_alive));
+    }
+  }
+#endif
+  (void)kind;
+  (void)count;
   MPI_Request request = MPI_REQUEST_NULL;
-  if constexpr (mpi_reads_directly<MemSpace>()) {
+  if (mpi_reads_directly<MemSpace>() && !mesh.host_staging()) {
     compat::fence(space, name + ": send buffer complete before MPI reads it");
-    mpi::check_mpi(start(send.data(), recv.data(), &request), name + ": MPI launch");
+    mpi::check_mpi(mpi_start(send.data(), recv.data(), &request), name + ": MPI launch");
     auto finish     = [=]() { unpack(recv); };
     auto keep_alive = [send, recv]() {};
     return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
                                        std::move(finish), std::move(keep_alive));
-  } else {
-    auto host_send = allocate_buffer<T, Kokkos::HostSpace>(name + " host send", static_cast<std::int64_t>(send.size()));
-    auto host_recv = allocate_buffer<T, Kokkos::HostSpace>(name + " host recv", static_cast<std::int64_t>(recv.size()));
-    Kokkos::deep_copy(space, host_send, send);
-    compat::fence(space, name + ": host staging complete before MPI reads it");
-    mpi::check_mpi(start(host_send.data(), host_recv.data(), &request), name + ": MPI launch");
-    auto finish = [=]() {
-      Kokkos::deep_copy(space, recv, host_recv);
-      unpack(recv);
-    };
-    auto keep_alive = [send, recv, host_send, host_recv]() {};
-    return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
-                                       std::move(finish), std::move(keep_alive));
   }
+  auto host_send = allocate_buffer<T, Kokkos::HostSpace>(name + " host send", static_cast<std::int64_t>(send.size()));
+  auto host_recv = allocate_buffer<T, Kokkos::HostSpace>(name + " host recv", static_cast<std::int64_t>(recv.size()));
+  Kokkos::deep_copy(space, host_send, send);
+  compat::fence(space, name + ": host staging complete before MPI reads it");
+  mpi::check_mpi(mpi_start(host_send.data(), host_recv.data(), &request), name + ": MPI launch");
+  auto finish = [=]() {
+    Kokkos::deep_copy(space, recv, host_recv);
+    unpack(recv);
+  };
+  auto keep_alive = [send, recv, host_send, host_recv]() {};
+  return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
+                                     std::move(finish), std::move(keep_alive));
 }
 
 }  // namespace detail
