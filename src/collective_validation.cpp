@@ -86,8 +86,8 @@ std::string local_error(const CollectiveCall& call, int group_size) {
 }
 
 // The fields every rank must agree on, in order, with their names for the message.
-std::vector<std::pair<std::string, std::int64_t>> agreement_fields(const CollectiveCall& call) {
-  std::vector<std::pair<std::string, std::int64_t>> fields;
+AgreementFields agreement_fields(const CollectiveCall& call) {
+  AgreementFields fields;
   fields.emplace_back("the operation", static_cast<std::int64_t>(call.kind));
   fields.emplace_back("the View rank", call.rank);
   for (int d = 0; d < max_collective_rank; ++d)
@@ -100,47 +100,56 @@ std::vector<std::pair<std::string, std::int64_t>> agreement_fields(const Collect
 
 }  // namespace
 
-void validate_collective(const Mesh& mesh, const CollectiveCall& call) {
-  const std::string error = local_error(call, mesh.size());
+void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
+                    const AgreementFields& fields, const std::string& context, bool usage) {
   if (!mesh.checked() || mesh.size() == 1) {
-    if (!error.empty()) throw InvalidArgument(error);
-    return;
+    if (local_error.empty()) return;
+    if (usage) throw UsageError(local_error);
+    throw InvalidArgument(local_error);
   }
-
   // One MPI_Allreduce(MAX) carries: the lowest failing rank (negated), then every field and its negation, so that
   // max and min of each field arrive together.
-  const auto fields = agreement_fields(call);
   std::vector<std::int64_t> values(1 + 2 * fields.size());
-  values[0] = -static_cast<std::int64_t>(error.empty() ? mesh.size() : mesh.rank());
+  values[0] = -static_cast<std::int64_t>(local_error.empty() ? mesh.size() : mesh.rank());
   for (std::size_t i = 0; i < fields.size(); ++i) {
     values[1 + 2 * i] = fields[i].second;
     values[2 + 2 * i] = -fields[i].second;
   }
   mpi::check_mpi(
       MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX, mesh.comm()),
-      std::string(collective_name(call.kind)) + ": checked-mode MPI_Allreduce");
+      where + ": checked-mode MPI_Allreduce");
 
   const auto failing_rank = static_cast<int>(-values[0]);
   if (failing_rank < mesh.size()) {
+    // message[0] carries the kind ('U' usage, 'I' invalid argument), the text follows.
     char message[1024] = {};
-    if (mesh.rank() == failing_rank) std::strncpy(message, error.c_str(), sizeof(message) - 1);
+    if (mesh.rank() == failing_rank) {
+      message[0] = usage ? 'U' : 'I';
+      std::strncpy(message + 1, local_error.c_str(), sizeof(message) - 2);
+    }
     mpi::check_mpi(MPI_Bcast(message, sizeof(message), MPI_CHAR, failing_rank, mesh.comm()),
-                   std::string(collective_name(call.kind)) + ": checked-mode MPI_Bcast");
-    throw InvalidArgument(std::string(message) + " [raised on rank " + std::to_string(failing_rank) + " of " +
-                          std::to_string(mesh.size()) + "; nothing was sent]");
+                   where + ": checked-mode MPI_Bcast");
+    const std::string text = std::string(message + 1) + " [raised on rank " + std::to_string(failing_rank) + " of " +
+                             std::to_string(mesh.size()) + "; nothing was sent]";
+    if (message[0] == 'U') throw UsageError(text);
+    throw InvalidArgument(text);
   }
   for (std::size_t i = 0; i < fields.size(); ++i) {
     const std::int64_t largest  = values[1 + 2 * i];
     const std::int64_t smallest = -values[2 + 2 * i];
     if (largest != smallest) {
       std::ostringstream out;
-      out << collective_name(call.kind) << ": the ranks of the mesh disagree on " << fields[i].first << " (from "
-          << smallest << " to " << largest << " across ranks; this rank passed " << fields[i].second << ", shape "
-          << shape_string(call) << "); every rank must pass the same shape, dimensions and type "
-          << "[nothing was sent]";
+      out << where << ": the ranks of the mesh disagree on " << fields[i].first << " (from " << smallest << " to "
+          << largest << " across ranks; this rank passed " << fields[i].second << ", " << context
+          << "); every rank must pass the same shape, dimensions and type [nothing was sent]";
       throw InvalidArgument(out.str());
     }
   }
+}
+
+void validate_collective(const Mesh& mesh, const CollectiveCall& call) {
+  agree_or_throw(mesh, collective_name(call.kind), local_error(call, mesh.size()), agreement_fields(call),
+                 "shape " + shape_string(call));
 }
 
 }  // namespace mlacp::detail

@@ -104,11 +104,11 @@ Vec finite_difference(const Vec& x0, const std::function<double(const Vec&)>& f,
   return g;
 }
 
-/// The message of the std::invalid_argument that fn throws ("" when it throws none).
+/// The message of the mlacp::InvalidArgument that fn throws ("" when it throws none).
 std::string invalid_argument_message(const std::function<void()>& fn) {
   try {
     fn();
-  } catch (const std::invalid_argument& e) {
+  } catch (const mlacp::InvalidArgument& e) {
     return e.what();
   }
   return "";
@@ -431,10 +431,20 @@ struct AttnRun {
 
 TYPED_TEST(MlaKernels, AttentionForwardMatchesNaiveSoftmax) {
   using T = TypeParam;
-  for (const double magnitude : {1.0, 6.0}) {  // 6: scores of tens, which overflow exp without the running max
+  // Magnitude 40 with integer entries: scores of thousands (exp overflows double without the running max), computed
+  // exactly in float too.
+  for (const double magnitude : {1.0, 6.0, 40.0}) {
+    const bool integers = magnitude > 10.0;
+    auto input          = [&](std::size_t n, std::uint32_t seed) {
+      Vec values = random_vec(n, seed, -magnitude, magnitude);
+      if (integers) {
+        for (auto& x : values) x = std::round(x);
+      }
+      return rounded<T>(values);
+    };
     const AttnShape sh{2, 13, 3, 5, 3};
-    const Vec q0 = rounded<T>(random_vec(sh.qk_size(), 11, -magnitude, magnitude));
-    const Vec k0 = rounded<T>(random_vec(sh.qk_size(), 12, -magnitude, magnitude));
+    const Vec q0 = input(sh.qk_size(), 11);
+    const Vec k0 = input(sh.qk_size(), 12);
     const Vec v0 = rounded<T>(random_vec(sh.v_size(), 13));
     AttnRun<T> run(sh, q0, k0, v0);
     Vec o_ref, lse_ref;

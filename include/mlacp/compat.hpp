@@ -79,3 +79,29 @@ class ScopedRegion {
 };
 
 }  // namespace mlacp::compat
+
+// ---- math: device-callable math functions (begin) ------------------------------------------------------------------
+// Kokkos 3.7 and later define them in namespace Kokkos; before that they live in Kokkos::Experimental. Kernels call
+// mlacp::compat::math::sqrt etc., never std:: math.
+namespace mlacp::compat::math {
+#if MLACP_KOKKOS_VERSION_AT_LEAST(3, 7)
+using Kokkos::cos;
+using Kokkos::exp;
+using Kokkos::fabs;
+using Kokkos::fmax;
+using Kokkos::log;
+using Kokkos::pow;
+using Kokkos::sin;
+using Kokkos::sqrt;
+#else
+using Kokkos::Experimental::cos;
+using Kokkos::Experimental::exp;
+using Kokkos::Experimental::fabs;
+using Kokkos::Experimental::fmax;
+using Kokkos::Experimental::log;
+using Kokkos::Experimental::pow;
+using Kokkos::Experimental::sin;
+using Kokkos::Experimental::sqrt;
+#endif
+}  // namespace mlacp::compat::math
+// ---- math (end) ----------------------------------------------------------------------------------------------------

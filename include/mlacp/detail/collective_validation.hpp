@@ -4,6 +4,9 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace mlacp {
 class Mesh;
@@ -27,6 +30,19 @@ struct CollectiveCall {
   int value_size;                                         ///< sizeof the value type
   bool allocated;                                         ///< data() != nullptr or the View is empty
 };
+
+/// Named integers that every rank of a mesh must pass identically.
+using AgreementFields = std::vector<std::pair<std::string, std::int64_t>>;
+
+/// The mechanism behind every "raised on every rank" error. `local_error` is this rank's verdict (empty: valid).
+/// Unchecked mesh or P == 1: throws InvalidArgument(local_error) if it is not empty. Checked mesh: one MPI_Allreduce
+/// compares `fields` across ranks and collects the lowest failing rank; if any rank failed, every rank throws that
+/// rank's message (one MPI_Bcast); else if a field differs, every rank throws a message naming it, its range and
+/// `context` (what this rank passed).
+/// `usage` selects UsageError instead of InvalidArgument for this rank's local error (the kind travels with the
+/// message).
+void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
+                    const AgreementFields& fields, const std::string& context, bool usage = false);
 
 /// Validates `call` for a group of `mesh.size()` ranks. Throws InvalidArgument naming the value and what was expected.
 /// Unchecked mesh: local checks only. Checked mesh: one MPI_Allreduce also compares the calls of all ranks, and an

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// Causal scaled-dot-product attention on head-local data (MLA_SPEC step 6), numerically stable (online softmax) and
+// never materialising the S x S score matrix:
+//   q, k `[B, S, h, dqk]`, v `[B, S, h, dv]`, o `[B, S, h, dv]`, lse `[B, h, S]`;
+//   o_i = sum_{j <= i} P_ij v_j,  P_ij = exp(scale * q_i.k_j - lse_i),  lse_i = log sum_{j <= i} exp(scale * q_i.k_j),
+//   scale = 1/sqrt(dqk); the position of a token is its index along S (the global token index).
+//
+// The kernels are simple and portable, one thread per (b, row, head) with loops over keys and channels; they are the
+// reference-quality default, not a tuned flash-attention kernel. Dot products accumulate in the value type; the
+// softmax scalars (running max, running sum, probabilities) are double.
+//
+// Replacing the core: the MLA layer takes the core as a template parameter. A user-supplied core is a type with
+//   template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+//   void forward(const ExecSpace&, const Q& q, const K& k, const V& v, const O& o, const Lse& lse) const;
+//   template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+//   void backward(const ExecSpace&, const Q&, const K&, const V&, const O&, const Lse&, const DO& d_o, const DQ& dq,
+//                 const DK& dk, const DV& dv) const;
+// with the shapes above: forward reads q, k, v and writes o and the saved state lse `[B, h, S]` (any per-row
+// statistic it needs, in that View); backward reads q, k, v, o, lse and d_o and overwrites dq, dk, dv (each of which
+// may be an empty View, meaning "not needed"). Both run asynchronously on the given execution-space instance.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/error.hpp>
+#include <mlacp/mla/view_utils.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace mlacp {
+namespace detail {
+
+template <std::size_t N>
+std::string extents_string(const std::array<std::size_t, N>& e) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < N; ++i) s += (i ? ", " : "") + std::to_string(e[i]);
+  return s + "]";
+}
+
+template <class ViewType, std::size_t N>
+void check_extents(const char* who, const char* name, const ViewType& v, const std::array<std::size_t, N>& expected) {
+  static_assert(compat::view_rank_v<ViewType> == static_cast<int>(N), "mlacp: a View argument has the wrong rank");
+  std::array<std::size_t, N> got{};
+  for (std::size_t i = 0; i < N; ++i) got[i] = v.extent(i);
+  if (got != expected) {
+    throw mlacp::InvalidArgument(std::string("mlacp::") + who + ": " + name + " is " + extents_string(got) +
+                                 ", expected " + extents_string(expected));
+  }
+}
+
+template <class QView, class KView, class VView, class OView, class LseView>
+void attention_check(const char* who, const QView& q, const KView& k, const VView& v, const OView& o,
+                     const LseView& lse) {
+  const std::size_t n_b = q.extent(0), n_s = q.extent(1), n_h = q.extent(2), d_qk = q.extent(3);
+  const std::size_t d_v = v.extent(3);
+  if (d_qk == 0) throw mlacp::InvalidArgument(std::string("mlacp::") + who + ": q.extent(3) = 0, expected dqk > 0");
+  check_extents<KView, 4>(who, "k", k, {n_b, n_s, n_h, d_qk});
+  check_extents<VView, 4>(who, "v", v, {n_b, n_s, n_h, d_v});
+  check_extents<OView, 4>(who, "o", o, {n_b, n_s, n_h, d_v});
+  check_extents<LseView, 3>(who, "lse", lse, {n_b, n_h, n_s});
+}
+
+}  // namespace detail
+
+/// Causal attention forward: writes o `[B, S, h, dv]` and the row log-sum-exp lse `[B, h, S]` from q, k `[B, S, h,
+/// dqk]` and v `[B, S, h, dv]`. One thread per (b, query, head); online softmax. Asynchronous on `space`.
+template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
+void attention_forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+                       const LseView& lse) {
+  static_assert(compat::view_rank_v<QView> == 4, "mlacp::attention_forward: q must be rank-4 [B, S, h, dqk]");
+  static_assert(compat::view_rank_v<VView> == 4, "mlacp::attention_forward: v must be rank-4 [B, S, h, dv]");
+  static_assert_accessible<ExecSpace, QView>();
+  static_assert_accessible<ExecSpace, KView>();
+  static_assert_accessible<ExecSpace, VView>();
+  static_assert_accessible<ExecSpace, OView>();
+  static_assert_accessible<ExecSpace, LseView>();
+  detail::attention_check("attention_forward", q, k, v, o, lse);
+  using acc_type          = typename QView::non_const_value_type;
+  using o_type            = typename OView::non_const_value_type;
+  using lse_type          = typename LseView::non_const_value_type;
+  const std::int64_t n_b  = static_cast<std::int64_t>(q.extent(0));
+  const std::int64_t n_s  = static_cast<std::int64_t>(q.extent(1));
+  const std::int64_t n_h  = static_cast<std::int64_t>(q.extent(2));
+  const int d_qk          = static_cast<int>(q.extent(3));
+  const int d_v           = static_cast<int>(v.extent(3));
+  const double scale      = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
+  const std::int64_t rows = n_b * n_s * n_h;
+  if (rows == 0) return;
+  Kokkos::parallel_for(
+      "mlacp::attention_forward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows),
+      KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t hd = idx % n_h;
+        const std::int64_t i  = (idx / n_h) % n_s;
+        const std::int64_t b  = idx / (n_h * n_s);
+        double m              = 0.0;  // running max of the scores
+        double l              = 0.0;  // running sum of exp(score - m)
+        for (std::int64_t j = 0; j <= i; ++j) {
+          acc_type dot = 0;
+          for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
+          const double score = static_cast<double>(dot) * scale;
+          if (j == 0) {
+            m = score;
+            l = 1.0;
+            for (int c = 0; c < d_v; ++c) o(b, i, hd, c) = static_cast<o_type>(v(b, j, hd, c));
+            continue;
+          }
+          if (score > m) {
+            const double alpha   = compat::math::exp(m - score);
+            const o_type alpha_o = static_cast<o_type>(alpha);
+            l *= alpha;
+            for (int c = 0; c < d_v; ++c) o(b, i, hd, c) *= alpha_o;
+            m = score;
+          }
+          const double p   = compat::math::exp(score - m);
+          const o_type p_o = static_cast<o_type>(p);
+          l += p;
+          for (int c = 0; c < d_v; ++c) o(b, i, hd, c) += p_o * static_cast<o_type>(v(b, j, hd, c));
+        }
+        const o_type inv_l = static_cast<o_type>(1.0 / l);
+        for (int c = 0; c < d_v; ++c) o(b, i, hd, c) *= inv_l;
+        lse(b, hd, i) = static_cast<lse_type>(m + compat::math::log(l));
+      });
+}
+
+/// Causal attention backward, recomputing P from lse (no S x S storage), with D_i = sum_c dO_ic O_ic and
+/// dS_ij = P_ij (dO_i.v_j - D_i):
+///   dq_i = scale * sum_{j <= i} dS_ij k_j,  dk_j = scale * sum_{i >= j} dS_ij q_i,  dv_j = sum_{i >= j} P_ij dO_i.
+/// dq, dk, dv are overwritten; any of them may be an empty View ("not needed"), whose work is then skipped.
+/// One thread per (b, query, head) for dq and per (b, key, head) for dk and dv: no atomics, no temporary allocation
+/// (D_i is recomputed where needed). Asynchronous on `space`.
+template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
+          class DqView, class DkView, class DvView>
+void attention_backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+                        const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv) {
+  static_assert(compat::view_rank_v<QView> == 4, "mlacp::attention_backward: q must be rank-4 [B, S, h, dqk]");
+  static_assert(compat::view_rank_v<VView> == 4, "mlacp::attention_backward: v must be rank-4 [B, S, h, dv]");
+  static_assert_accessible<ExecSpace, QView>();
+  static_assert_accessible<ExecSpace, KView>();
+  static_assert_accessible<ExecSpace, VView>();
+  static_assert_accessible<ExecSpace, OView>();
+  static_assert_accessible<ExecSpace, LseView>();
+  static_assert_accessible<ExecSpace, DoView>();
+  static_assert_accessible<ExecSpace, DqView>();
+  static_assert_accessible<ExecSpace, DkView>();
+  static_assert_accessible<ExecSpace, DvView>();
+  const char* who = "attention_backward";
+  detail::attention_check(who, q, k, v, o, lse);
+  const std::size_t nb = q.extent(0), ns = q.extent(1), nh = q.extent(2), nqk = q.extent(3), nv = v.extent(3);
+  detail::check_extents<DoView, 4>(who, "d_o", d_o, {nb, ns, nh, nv});
+  const bool do_dq = !view_is_empty(dq);
+  const bool do_dk = !view_is_empty(dk);
+  const bool do_dv = !view_is_empty(dv);
+  if (do_dq) detail::check_extents<DqView, 4>(who, "dq", dq, {nb, ns, nh, nqk});
+  if (do_dk) detail::check_extents<DkView, 4>(who, "dk", dk, {nb, ns, nh, nqk});
+  if (do_dv) detail::check_extents<DvView, 4>(who, "dv", dv, {nb, ns, nh, nv});
+  const std::int64_t rows = static_cast<std::int64_t>(nb * ns * nh);
+  if (rows == 0 || !(do_dq || do_dk || do_dv)) return;
+
+  using acc_type         = typename QView::non_const_value_type;
+  using dq_type          = typename DqView::non_const_value_type;
+  using dk_type          = typename DkView::non_const_value_type;
+  using dv_type          = typename DvView::non_const_value_type;
+  const std::int64_t n_s = static_cast<std::int64_t>(ns);
+  const std::int64_t n_h = static_cast<std::int64_t>(nh);
+  const int d_qk         = static_cast<int>(nqk);
+  const int d_v          = static_cast<int>(nv);
+  const double scale     = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
+  using policy_type      = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+
+  if (do_dq) {
+    Kokkos::parallel_for(
+        "mlacp::attention_backward_dq", policy_type(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t idx) {
+          const std::int64_t hd = idx % n_h;
+          const std::int64_t i  = (idx / n_h) % n_s;
+          const std::int64_t b  = idx / (n_h * n_s);
+          const double lse_i    = static_cast<double>(lse(b, hd, i));
+          double d_i            = 0.0;  // D_i = dO_i . O_i
+          for (int c = 0; c < d_v; ++c)
+            d_i += static_cast<double>(d_o(b, i, hd, c)) * static_cast<double>(o(b, i, hd, c));
+          for (int c = 0; c < d_qk; ++c) dq(b, i, hd, c) = dq_type(0);
+          for (std::int64_t j = 0; j <= i; ++j) {
+            acc_type dot = 0;
+            for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
+            const double p = compat::math::exp(static_cast<double>(dot) * scale - lse_i);
+            acc_type dp    = 0;
+            for (int c = 0; c < d_v; ++c) dp += d_o(b, i, hd, c) * v(b, j, hd, c);
+            const dq_type coef = static_cast<dq_type>(scale * p * (static_cast<double>(dp) - d_i));
+            for (int c = 0; c < d_qk; ++c) dq(b, i, hd, c) += coef * static_cast<dq_type>(k(b, j, hd, c));
+          }
+        });
+  }
+
+  if (do_dk || do_dv) {
+    Kokkos::parallel_for(
+        "mlacp::attention_backward_dkdv", policy_type(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t idx) {
+          const std::int64_t hd = idx % n_h;
+          const std::int64_t j  = (idx / n_h) % n_s;
+          const std::int64_t b  = idx / (n_h * n_s);
+          if (do_dk) {
+            for (int c = 0; c < d_qk; ++c) dk(b, j, hd, c) = dk_type(0);
+          }
+          if (do_dv) {
+            for (int c = 0; c < d_v; ++c) dv(b, j, hd, c) = dv_type(0);
+          }
+          for (std::int64_t i = j; i < n_s; ++i) {
+            acc_type dot = 0;
+            for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
+            const double p = compat::math::exp(static_cast<double>(dot) * scale - static_cast<double>(lse(b, hd, i)));
+            if (do_dv) {
+              const dv_type p_v = static_cast<dv_type>(p);
+              for (int c = 0; c < d_v; ++c) dv(b, j, hd, c) += p_v * static_cast<dv_type>(d_o(b, i, hd, c));
+            }
+            if (do_dk) {
+              acc_type dp = 0;
+              for (int c = 0; c < d_v; ++c) dp += d_o(b, i, hd, c) * v(b, j, hd, c);
+              double d_i = 0.0;  // D_i = dO_i . O_i, recomputed here rather than kept in a temporary
+              for (int c = 0; c < d_v; ++c) {
+                d_i += static_cast<double>(d_o(b, i, hd, c)) * static_cast<double>(o(b, i, hd, c));
+              }
+              const dk_type coef = static_cast<dk_type>(scale * p * (static_cast<double>(dp) - d_i));
+              for (int c = 0; c < d_qk; ++c) dk(b, j, hd, c) += coef * static_cast<dk_type>(q(b, i, hd, c));
+            }
+          }
+        });
+  }
+}
+
+/// The default attention core of the MLA layer: attention_forward / attention_backward as members, so that the layer
+/// can take the core as a template parameter and users can substitute their own (see the top of this file).
+struct CausalAttentionCore {
+  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
+  void forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+               const LseView& lse) const {
+    attention_forward(space, q, k, v, o, lse);
+  }
+
+  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
+            class DqView, class DkView, class DvView>
+  void backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+                const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv) const {
+    attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv);
+  }
+};
+
+}  // namespace mlacp

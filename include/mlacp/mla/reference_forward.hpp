@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// A REFERENCE implementation of the MLA forward pass (MLA_SPEC steps 1-7) on the full sequence in one process (P = 1),
+// for tests and the check tool. It is deliberately naive and host-only: plain loops over host Views, double
+// accumulation, an O(S^2) softmax that materialises every score row, no Kokkos kernels. It is NOT a fast path and
+// shares no code with the library's kernels, so that it can check them.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mlacp::reference {
+
+/// The dimensions of MLA_SPEC (see its table of names); P = 1, so S is the whole sequence.
+struct ReferenceDims {
+  int B  = 0;  ///< batch
+  int S  = 0;  ///< sequence length
+  int D  = 0;  ///< hidden size
+  int H  = 0;  ///< query heads
+  int dn = 0;  ///< qk_nope_head_dim
+  int dr = 0;  ///< qk_rope_head_dim (even)
+  int dv = 0;  ///< v_head_dim
+  int R  = 0;  ///< kv_lora_rank
+};
+
+/// The MLA weights in MLA_SPEC's shapes, as host Views (nn.Linear form, W is [out, in]). The biases b_q, b_kvb and
+/// b_o may be empty Views (no bias).
+template <class T>
+struct MlaWeights {
+  using vector_type  = Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using matrix_type  = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using tensor3_type = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+  matrix_type w_q;    ///< [H*dqk, D]
+  vector_type b_q;    ///< [H*dqk] or empty
+  matrix_type w_kva;  ///< [R + dr, D]
+  vector_type g_kv;   ///< [R]
+  matrix_type w_kvb;  ///< [H*(dn+dv), R]
+  vector_type b_kvb;  ///< [H*(dn+dv)] or empty
+  matrix_type w_o;    ///< [D, H*dv]
+  vector_type b_o;    ///< [D] or empty
+};
+
+namespace detail {
+
+inline void require(bool ok, const std::string& what) {
+  if (!ok) throw mlacp::InvalidArgument("mlacp::reference::mla_forward: " + what);
+}
+
+template <class V>
+void require_extents(const char* name, const V& v, std::size_t e0, std::size_t e1 = 0, std::size_t e2 = 0) {
+  const std::size_t expected[3] = {e0, e1, e2};
+  for (std::size_t i = 0; i < static_cast<std::size_t>(compat::view_rank_v<V>); ++i) {
+    require(v.extent(i) == expected[i], std::string(name) + ".extent(" + std::to_string(i) + ") = " +
+                                            std::to_string(v.extent(i)) + ", expected " + std::to_string(expected[i]));
+  }
+}
+
+template <class V>
+void require_optional(const char* name, const V& v, std::size_t e0) {
+  if (v.size() != 0) require_extents(name, v, e0);
+}
+
+/// out[n][o] = sum_i in[n][i] * w(o, i) + (b empty ? 0 : b(o)), for n in [0, rows).
+template <class W, class Bias>
+std::vector<double> linear(const std::vector<double>& in, std::size_t rows, std::size_t n_in, const W& w,
+                           const Bias& b) {
+  const std::size_t n_out = w.extent(0);
+  std::vector<double> out(rows * n_out);
+  for (std::size_t n = 0; n < rows; ++n) {
+    for (std::size_t o = 0; o < n_out; ++o) {
+      double acc = b.size() != 0 ? static_cast<double>(b(o)) : 0.0;
+      for (std::size_t i = 0; i < n_in; ++i) acc += in[n * n_in + i] * static_cast<double>(w(o, i));
+      out[n * n_out + o] = acc;
+    }
+  }
+  return out;
+}
+
+/// In-place rotate-half RoPE of v[0, dr) at position p, MLA_SPEC step 4.
+inline void rope(double* v, int dr, double p) {
+  const int half = dr / 2;
+  for (int j = 0; j < half; ++j) {
+    const double inv_freq = std::pow(10000.0, -2.0 * j / dr);
+    const double c = std::cos(p * inv_freq), s = std::sin(p * inv_freq);
+    const double x1 = v[j], x2 = v[j + half];
+    v[j]        = x1 * c - x2 * s;
+    v[j + half] = x2 * c + x1 * s;
+  }
+}
+
+}  // namespace detail
+
+/// y = MLA(x) per MLA_SPEC steps 1-7 on the full sequence: x, y `[B, S, D]` host Views. Throws
+/// mlacp::InvalidArgument when a shape disagrees with dims.
+template <class T>
+void mla_forward(const ReferenceDims& dims, const MlaWeights<T>& w, const typename MlaWeights<T>::tensor3_type& x,
+                 const typename MlaWeights<T>::tensor3_type& y) {
+  using detail::require;
+  using detail::require_extents;
+  const int B = dims.B, S = dims.S, D = dims.D, H = dims.H, dn = dims.dn, dr = dims.dr, dv = dims.dv, R = dims.R;
+  require(B >= 0 && S >= 0 && D > 0 && H > 0 && dn >= 0 && dv > 0 && R > 0, "a dimension is not positive");
+  require(dr > 0 && dr % 2 == 0, "dr = " + std::to_string(dr) + ", expected an even number > 0");
+  const int dqk = dn + dr;
+  require_extents("w_q", w.w_q, H * dqk, D);
+  detail::require_optional("b_q", w.b_q, H * dqk);
+  require_extents("w_kva", w.w_kva, R + dr, D);
+  require_extents("g_kv", w.g_kv, R);
+  require_extents("w_kvb", w.w_kvb, H * (dn + dv), R);
+  detail::require_optional("b_kvb", w.b_kvb, H * (dn + dv));
+  require_extents("w_o", w.w_o, D, H * dv);
+  detail::require_optional("b_o", w.b_o, D);
+  require_extents("x", x, B, S, D);
+  require_extents("y", y, B, S, D);
+  const typename MlaWeights<T>::vector_type no_bias;
+
+  const std::size_t n_tok = static_cast<std::size_t>(S);
+  for (int b = 0; b < B; ++b) {
+    std::vector<double> xb(n_tok * D);
+    for (int t = 0; t < S; ++t) {
+      for (int i = 0; i < D; ++i) xb[t * D + i] = static_cast<double>(x(b, t, i));
+    }
+    // 1-2. projections
+    std::vector<double> q = detail::linear(xb, n_tok, D, w.w_q, w.b_q);      // [S, H*dqk]
+    std::vector<double> a = detail::linear(xb, n_tok, D, w.w_kva, no_bias);  // [S, R+dr]
+    // 3. RMSNorm of the latent c = a[:, :R]
+    std::vector<double> c(n_tok * R);
+    for (int t = 0; t < S; ++t) {
+      double ss = 0.0;
+      for (int j = 0; j < R; ++j) ss += a[t * (R + dr) + j] * a[t * (R + dr) + j];
+      const double rstd = 1.0 / std::sqrt(ss / R + 1e-6);
+      for (int j = 0; j < R; ++j) c[t * R + j] = a[t * (R + dr) + j] * rstd * static_cast<double>(w.g_kv(j));
+    }
+    // 4. RoPE of q_pe (per head) and of the shared k_pe = a[:, R:], at position t
+    for (int t = 0; t < S; ++t) {
+      for (int hd = 0; hd < H; ++hd) detail::rope(&q[t * H * dqk + hd * dqk + dn], dr, t);
+      detail::rope(&a[t * (R + dr) + R], dr, t);
+    }
+    // 5. per-head keys and values
+    std::vector<double> kv = detail::linear(c, n_tok, R, w.w_kvb, w.b_kvb);  // [S, H*(dn+dv)]
+    // 6. causal attention per head, naive softmax
+    std::vector<double> o(n_tok * H * dv, 0.0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dqk));
+    std::vector<double> scores(n_tok);
+    for (int hd = 0; hd < H; ++hd) {
+      for (int i = 0; i < S; ++i) {
+        const double* qi = &q[i * H * dqk + hd * dqk];
+        double max_score = -HUGE_VAL;
+        for (int j = 0; j <= i; ++j) {
+          const double* kvj = &kv[j * H * (dn + dv) + hd * (dn + dv)];
+          const double* kpe = &a[j * (R + dr) + R];
+          double dot        = 0.0;
+          for (int e = 0; e < dn; ++e) dot += qi[e] * kvj[e];
+          for (int e = 0; e < dr; ++e) dot += qi[dn + e] * kpe[e];
+          scores[j] = dot * scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          scores[j] = std::exp(scores[j] - max_score);
+          sum += scores[j];
+        }
+        double* oi = &o[i * H * dv + hd * dv];
+        for (int j = 0; j <= i; ++j) {
+          const double* vj = &kv[j * H * (dn + dv) + hd * (dn + dv) + dn];
+          for (int e = 0; e < dv; ++e) oi[e] += scores[j] / sum * vj[e];
+        }
+      }
+    }
+    // 7. output projection
+    std::vector<double> yb = detail::linear(o, n_tok, static_cast<std::size_t>(H) * dv, w.w_o, w.b_o);  // [S, D]
+    for (int t = 0; t < S; ++t) {
+      for (int i = 0; i < D; ++i) y(b, t, i) = static_cast<T>(yb[t * D + i]);
+    }
+  }
+}
+
+}  // namespace mlacp::reference

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <mlacp/error.hpp>
+#include <mlacp/mla/config.hpp>
+
+#include <sstream>
+
+namespace mlacp {
+
+const char* to_string(MlaStrategy strategy) noexcept { return strategy == MlaStrategy::latent ? "latent" : "expanded"; }
+
+MlaStrategy parse_strategy(const std::string& name) {
+  if (name == "latent") return MlaStrategy::latent;
+  if (name == "expanded") return MlaStrategy::expanded;
+  throw InvalidArgument("mlacp: strategy '" + name + "' is not known; expected 'latent' or 'expanded'");
+}
+
+std::string MlaConfig::error(int group_size) const {
+  std::ostringstream out;
+  const std::pair<const char*, int> dims[] = {{"batch", batch}, {"seq", seq},   {"hidden", hidden}, {"heads", heads},
+                                              {"nope", nope},   {"rope", rope}, {"vdim", vdim},     {"latent", latent}};
+  for (const auto& [name, value] : dims) {
+    if (value <= 0) {
+      out << "mlacp::MlaConfig: " << name << " = " << value << "; expected a positive size";
+      return out.str();
+    }
+  }
+  if (rope % 2 != 0) {
+    out << "mlacp::MlaConfig: rope = " << rope << "; expected an even qk_rope_head_dim (RoPE rotates pairs)";
+  } else if (heads % group_size != 0) {
+    out << "mlacp::MlaConfig: heads = " << heads << " is not divisible by the Ulysses group size P = " << group_size;
+  } else if (seq % group_size != 0) {
+    out << "mlacp::MlaConfig: seq = " << seq << " is not divisible by the Ulysses group size P = " << group_size;
+  } else if (!(rms_eps > 0) || !(rope_base > 0)) {
+    out << "mlacp::MlaConfig: rms_eps = " << rms_eps << ", rope_base = " << rope_base << "; expected positive values";
+  }
+  return out.str();
+}
+
+std::string MlaConfig::describe() const {
+  std::ostringstream out;
+  out << "B=" << batch << " S=" << seq << " D=" << hidden << " H=" << heads << " dn=" << nope << " dr=" << rope
+      << " dv=" << vdim << " R=" << latent << " bias=" << (bias ? "yes" : "no") << " strategy=" << to_string(strategy);
+  return out.str();
+}
+
+}  // namespace mlacp
