@@ -135,7 +135,7 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
     throw InvalidArgument(text);
   }
   for (std::size_t i = 0; i < fields.size(); ++i) {
-    const std::int64_t largest  = values[1 + 2 * i];
+    const std::int64_t largest = values[1 + 2 * i];
     const std::int64_t smallest = -values[2 + 2 * i];
     if (largest != smallest) {
       std::ostringstream out;

@@ -60,13 +60,13 @@ Mesh::Mesh(Mesh&& other) noexcept
 Mesh& Mesh::operator=(Mesh&& other) noexcept {
   if (this != &other) {
     release();
-    comm_         = std::exchange(other.comm_, MPI_COMM_NULL);
-    rank_         = other.rank_;
-    size_         = other.size_;
-    owned_        = std::exchange(other.owned_, false);
-    checked_      = other.checked_;
+    comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+    rank_ = other.rank_;
+    size_ = other.size_;
+    owned_ = std::exchange(other.owned_, false);
+    checked_ = other.checked_;
     host_staging_ = other.host_staging_;
-    nccl_         = std::move(other.nccl_);
+    nccl_ = std::move(other.nccl_);
   }
   return *this;
 }
@@ -78,7 +78,7 @@ void Mesh::release() noexcept {
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
   }
-  comm_  = MPI_COMM_NULL;
+  comm_ = MPI_COMM_NULL;
   owned_ = false;
 }
 

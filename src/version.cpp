@@ -11,7 +11,7 @@ std::string version() { return MLACP_VERSION_STRING; }
 
 void print_configuration(std::ostream& out) {
   char mpi_library[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-  int length                                       = 0;
+  int length = 0;
   MPI_Get_library_version(mpi_library, &length);
   std::string mpi(mpi_library, static_cast<std::size_t>(length));
   if (const auto newline = mpi.find('\n'); newline != std::string::npos) mpi.resize(newline);

@@ -17,7 +17,7 @@ inline std::vector<double> pseudo_random(std::size_t n, std::uint64_t seed, doub
   std::uint64_t state = seed * 6364136223846793005ULL + 1442695040888963407ULL;
   for (auto& x : v) {
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    x     = scale * (static_cast<double>(state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    x = scale * (static_cast<double>(state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
   }
   return v;
 }
@@ -25,10 +25,10 @@ inline std::vector<double> pseudo_random(std::size_t n, std::uint64_t seed, doub
 template <class ViewType>
 void fill(const ViewType& view, std::uint64_t seed, double scale, double offset = 0.0) {
   if (view.data() == nullptr) return;
-  using T           = typename ViewType::non_const_value_type;
+  using T = typename ViewType::non_const_value_type;
   const auto values = pseudo_random(view.size(), seed, scale);
-  auto host         = Kokkos::create_mirror_view(view);
-  T* data           = host.data();
+  auto host = Kokkos::create_mirror_view(view);
+  T* data = host.data();
   for (std::size_t i = 0; i < values.size(); ++i) data[i] = static_cast<T>(values[i] + offset);
   Kokkos::deep_copy(view, host);
 }

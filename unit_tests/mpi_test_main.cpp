@@ -95,12 +95,12 @@ int main(int argc, char** argv) {
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   mlacp::test::g_thread_level_provided = provided;
-  int exit_code                        = 1;
+  int exit_code = 1;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     ::testing::InitGoogleTest(&argc, argv);
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    const int rank  = mlacp::test::world_rank();
+    const int rank = mlacp::test::world_rank();
     if (rank != 0) {
       delete listeners.Release(listeners.default_result_printer());
       listeners.Append(new mlacp::test::RankFailurePrinter(rank));

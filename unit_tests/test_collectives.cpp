@@ -112,12 +112,12 @@ template <class T>
 std::vector<T> reference_all_to_all(const std::vector<std::vector<T>>& all, const Extents& e, int gather, int scatter,
                                     int me) {
   const int parts = static_cast<int>(all.size());
-  Extents out_e   = e;
+  Extents out_e = e;
   out_e[static_cast<std::size_t>(gather)] *= parts;
   out_e[static_cast<std::size_t>(scatter)] /= parts;
   std::vector<T> out(static_cast<std::size_t>(product(out_e)));
   for (std::int64_t k = 0; k < product(out_e); ++k) {
-    Extents idx  = unravel(k, out_e);
+    Extents idx = unravel(k, out_e);
     const auto g = static_cast<std::size_t>(gather), s = static_cast<std::size_t>(scatter);
     const auto source = static_cast<std::size_t>(idx[g] / e[g]);
     idx[g] %= e[g];
@@ -137,13 +137,13 @@ void check_all_to_all_against_reference(const Extents& e) {
   const int me = mlacp::test::world_rank();
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const auto values = local_values<T>(e, me);
-  const auto all    = gather_all(values);
-  auto view         = make_view<T, Rank>(e, values);
+  const auto all = gather_all(values);
+  auto view = make_view<T, Rank>(e, values);
   for (int g = 0; g < Rank; ++g) {
     for (int s = 0; s < Rank; ++s) {
       if (g == s) continue;
-      auto handle        = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), view, g, s, mesh);
-      auto result        = handle.wait();
+      auto handle = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), view, g, s, mesh);
+      auto result = handle.wait();
       Extents expected_e = e;
       expected_e[static_cast<std::size_t>(g)] *= mesh.size();
       expected_e[static_cast<std::size_t>(s)] /= mesh.size();
@@ -169,8 +169,8 @@ TYPED_TEST(Collectives, SeqToHeadThenHeadToSeqIsTheIdentity) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const Extents e{2, 5, 3 * p, 7};  // [B, s, H, d]
   const auto values = local_values<TypeParam>(e, mesh.rank());
-  auto x            = make_view<TypeParam, 4>(e, values);
-  auto heads        = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "seq_to_head").wait();
+  auto x = make_view<TypeParam, 4>(e, values);
+  auto heads = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "seq_to_head").wait();
   EXPECT_EQ(extents_of(heads), (Extents{2, 5 * p, 3, 7}));
   auto back = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), heads, 2, 1, mesh, "head_to_seq").wait();
   EXPECT_EQ(extents_of(back), e);
@@ -178,22 +178,22 @@ TYPED_TEST(Collectives, SeqToHeadThenHeadToSeqIsTheIdentity) {
 }
 
 TYPED_TEST(Collectives, AllGatherAndReduceScatterMatchReferences) {
-  using T      = TypeParam;
-  const int p  = mlacp::test::world_size();
+  using T = TypeParam;
+  const int p = mlacp::test::world_size();
   const int me = mlacp::test::world_rank();
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const Extents e{2, 3 * p, 4};
   const auto values = local_values<T>(e, me);
-  const auto all    = gather_all(values);
-  auto x            = make_view<T, 3>(e, values);
+  const auto all = gather_all(values);
+  auto x = make_view<T, 3>(e, values);
   for (int dim = 0; dim < 3; ++dim) {
     auto gathered = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, dim, mesh).wait();
-    Extents ge    = e;
+    Extents ge = e;
     ge[static_cast<std::size_t>(dim)] *= p;
     ASSERT_EQ(extents_of(gathered), ge);
     std::vector<T> expected(static_cast<std::size_t>(product(ge)));
     for (std::int64_t k = 0; k < product(ge); ++k) {
-      Extents idx  = unravel(k, ge);
+      Extents idx = unravel(k, ge);
       const auto r = static_cast<std::size_t>(idx[static_cast<std::size_t>(dim)] / e[static_cast<std::size_t>(dim)]);
       idx[static_cast<std::size_t>(dim)] %= e[static_cast<std::size_t>(dim)];
       expected[static_cast<std::size_t>(k)] = all[r][static_cast<std::size_t>(ravel(idx, e))];
@@ -202,7 +202,7 @@ TYPED_TEST(Collectives, AllGatherAndReduceScatterMatchReferences) {
 
     if (e[static_cast<std::size_t>(dim)] % p != 0) continue;
     auto reduced = mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), x, dim, mesh).wait();
-    Extents re   = e;
+    Extents re = e;
     re[static_cast<std::size_t>(dim)] /= p;
     ASSERT_EQ(extents_of(reduced), re);
     std::vector<T> sum(static_cast<std::size_t>(product(re)), T(0));
@@ -217,18 +217,18 @@ TYPED_TEST(Collectives, AllGatherAndReduceScatterMatchReferences) {
 }
 
 TYPED_TEST(Collectives, ReduceScatterIsTheAdjointOfAllGather) {
-  using T      = TypeParam;
-  const int p  = mlacp::test::world_size();
+  using T = TypeParam;
+  const int p = mlacp::test::world_size();
   const int me = mlacp::test::world_rank();
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const Extents xe{2, 3, 5}, ye{2, 3 * p, 5};
   std::vector<T> xv(static_cast<std::size_t>(product(xe))), yv(static_cast<std::size_t>(product(ye)));
   for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<T>(std::sin(1.0 + i + 31.0 * me));
   for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = static_cast<T>(std::cos(2.0 + i + 17.0 * me));
-  auto x          = make_view<T, 3>(xe, xv);
-  auto y          = make_view<T, 3>(ye, yv);
-  const auto ag   = to_host(mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh).wait());
-  const auto rs   = to_host(mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), y, 1, mesh).wait());
+  auto x = make_view<T, 3>(xe, xv);
+  auto y = make_view<T, 3>(ye, yv);
+  const auto ag = to_host(mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh).wait());
+  const auto rs = to_host(mlacp::launch_reduce_scatter(Kokkos::DefaultExecutionSpace(), y, 1, mesh).wait());
   double local[2] = {0, 0}, global[2] = {0, 0};
   for (std::size_t i = 0; i < ag.size(); ++i) local[0] += double(ag[i]) * double(yv[i]);
   for (std::size_t i = 0; i < rs.size(); ++i) local[1] += double(xv[i]) * double(rs[i]);
@@ -238,14 +238,14 @@ TYPED_TEST(Collectives, ReduceScatterIsTheAdjointOfAllGather) {
 }
 
 TYPED_TEST(Collectives, HostStagingPathGivesTheSameResults) {
-  using T     = TypeParam;
+  using T = TypeParam;
   const int p = mlacp::test::world_size();
   mlacp::Mesh direct(MPI_COMM_WORLD);
   mlacp::Mesh staged(MPI_COMM_WORLD);
   staged.set_host_staging(true);
   ASSERT_TRUE(staged.host_staging());
   const Extents e{2, 2 * p, 3 * p, 5};
-  auto x           = make_view<T, 4>(e, local_values<T>(e, direct.rank()));
+  auto x = make_view<T, 4>(e, local_values<T>(e, direct.rank()));
   const auto space = Kokkos::DefaultExecutionSpace();
   EXPECT_EQ(to_host(mlacp::launch_all_to_all(space, x, 1, 2, staged).wait()),
             to_host(mlacp::launch_all_to_all(space, x, 1, 2, direct).wait()));
@@ -295,7 +295,7 @@ TEST(CollectiveHandle, UnwaitedHandleIsCompletedAndReported) {
   { auto dropped = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "forgotten"); }
   // Assigning over a pending handle completes and reports it too.
   auto reused = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh, "overwritten");
-  reused      = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh, "second");
+  reused = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh, "second");
   reused.wait();
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(mlacp::diagnostics::unwaited_handles(), before + 2);
@@ -311,11 +311,11 @@ TEST(CollectiveHandle, AllToAllCompletesWhileTheCallerOnlyComputesAndPollsTest) 
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   Kokkos::View<double****, Kokkos::LayoutRight> x("x", 2, 64, 4 * p, 16);
   Kokkos::deep_copy(x, 1.0);
-  auto handle      = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "polled");
+  auto handle = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "polled");
   const auto start = std::chrono::steady_clock::now();
-  double work      = 0;
-  int polls        = 0;
-  bool done        = false;
+  double work = 0;
+  int polls = 0;
+  bool done = false;
   while (!done && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
     for (int i = 0; i < 1000; ++i) work += std::sqrt(static_cast<double>(i + polls));  // the caller's compute
     ++polls;
@@ -324,7 +324,7 @@ TEST(CollectiveHandle, AllToAllCompletesWhileTheCallerOnlyComputesAndPollsTest) 
   EXPECT_TRUE(done) << "the all-to-all did not complete within 30 s of polling test() (" << polls << " polls)";
   EXPECT_GT(work, 0.0);
   EXPECT_FALSE(handle.waited());
-  auto result       = handle.wait();
+  auto result = handle.wait();
   const auto values = to_host(result);
   EXPECT_EQ(std::accumulate(values.begin(), values.end(), 0.0), static_cast<double>(values.size()));
 }

@@ -28,8 +28,8 @@ TEST(Harness, FailureOnOneRankFailsTheTestOnEveryRank) {
 }
 
 TEST(Harness, RanksThatFailedListsExactlyTheFailingRanks) {
-  const int rank             = mlacp::test::world_rank();
-  const int size             = mlacp::test::world_size();
+  const int rank = mlacp::test::world_rank();
+  const int size = mlacp::test::world_size();
   const std::vector<int> odd = mlacp::test::ranks_that_failed(rank % 2 == 1);
   std::vector<int> expected;
   for (int r = 1; r < size; r += 2) expected.push_back(r);
@@ -39,21 +39,21 @@ TEST(Harness, RanksThatFailedListsExactlyTheFailingRanks) {
 
 TEST(Harness, EveryRankSeesTheSameCommunicatorSize) {
   const int size = mlacp::test::world_size();
-  int min_size   = 0;
-  int max_size   = 0;
+  int min_size = 0;
+  int max_size = 0;
   MPI_Allreduce(&size, &min_size, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&size, &max_size, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   EXPECT_EQ(min_size, size);
   EXPECT_EQ(max_size, size);
   int ranks_counted = 0;
-  const int one     = 1;
+  const int one = 1;
   MPI_Allreduce(&one, &ranks_counted, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   EXPECT_EQ(ranks_counted, size);
 }
 
 TEST(Harness, ThreadLevelIsRecorded) {
   const int provided = mlacp::test::thread_level_provided();
-  int queried        = MPI_THREAD_SINGLE;
+  int queried = MPI_THREAD_SINGLE;
   MPI_Query_thread(&queried);
   EXPECT_EQ(provided, queried);
   EXPECT_GE(provided, MPI_THREAD_SINGLE);

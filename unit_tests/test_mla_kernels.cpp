@@ -22,7 +22,7 @@
 namespace {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
-using MemSpace  = ExecSpace::memory_space;
+using MemSpace = ExecSpace::memory_space;
 template <class T>
 using View1 = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
 template <class T>
@@ -31,7 +31,7 @@ template <class T>
 using View3 = Kokkos::View<T***, Kokkos::LayoutRight, MemSpace>;
 template <class T>
 using View4 = Kokkos::View<T****, Kokkos::LayoutRight, MemSpace>;
-using Vec   = std::vector<double>;
+using Vec = std::vector<double>;
 
 /// Relative tolerance where the result is exact up to rounding.
 template <class T>
@@ -94,12 +94,12 @@ Vec finite_difference(const Vec& x0, const std::function<double(const Vec&)>& f,
   Vec g(x0.size());
   Vec x = x0;
   for (std::size_t i = 0; i < x.size(); ++i) {
-    x[i]            = x0[i] + h;
+    x[i] = x0[i] + h;
     const double fp = f(x);
-    x[i]            = x0[i] - h;
+    x[i] = x0[i] - h;
     const double fm = f(x);
-    x[i]            = x0[i];
-    g[i]            = (fp - fm) / (2.0 * h);
+    x[i] = x0[i];
+    g[i] = (fp - fm) / (2.0 * h);
   }
   return g;
 }
@@ -130,10 +130,10 @@ Vec rope_host(Vec x, int n_b, int n_s, int n_h, int d, int first, int width, std
         double* row = &x[((static_cast<std::size_t>(b) * n_s + t) * n_h + n) * d + first];
         Vec rotated(width);
         for (int e = 0; e < width; ++e) {
-          const int j           = e % half;
-          const double theta    = static_cast<double>(offset + t) * std::pow(10000.0, -2.0 * j / width);
+          const int j = e % half;
+          const double theta = static_cast<double>(offset + t) * std::pow(10000.0, -2.0 * j / width);
           const double rot_half = e < half ? -row[e + half] : row[e - half];
-          rotated[e]            = row[e] * std::cos(theta) + rot_half * std::sin(theta);
+          rotated[e] = row[e] * std::cos(theta) + rot_half * std::sin(theta);
         }
         for (int e = 0; e < width; ++e) row[e] = rotated[e];
       }
@@ -143,7 +143,7 @@ Vec rope_host(Vec x, int n_b, int n_s, int n_h, int d, int first, int width, std
 }
 
 TYPED_TEST(MlaKernels, RopeForwardMatchesSpecFormulaAndLeavesOtherColumns) {
-  using T       = TypeParam;
+  using T = TypeParam;
   const int n_b = 2, n_s = 3, n_h = 2, d = 11, first = 3, width = 6;
   const std::int64_t offset = 1000003;
   ExecSpace space;
@@ -152,7 +152,7 @@ TYPED_TEST(MlaKernels, RopeForwardMatchesSpecFormulaAndLeavesOtherColumns) {
   from_vec(x, x0);
   mlacp::rope_forward(space, x, first, width, offset);
   space.fence();
-  const Vec got      = to_vec(x);
+  const Vec got = to_vec(x);
   const Vec expected = rope_host(x0, n_b, n_s, n_h, d, first, width, offset);
   EXPECT_LT(rel_error(got, expected), tol<T>());
   EXPECT_GT(rel_error(got, x0), 0.1);  // it did rotate
@@ -165,7 +165,7 @@ TYPED_TEST(MlaKernels, RopeForwardMatchesSpecFormulaAndLeavesOtherColumns) {
 }
 
 TYPED_TEST(MlaKernels, RopeBackwardInvertsForwardAndIsItsAdjoint) {
-  using T       = TypeParam;
+  using T = TypeParam;
   const int n_b = 2, n_s = 5, n_h = 3, d = 8, first = 2, width = 6;
   const std::int64_t offset = 37;
   ExecSpace space;
@@ -190,7 +190,7 @@ TYPED_TEST(MlaKernels, RopeBackwardInvertsForwardAndIsItsAdjoint) {
 }
 
 TYPED_TEST(MlaKernels, RopeOnRank3ThroughAsRank4) {
-  using T       = TypeParam;
+  using T = TypeParam;
   const int n_b = 2, n_s = 4, r = 5, dr = 4;
   const std::int64_t offset = 12;
   ExecSpace space;
@@ -321,13 +321,13 @@ TYPED_TEST(MlaKernels, RmsNormBackwardMatchesFiniteDifferences) {
   using T = TypeParam;
   const RmsShape sh;
   const double sentinel = -3.0;
-  const Vec x0          = rounded<T>(random_vec(static_cast<std::size_t>(sh.n_b) * sh.n_s * sh.w_in, 7));
-  const Vec g0          = rounded<T>(random_vec(sh.r, 8, 0.5, 1.5));
-  const Vec dy0         = rounded<T>(random_vec(static_cast<std::size_t>(sh.n_b) * sh.n_s * sh.w_out, 9));
-  const Vec dg_init     = rounded<T>(random_vec(sh.r, 10));
+  const Vec x0 = rounded<T>(random_vec(static_cast<std::size_t>(sh.n_b) * sh.n_s * sh.w_in, 7));
+  const Vec g0 = rounded<T>(random_vec(sh.r, 8, 0.5, 1.5));
+  const Vec dy0 = rounded<T>(random_vec(static_cast<std::size_t>(sh.n_b) * sh.n_s * sh.w_out, 9));
+  const Vec dg_init = rounded<T>(random_vec(sh.r, 10));
 
   const RmsGrads in_double = rms_grads<double>(sh, x0, g0, dy0, dg_init, sentinel);
-  const RmsGrads in_t      = rms_grads<T>(sh, x0, g0, dy0, dg_init, sentinel);
+  const RmsGrads in_t = rms_grads<T>(sh, x0, g0, dy0, dg_init, sentinel);
 
   // finite differences of the host formula
   const Vec fd_x = finite_difference(x0, [&](const Vec& x) { return rms_loss(sh, x, g0, dy0); });
@@ -345,7 +345,7 @@ TYPED_TEST(MlaKernels, RmsNormBackwardMatchesFiniteDifferences) {
   }
   Vec dg_added(sh.r), dg_added_t(sh.r);
   for (int j = 0; j < sh.r; ++j) {
-    dg_added[j]   = in_double.dg[j] - dg_init[j];
+    dg_added[j] = in_double.dg[j] - dg_init[j];
     dg_added_t[j] = in_t.dg[j] - dg_init[j];
   }
   EXPECT_LT(rel_error(dx_first_r, fd_first_r), 1e-6);
@@ -435,7 +435,7 @@ TYPED_TEST(MlaKernels, AttentionForwardMatchesNaiveSoftmax) {
   // exactly in float too.
   for (const double magnitude : {1.0, 6.0, 40.0}) {
     const bool integers = magnitude > 10.0;
-    auto input          = [&](std::size_t n, std::uint32_t seed) {
+    auto input = [&](std::size_t n, std::uint32_t seed) {
       Vec values = random_vec(n, seed, -magnitude, magnitude);
       if (integers) {
         for (auto& x : values) x = std::round(x);
@@ -481,17 +481,17 @@ AttnGrads attention_grads(const AttnShape& sh, const Vec& q0, const Vec& k0, con
 TYPED_TEST(MlaKernels, AttentionBackwardMatchesFiniteDifferences) {
   using T = TypeParam;
   const AttnShape sh{2, 7, 2, 5, 3};
-  const Vec q0  = rounded<T>(random_vec(sh.qk_size(), 21, -2.0, 2.0));
-  const Vec k0  = rounded<T>(random_vec(sh.qk_size(), 22, -2.0, 2.0));
-  const Vec v0  = rounded<T>(random_vec(sh.v_size(), 23));
+  const Vec q0 = rounded<T>(random_vec(sh.qk_size(), 21, -2.0, 2.0));
+  const Vec k0 = rounded<T>(random_vec(sh.qk_size(), 22, -2.0, 2.0));
+  const Vec v0 = rounded<T>(random_vec(sh.v_size(), 23));
   const Vec do0 = rounded<T>(random_vec(sh.v_size(), 24));
-  auto loss     = [&](const Vec& q, const Vec& k, const Vec& v) {
+  auto loss = [&](const Vec& q, const Vec& k, const Vec& v) {
     AttnRun<double> run(sh, q, k, v);
     return dot(to_vec(run.o), do0);
   };
-  const Vec fd_q            = finite_difference(q0, [&](const Vec& q) { return loss(q, k0, v0); });
-  const Vec fd_k            = finite_difference(k0, [&](const Vec& k) { return loss(q0, k, v0); });
-  const Vec fd_v            = finite_difference(v0, [&](const Vec& v) { return loss(q0, k0, v); });
+  const Vec fd_q = finite_difference(q0, [&](const Vec& q) { return loss(q, k0, v0); });
+  const Vec fd_k = finite_difference(k0, [&](const Vec& k) { return loss(q0, k, v0); });
+  const Vec fd_v = finite_difference(v0, [&](const Vec& v) { return loss(q0, k0, v); });
   const AttnGrads in_double = attention_grads<double>(sh, q0, k0, v0, do0);
   EXPECT_LT(rel_error(in_double.dq, fd_q), 1e-6);
   EXPECT_LT(rel_error(in_double.dk, fd_k), 1e-6);
@@ -505,11 +505,11 @@ TYPED_TEST(MlaKernels, AttentionBackwardMatchesFiniteDifferences) {
 TYPED_TEST(MlaKernels, AttentionBackwardSkipsEmptyGradients) {
   using T = TypeParam;
   const AttnShape sh{1, 6, 2, 4, 5};
-  const Vec q0         = rounded<T>(random_vec(sh.qk_size(), 31));
-  const Vec k0         = rounded<T>(random_vec(sh.qk_size(), 32));
-  const Vec v0         = rounded<T>(random_vec(sh.v_size(), 33));
-  const Vec do0        = rounded<T>(random_vec(sh.v_size(), 34));
-  const AttnGrads all  = attention_grads<T>(sh, q0, k0, v0, do0);
+  const Vec q0 = rounded<T>(random_vec(sh.qk_size(), 31));
+  const Vec k0 = rounded<T>(random_vec(sh.qk_size(), 32));
+  const Vec v0 = rounded<T>(random_vec(sh.v_size(), 33));
+  const Vec do0 = rounded<T>(random_vec(sh.v_size(), 34));
+  const AttnGrads all = attention_grads<T>(sh, q0, k0, v0, do0);
   const AttnGrads no_q = attention_grads<T>(sh, q0, k0, v0, do0, false, true, true);
   EXPECT_EQ(no_q.dk, all.dk);
   EXPECT_EQ(no_q.dv, all.dv);
@@ -535,12 +535,12 @@ TYPED_TEST(MlaKernels, AttentionRejectsMismatchedShapes) {
 // ---- row sums -------------------------------------------------------------------------------------------------------
 
 TYPED_TEST(MlaKernels, SumRowsAccumulates) {
-  using T     = TypeParam;
+  using T = TypeParam;
   const int n = 37, c = 5;
   ExecSpace space;
   View2<T> g("g", n, c);
   View1<T> out("out", c);
-  const Vec g0   = rounded<T>(random_vec(g.size(), 41));
+  const Vec g0 = rounded<T>(random_vec(g.size(), 41));
   const Vec out0 = rounded<T>(random_vec(c, 42));
   from_vec(g, g0);
   from_vec(out, out0);
@@ -562,8 +562,8 @@ TYPED_TEST(MlaKernels, SumRowsAccumulates) {
 template <class T>
 mlacp::reference::MlaWeights<T> random_weights(const mlacp::reference::ReferenceDims& d, std::uint32_t seed,
                                                bool biases) {
-  using W          = mlacp::reference::MlaWeights<T>;
-  const int dqk    = d.dn + d.dr;
+  using W = mlacp::reference::MlaWeights<T>;
+  const int dqk = d.dn + d.dr;
   auto host_matrix = [&](const char* name, int rows, int cols, std::uint32_t s) {
     typename W::matrix_type m(std::string(name), rows, cols);
     const Vec values = random_vec(m.size(), s, -0.5, 0.5);
@@ -577,15 +577,15 @@ mlacp::reference::MlaWeights<T> random_weights(const mlacp::reference::Reference
     return v;
   };
   W w;
-  w.w_q   = host_matrix("w_q", d.H * dqk, d.D, seed + 1);
+  w.w_q = host_matrix("w_q", d.H * dqk, d.D, seed + 1);
   w.w_kva = host_matrix("w_kva", d.R + d.dr, d.D, seed + 2);
-  w.g_kv  = host_vector("g_kv", d.R, seed + 3, 0.5, 1.5);
+  w.g_kv = host_vector("g_kv", d.R, seed + 3, 0.5, 1.5);
   w.w_kvb = host_matrix("w_kvb", d.H * (d.dn + d.dv), d.R, seed + 4);
-  w.w_o   = host_matrix("w_o", d.D, d.H * d.dv, seed + 5);
+  w.w_o = host_matrix("w_o", d.D, d.H * d.dv, seed + 5);
   if (biases) {
-    w.b_q   = host_vector("b_q", d.H * dqk, seed + 6, -0.5, 0.5);
+    w.b_q = host_vector("b_q", d.H * dqk, seed + 6, -0.5, 0.5);
     w.b_kvb = host_vector("b_kvb", d.H * (d.dn + d.dv), seed + 7, -0.5, 0.5);
-    w.b_o   = host_vector("b_o", d.D, seed + 8, -0.5, 0.5);
+    w.b_o = host_vector("b_o", d.D, seed + 8, -0.5, 0.5);
   }
   return w;
 }

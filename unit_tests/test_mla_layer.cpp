@@ -15,19 +15,19 @@
 namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
-using Mem   = Space::memory_space;
+using Mem = Space::memory_space;
 
 mlacp::MlaConfig small_config(mlacp::MlaStrategy strategy, bool bias) {
   mlacp::MlaConfig c;
-  c.batch    = 2;
-  c.seq      = 32;
-  c.hidden   = 48;
-  c.heads    = 4;
-  c.nope     = 8;
-  c.rope     = 4;
-  c.vdim     = 6;
-  c.latent   = 12;
-  c.bias     = bias;
+  c.batch = 2;
+  c.seq = 32;
+  c.hidden = 48;
+  c.heads = 4;
+  c.nope = 8;
+  c.rope = 4;
+  c.vdim = 6;
+  c.latent = 12;
+  c.bias = bias;
   c.strategy = strategy;
   return c;
 }
@@ -37,11 +37,12 @@ struct Case {
   bool bias;
   std::string flags_name;
   mlacp::MlaRequiresGrad flags;
+  bool overlap = true;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias_" : "_nobias_") +
-         info.param.flags_name;
+         info.param.flags_name + (info.param.overlap ? "" : "_blocking");
 }
 
 template <class T>
@@ -51,7 +52,7 @@ using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
 template <class T>
 Tensor3<T> shard(const Tensor3<T>& full, const mlacp::Mesh& mesh) {
   const std::size_t s = full.extent(1) / static_cast<std::size_t>(mesh.size());
-  const auto begin    = s * static_cast<std::size_t>(mesh.rank());
+  const auto begin = s * static_cast<std::size_t>(mesh.rank());
   Tensor3<T> local("shard", full.extent(0), s, full.extent(2));
   Kokkos::deep_copy(local, Kokkos::subview(full, Kokkos::ALL(), std::make_pair(begin, begin + s), Kokkos::ALL()));
   return local;
@@ -68,8 +69,8 @@ class MlaLayer : public ::testing::TestWithParam<Case> {};
 template <class T>
 void check_against_single_rank(const Case& c) {
   const double tolerance = std::is_same_v<T, double> ? 1e-10 : 1e-4;
-  const auto config      = small_config(c.strategy, c.bias);
-  const auto weights     = mlacp::test::make_weights<T, Mem>(config, 42);
+  const auto config = small_config(c.strategy, c.bias);
+  const auto weights = mlacp::test::make_weights<T, Mem>(config, 42);
   Tensor3<T> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
   mlacp::test::fill(x, 100, 1.0);
   mlacp::test::fill(dy, 200, 1.0);
@@ -77,12 +78,12 @@ void check_against_single_rank(const Case& c) {
 
   mlacp::Mesh self(MPI_COMM_SELF);
   mlacp::MlaAttention<T> reference(config, weights, self);
-  auto ref_forward     = reference.forward(space, x, c.flags);
+  auto ref_forward = reference.forward(space, x, c.flags);
   const auto ref_grads = reference.backward(space, ref_forward, dy);
 
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   mlacp::MlaAttention<T> layer(config, weights, mesh);
-  auto forward     = layer.forward(space, shard(x, mesh), c.flags);
+  auto forward = layer.forward(space, shard(x, mesh), c.flags);
   const auto grads = layer.backward(space, forward, shard(dy, mesh));
 
   using mlacp::test::host_values;
@@ -95,7 +96,7 @@ void check_against_single_rank(const Case& c) {
       return;
     }
     ASSERT_NE(got.data(), nullptr) << name;
-    const auto g       = partial_sum ? sum_over_ranks(host_values(got)) : host_values(got);
+    const auto g = partial_sum ? sum_over_ranks(host_values(got)) : host_values(got);
     const double error = relative_error(g, host_values(want));
     EXPECT_LE(error, tolerance) << name;
   };
@@ -133,7 +134,7 @@ mlacp::MlaRequiresGrad only_output_projection() {
   return r;
 }
 mlacp::MlaRequiresGrad only_kv() {
-  auto r  = mlacp::MlaRequiresGrad::none();
+  auto r = mlacp::MlaRequiresGrad::none();
   r.w_kvb = r.b_kvb = r.w_kva = true;
   return r;
 }
@@ -154,6 +155,7 @@ std::vector<Case> all_cases() {
     cases.push_back({strategy, true, "only_output_projection", only_output_projection()});
     cases.push_back({strategy, true, "only_kv", only_kv()});
     cases.push_back({strategy, true, "only_q", only_q()});
+    cases.push_back({strategy, true, "all", {}, false});  // the blocking baseline computes the same numbers
   }
   return cases;
 }
@@ -168,7 +170,7 @@ TEST(MlaLayerMath, SingleRankForwardMatchesPlainLoopReference) {
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
     for (bool bias : {false, true}) {
       const auto config = small_config(strategy, bias);
-      const auto w      = mlacp::test::make_weights<double, Mem>(config, 5);
+      const auto w = mlacp::test::make_weights<double, Mem>(config, 5);
       Tensor3<double> x("x", config.batch, config.seq, config.hidden);
       mlacp::test::fill(x, 77, 1.0);
       mlacp::MlaAttention<double> layer(config, w, self);
@@ -176,15 +178,15 @@ TEST(MlaLayerMath, SingleRankForwardMatchesPlainLoopReference) {
 
       mlacp::reference::MlaWeights<double> hw;
       auto host = [](const auto& v) { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v); };
-      hw.w_q    = host(w.w_q);
-      hw.w_kva  = host(w.w_kva);
-      hw.g_kv   = host(w.g_kv);
-      hw.w_kvb  = host(w.w_kvb);
-      hw.w_o    = host(w.w_o);
+      hw.w_q = host(w.w_q);
+      hw.w_kva = host(w.w_kva);
+      hw.g_kv = host(w.g_kv);
+      hw.w_kvb = host(w.w_kvb);
+      hw.w_o = host(w.w_o);
       if (bias) {
-        hw.b_q   = host(w.b_q);
+        hw.b_q = host(w.b_q);
         hw.b_kvb = host(w.b_kvb);
-        hw.b_o   = host(w.b_o);
+        hw.b_o = host(w.b_o);
       }
       const mlacp::reference::ReferenceDims dims{config.batch, config.seq,  config.hidden, config.heads,
                                                  config.nope,  config.rope, config.vdim,   config.latent};
@@ -201,28 +203,28 @@ TEST(MlaLayerMath, SingleRankForwardMatchesPlainLoopReference) {
 TEST(MlaLayerMath, SingleRankGradientsMatchFiniteDifferences) {
   mlacp::Mesh self(MPI_COMM_SELF);
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-    auto config  = small_config(strategy, true);
-    config.seq   = 8;
+    auto config = small_config(strategy, true);
+    config.seq = 8;
     const auto w = mlacp::test::make_weights<double, Mem>(config, 9);
     Tensor3<double> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
     mlacp::test::fill(x, 31, 1.0);
     mlacp::test::fill(dy, 32, 1.0);
     mlacp::MlaAttention<double> layer(config, w, self);
-    auto forward     = layer.forward(Space(), x);
+    auto forward = layer.forward(Space(), x);
     const auto grads = layer.backward(Space(), forward, dy);
-    auto loss        = [&] {
+    auto loss = [&] {
       const auto y = mlacp::test::host_values(layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output());
       const auto d = mlacp::test::host_values(dy);
-      double l     = 0;
+      double l = 0;
       for (std::size_t i = 0; i < y.size(); ++i) l += y[i] * d[i];
       return l;
     };
     std::uint64_t seed = 1000;
-    auto check         = [&](const char* name, const auto& param, const auto& grad) {
-      const auto base      = mlacp::test::host_values(param);
+    auto check = [&](const char* name, const auto& param, const auto& grad) {
+      const auto base = mlacp::test::host_values(param);
       const auto direction = mlacp::test::pseudo_random(base.size(), ++seed, 1.0);
-      const double eps     = 1e-5;
-      auto set             = [&](double t) {
+      const double eps = 1e-5;
+      auto set = [&](double t) {
         auto h = Kokkos::create_mirror_view(param);
         for (std::size_t i = 0; i < base.size(); ++i) h.data()[i] = base[i] + t * direction[i];
         Kokkos::deep_copy(param, h);
@@ -233,8 +235,8 @@ TEST(MlaLayerMath, SingleRankGradientsMatchFiniteDifferences) {
       const double minus = loss();
       set(0);
       const double numeric = (plus - minus) / (2 * eps);
-      const auto g         = mlacp::test::host_values(grad);
-      double analytic      = 0;
+      const auto g = mlacp::test::host_values(grad);
+      double analytic = 0;
       for (std::size_t i = 0; i < g.size(); ++i) analytic += g[i] * direction[i];
       EXPECT_NEAR(analytic, numeric, 1e-6 * (std::abs(numeric) + 1.0)) << mlacp::to_string(strategy) << " " << name;
     };

@@ -13,22 +13,22 @@
 
 namespace {
 
-using Space   = Kokkos::DefaultExecutionSpace;
-using Mem     = Space::memory_space;
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
 using Tensor3 = Kokkos::View<double***, Kokkos::LayoutRight, Mem>;
 using mlacp::EventKind;
 
 mlacp::MlaConfig config_for(mlacp::MlaStrategy strategy, int P) {
   mlacp::MlaConfig c;
-  c.batch    = 2;
-  c.seq      = 8 * P;
-  c.hidden   = 16;
-  c.heads    = 2 * P;
-  c.nope     = 4;
-  c.rope     = 2;
-  c.vdim     = 3;
-  c.latent   = 6;
-  c.bias     = true;
+  c.batch = 2;
+  c.seq = 8 * P;
+  c.hidden = 16;
+  c.heads = 2 * P;
+  c.nope = 4;
+  c.rope = 2;
+  c.vdim = 3;
+  c.latent = 6;
+  c.bias = true;
   c.strategy = strategy;
   return c;
 }
@@ -55,9 +55,10 @@ struct Recorded {
 };
 
 // Runs one forward + backward with the recorder on and returns the backward's events.
-Recorded record_backward(mlacp::MlaStrategy strategy, const mlacp::MlaRequiresGrad& flags) {
+Recorded record_backward(mlacp::MlaStrategy strategy, const mlacp::MlaRequiresGrad& flags, bool overlap = true) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  const auto config = config_for(strategy, mesh.size());
+  auto config = config_for(strategy, mesh.size());
+  config.overlap = overlap;
   mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 7), mesh);
   Tensor3 x("x", config.batch, config.seq / mesh.size(), config.hidden);
   Tensor3 dy("dy", config.batch, config.seq / mesh.size(), config.hidden);
@@ -92,12 +93,20 @@ TEST(MlaSchedule, ExpandedBackwardLaunchesAllInversesThenWaitsQFirst) {
   EXPECT_LT(r.at(EventKind::compute_end, "k backward"), r.at(EventKind::wait_begin, "dV a2a")) << r.dump();
 }
 
+TEST(MlaSchedule, BlockingBaselineWaitsEachCollectiveBeforeTheCompute) {
+  const auto r = record_backward(mlacp::MlaStrategy::latent, {}, false);
+  EXPECT_LT(r.at(EventKind::wait_end, "dO a2a"), r.at(EventKind::compute_begin, "w_o wgrad")) << r.dump();
+  EXPECT_LT(r.at(EventKind::wait_end, "dQ a2a"), r.at(EventKind::compute_begin, "kv backward")) << r.dump();
+  EXPECT_LT(r.at(EventKind::wait_end, "latent reduce-scatter"), r.at(EventKind::compute_begin, "w_kvb wgrad"))
+      << r.dump();
+}
+
 TEST(MlaSchedule, SkippedGradientsLaunchNothing) {
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
     // Only the output projection trains: no collective at all in backward, and no attention backward.
     auto only_o = mlacp::MlaRequiresGrad::none();
     only_o.w_o = only_o.b_o = true;
-    auto r                  = record_backward(strategy, only_o);
+    auto r = record_backward(strategy, only_o);
     for (const auto& e : r.events) EXPECT_NE(e.kind, EventKind::launch) << e.name << "\n" << r.dump();
     EXPECT_FALSE(r.has(EventKind::compute_begin, "attention bprop")) << r.dump();
     EXPECT_TRUE(r.has(EventKind::compute_begin, "w_o wgrad")) << r.dump();
@@ -105,7 +114,7 @@ TEST(MlaSchedule, SkippedGradientsLaunchNothing) {
     // No gradient for x, w_q, b_q: the dQ inverse is never launched (nor waited).
     auto no_q = mlacp::MlaRequiresGrad{};
     no_q.x = no_q.w_q = no_q.b_q = false;
-    r                            = record_backward(strategy, no_q);
+    r = record_backward(strategy, no_q);
     EXPECT_FALSE(r.has(EventKind::launch, "dQ a2a")) << r.dump();
     EXPECT_FALSE(r.has(EventKind::wait_begin, "dQ a2a")) << r.dump();
     EXPECT_TRUE(r.has(EventKind::launch, "dO a2a")) << r.dump();
@@ -113,13 +122,13 @@ TEST(MlaSchedule, SkippedGradientsLaunchNothing) {
     // Frozen w_o/b_o: no w_o wgrad.
     auto frozen_o = mlacp::MlaRequiresGrad{};
     frozen_o.w_o = frozen_o.b_o = false;
-    r                           = record_backward(strategy, frozen_o);
+    r = record_backward(strategy, frozen_o);
     EXPECT_FALSE(r.has(EventKind::compute_begin, "w_o wgrad")) << r.dump();
   }
   // Latent: no gradient for x, w_kva, g_kv: the reduce-scatter is skipped, the w_kvb wgrad still runs.
   auto no_payload = mlacp::MlaRequiresGrad{};
   no_payload.x = no_payload.w_kva = no_payload.g_kv = false;
-  const auto r                                      = record_backward(mlacp::MlaStrategy::latent, no_payload);
+  const auto r = record_backward(mlacp::MlaStrategy::latent, no_payload);
   EXPECT_FALSE(r.has(EventKind::launch, "latent reduce-scatter")) << r.dump();
   EXPECT_TRUE(r.has(EventKind::compute_begin, "w_kvb wgrad")) << r.dump();
 }
@@ -174,13 +183,13 @@ TEST(MlaMisuse, OnlyOneRankMisusesButEveryRankRaises) {
 TEST(MlaMisuse, ConfigurationNotDivisibleByTheGroup) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   if (mesh.size() == 1) GTEST_SKIP() << "everything is divisible by P = 1";
-  auto config  = config_for(mlacp::MlaStrategy::latent, mesh.size());
+  auto config = config_for(mlacp::MlaStrategy::latent, mesh.size());
   config.heads = 2 * mesh.size() + 1;
   expect_error<mlacp::InvalidArgument>(
       [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
       "heads = " + std::to_string(config.heads) +
           " is not divisible by the Ulysses group size P = " + std::to_string(mesh.size()));
-  config     = config_for(mlacp::MlaStrategy::expanded, mesh.size());
+  config = config_for(mlacp::MlaStrategy::expanded, mesh.size());
   config.seq = 8 * mesh.size() + 1;
   expect_error<mlacp::InvalidArgument>(
       [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
@@ -191,8 +200,8 @@ TEST(MlaMisuse, ConfigurationNotDivisibleByTheGroup) {
 TEST(MlaMisuse, WeightsAndInputsThatDisagreeWithTheConfiguration) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const auto config = config_for(mlacp::MlaStrategy::latent, mesh.size());
-  auto weights      = mlacp::test::make_weights<double, Mem>(config, 1);
-  weights.w_kvb     = decltype(weights.w_kvb)("w_kvb", weights.w_kvb.extent(0) + 1, weights.w_kvb.extent(1));
+  auto weights = mlacp::test::make_weights<double, Mem>(config, 1);
+  weights.w_kvb = decltype(weights.w_kvb)("w_kvb", weights.w_kvb.extent(0) + 1, weights.w_kvb.extent(1));
   expect_error<mlacp::InvalidArgument>([&] { mlacp::MlaAttention<double>(config, weights, mesh); },
                                        "weight w_kvb has shape [" + std::to_string(weights.w_kvb.extent(0)) + ", 6]");
   auto no_bias = config;
@@ -213,7 +222,7 @@ TEST(MlaMisuse, InputsThatDifferAcrossRanks) {
   mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh);
   Tensor3 x("x", config.batch, config.seq / mesh.size(), config.hidden);
   auto flags = mlacp::MlaRequiresGrad{};
-  flags.x    = mesh.rank() != 0;  // rank 0 would skip the dQ inverse that the others launch: a hang without the check
+  flags.x = mesh.rank() != 0;  // rank 0 would skip the dQ inverse that the others launch: a hang without the check
   expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), x, flags); },
                                        "the ranks of the mesh disagree on the gradient flags");
 }

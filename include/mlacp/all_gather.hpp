@@ -14,9 +14,9 @@ template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace& space, const ViewType& view, int dim,
                                                                  const Mesh& mesh,
                                                                  const std::string& name = "all_gather") {
-  using T        = typename ViewType::non_const_value_type;
+  using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
-  using Result   = collective_result_t<ViewType>;
+  using Result = collective_result_t<ViewType>;
   detail::check_collective_types<ExecSpace, ViewType>();
   detail::validate_collective(mesh, detail::describe(detail::CollectiveKind::all_gather, view, dim, -1));
   const int parts = mesh.size();
@@ -24,17 +24,17 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
 
   compat::ScopedRegion region("mlacp::launch_all_gather " + name);
   const auto n = static_cast<std::int64_t>(view.size());
-  auto send    = detail::allocate_buffer<T, MemSpace>(name + " send", n);
-  auto recv    = detail::allocate_buffer<T, MemSpace>(name + " recv", n * parts);
+  auto send = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  auto recv = detail::allocate_buffer<T, MemSpace>(name + " recv", n * parts);
   Kokkos::deep_copy(space, send,
                     Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
                         view.data(), static_cast<std::size_t>(n)));
-  Result result                    = detail::allocate_result(name, view, dim,
-                                                             static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) * parts);
+  Result result = detail::allocate_result(name, view, dim,
+                                          static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) * parts);
   const detail::AroundDim received = detail::around_dim(view, dim);
-  const int count                  = static_cast<int>(n);
-  const MPI_Comm comm              = mesh.comm();
-  auto start                       = [count, comm](const T* s, T* r, MPI_Request* request) {
+  const int count = static_cast<int>(n);
+  const MPI_Comm comm = mesh.comm();
+  auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
     return MPI_Iallgather(s, count, mpi::datatype<T>(), r, count, mpi::datatype<T>(), comm, request);
   };
   auto unpack = [space, result, received, parts, name](const detail::Buffer<T, MemSpace>& r) {

@@ -21,9 +21,9 @@ template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace& space, const ViewType& view,
                                                                  int gather_dim, int scatter_dim, const Mesh& mesh,
                                                                  const std::string& name = "all_to_all") {
-  using T        = typename ViewType::non_const_value_type;
+  using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
-  using Result   = collective_result_t<ViewType>;
+  using Result = collective_result_t<ViewType>;
   detail::check_collective_types<ExecSpace, ViewType>();
   detail::validate_collective(mesh,
                               detail::describe(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim));
@@ -32,17 +32,17 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
 
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
   const auto n = static_cast<std::int64_t>(view.size());
-  auto send    = detail::allocate_buffer<T, MemSpace>(name + " send", n);
-  auto recv    = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
+  auto send = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  auto recv = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
   detail::pack_blocks(space, view.data(), send.data(), detail::around_dim(view, scatter_dim), parts, name + " pack");
   Result result =
       detail::allocate_result(name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
                               scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
   detail::AroundDim received = detail::around_dim(result, gather_dim);
   received.mid /= parts;
-  const int count     = static_cast<int>(n / parts);
+  const int count = static_cast<int>(n / parts);
   const MPI_Comm comm = mesh.comm();
-  auto start          = [count, comm](const T* s, T* r, MPI_Request* request) {
+  auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
     return MPI_Ialltoall(s, count, mpi::datatype<T>(), r, count, mpi::datatype<T>(), comm, request);
   };
   auto unpack = [space, result, received, parts, name](const detail::Buffer<T, MemSpace>& r) {

@@ -35,10 +35,10 @@ class AsyncCollective {
   AsyncCollective(std::string name, std::unique_ptr<detail::PendingTransport> transport, ResultView result,
                   std::function<void()> finish, std::function<void()> keep_alive = {})
       : state_(std::make_unique<State>()) {
-    state_->name       = std::move(name);
-    state_->transport  = std::move(transport);
-    state_->result     = std::move(result);
-    state_->finish     = std::move(finish);
+    state_->name = std::move(name);
+    state_->transport = std::move(transport);
+    state_->result = std::move(result);
+    state_->finish = std::move(finish);
     state_->keep_alive = std::move(keep_alive);
     events::record(EventKind::launch, state_->name);
   }
@@ -52,7 +52,7 @@ class AsyncCollective {
     }
     return *this;
   }
-  AsyncCollective(const AsyncCollective&)            = delete;
+  AsyncCollective(const AsyncCollective&) = delete;
   AsyncCollective& operator=(const AsyncCollective&) = delete;
 
   /// True when a collective was launched into this handle (and it was not moved away), waited or not.

@@ -74,7 +74,7 @@ class ScopedRegion {
  public:
   explicit ScopedRegion(const std::string& name) { Kokkos::Profiling::pushRegion(name); }
   ~ScopedRegion() { Kokkos::Profiling::popRegion(); }
-  ScopedRegion(const ScopedRegion&)            = delete;
+  ScopedRegion(const ScopedRegion&) = delete;
   ScopedRegion& operator=(const ScopedRegion&) = delete;
 };
 

@@ -47,7 +47,7 @@ class ScopedCompute {
  public:
   explicit ScopedCompute(std::string name);
   ~ScopedCompute();
-  ScopedCompute(const ScopedCompute&)            = delete;
+  ScopedCompute(const ScopedCompute&) = delete;
   ScopedCompute& operator=(const ScopedCompute&) = delete;
 
  private:

@@ -29,7 +29,7 @@ class Mesh {
   ~Mesh();
   Mesh(Mesh&& other) noexcept;
   Mesh& operator=(Mesh&& other) noexcept;
-  Mesh(const Mesh&)            = delete;
+  Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
 
   MPI_Comm comm() const noexcept { return comm_; }
@@ -60,11 +60,11 @@ class Mesh {
  private:
   void release() noexcept;
 
-  MPI_Comm comm_     = MPI_COMM_NULL;
-  int rank_          = 0;
-  int size_          = 0;
-  bool owned_        = false;
-  bool checked_      = true;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 0;
+  bool owned_ = false;
+  bool checked_ = true;
   bool host_staging_ = false;
   std::unique_ptr<detail::NcclContext> nccl_;
 };

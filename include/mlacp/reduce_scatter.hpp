@@ -14,25 +14,25 @@ template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
                                                                      int dim, const Mesh& mesh,
                                                                      const std::string& name = "reduce_scatter") {
-  using T        = typename ViewType::non_const_value_type;
+  using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
-  using Result   = collective_result_t<ViewType>;
+  using Result = collective_result_t<ViewType>;
   detail::check_collective_types<ExecSpace, ViewType>();
   detail::validate_collective(mesh, detail::describe(detail::CollectiveKind::reduce_scatter, view, dim, -1));
   const int parts = mesh.size();
   if (parts == 1) return AsyncCollective<Result>(name, nullptr, Result(view), {});
 
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
-  const auto n  = static_cast<std::int64_t>(view.size());
-  auto send     = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  const auto n = static_cast<std::int64_t>(view.size());
+  auto send = detail::allocate_buffer<T, MemSpace>(name + " send", n);
   Result result = detail::allocate_result(name, view, dim,
                                           static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
   // The result is LayoutRight and contiguous: MPI (or the staging copy) writes it directly.
   detail::Buffer<T, MemSpace> recv(result.data(), static_cast<std::size_t>(n / parts));
   detail::pack_blocks(space, view.data(), send.data(), detail::around_dim(view, dim), parts, name + " pack");
-  const int count     = static_cast<int>(n / parts);
+  const int count = static_cast<int>(n / parts);
   const MPI_Comm comm = mesh.comm();
-  auto start          = [count, comm](const T* s, T* r, MPI_Request* request) {
+  auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
     return MPI_Ireduce_scatter_block(s, r, count, mpi::datatype<T>(), MPI_SUM, comm, request);
   };
   auto unpack = [](const detail::Buffer<T, MemSpace>&) {};

@@ -46,7 +46,7 @@ std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request req
 void check_mpi(int code, const std::string& what) {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
-  int length                      = 0;
+  int length = 0;
   MPI_Error_string(code, text, &length);
   throw CommunicationError("mlacp: " + what + " failed: " + std::string(text, static_cast<std::size_t>(length)));
 }

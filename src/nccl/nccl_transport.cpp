@@ -64,7 +64,7 @@ std::unique_ptr<detail::PendingTransport> launch(Operation operation, const void
                                                  detail::NcclContext& context, cudaStream_t compute_stream,
                                                  const std::string& name) {
   cudaEvent_t ready = nullptr;
-  cudaEvent_t done  = nullptr;
+  cudaEvent_t done = nullptr;
   check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate for '" + name + "'");
   check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate for '" + name + "'");
   auto transport = std::make_unique<StreamTransport>(done, compute_stream, name);
@@ -73,7 +73,7 @@ std::unique_ptr<detail::PendingTransport> launch(Operation operation, const void
   check_cuda(cudaStreamWaitEvent(context.stream, ready, 0), "cudaStreamWaitEvent for '" + name + "'");
   cudaEventDestroy(ready);  // released once the wait above has consumed it
   int nranks = 0;
-  int rank   = 0;
+  int rank = 0;
   check(ncclCommCount(context.comm, &nranks), "ncclCommCount");
   check(ncclCommUserRank(context.comm, &rank), "ncclCommUserRank");
   switch (operation) {

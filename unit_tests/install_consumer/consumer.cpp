@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     Kokkos::deep_copy(b, 2.0);
     mlacp::compat::gemm(Kokkos::DefaultExecutionSpace(), "N", "N", 1.0, a, b, 0.0, c);
     auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
-    ok        = host(1, 1) == 6.0;
+    ok = host(1, 1) == 6.0;
   }
   MPI_Finalize();
   std::puts(ok ? "consumer OK" : "consumer FAILED");

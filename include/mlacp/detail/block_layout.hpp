@@ -13,7 +13,7 @@ namespace mlacp::detail {
 
 struct AroundDim {
   std::int64_t outer = 1;
-  std::int64_t mid   = 1;
+  std::int64_t mid = 1;
   std::int64_t inner = 1;
   std::int64_t size() const { return outer * mid * inner; }
 };
@@ -34,16 +34,16 @@ AroundDim around_dim(const ViewType& view, int dim) {
 /// as a LayoutRight [outer, m, inner] array. Used to send block j to rank j.
 template <class ExecSpace, class T>
 void pack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int parts, const std::string& label) {
-  const std::int64_t m     = a.mid / parts;
+  const std::int64_t m = a.mid / parts;
   const std::int64_t block = a.outer * m * a.inner;
   const std::int64_t mid = a.mid, inner = a.inner;
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, a.size()),
       KOKKOS_LAMBDA(const std::int64_t i) {
-        const std::int64_t o                               = i / (mid * inner);
-        const std::int64_t x                               = (i / inner) % mid;
-        const std::int64_t n                               = i % inner;
-        const std::int64_t j                               = x / m;
+        const std::int64_t o = i / (mid * inner);
+        const std::int64_t x = (i / inner) % mid;
+        const std::int64_t n = i % inner;
+        const std::int64_t j = x / m;
         out[j * block + (o * m + (x - j * m)) * inner + n] = in[i];
       });
 }
@@ -57,11 +57,11 @@ void unpack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, block * parts),
       KOKKOS_LAMBDA(const std::int64_t i) {
-        const std::int64_t r                      = i / block;
-        const std::int64_t k                      = i - r * block;
-        const std::int64_t o                      = k / (mid * inner);
-        const std::int64_t y                      = (k / inner) % mid;
-        const std::int64_t n                      = k % inner;
+        const std::int64_t r = i / block;
+        const std::int64_t k = i - r * block;
+        const std::int64_t o = k / (mid * inner);
+        const std::int64_t y = (k / inner) % mid;
+        const std::int64_t n = k % inner;
         out[(o * wide + r * mid + y) * inner + n] = in[i];
       });
 }

@@ -104,10 +104,10 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
       const auto operation = kind == CollectiveKind::all_to_all   ? nccl::Operation::all_to_all
                              : kind == CollectiveKind::all_gather ? nccl::Operation::all_gather
                                                                   : nccl::Operation::reduce_scatter_sum;
-      auto transport       = nccl::launch(operation, send.data(), recv.data(), count, nccl::datatype<T>(), sizeof(T),
-                                          *mesh.nccl(), space.cuda_stream(), name);
-      auto finish          = [=]() { unpack(recv); };
-      auto keep_alive      = [send, recv]() {};
+      auto transport = nccl::launch(operation, send.data(), recv.data(), count, nccl::datatype<T>(), sizeof(T),
+                                    *mesh.nccl(), space.cuda_stream(), name);
+      auto finish = [=]() { unpack(recv); };
+      auto keep_alive = [send, recv]() {};
       return AsyncCollective<ResultView>(name, std::move(transport), std::move(result), std::move(finish),
                                          std::move(keep_alive));
     }
@@ -119,7 +119,7 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
   if (mpi_reads_directly<MemSpace>() && !mesh.host_staging()) {
     compat::fence(space, name + ": send buffer complete before MPI reads it");
     mpi::check_mpi(mpi_start(send.data(), recv.data(), &request), name + ": MPI launch");
-    auto finish     = [=]() { unpack(recv); };
+    auto finish = [=]() { unpack(recv); };
     auto keep_alive = [send, recv]() {};
     return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
                                        std::move(finish), std::move(keep_alive));

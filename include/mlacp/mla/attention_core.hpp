@@ -80,25 +80,25 @@ void attention_forward(const ExecSpace& space, const QView& q, const KView& k, c
   static_assert_accessible<ExecSpace, OView>();
   static_assert_accessible<ExecSpace, LseView>();
   detail::attention_check("attention_forward", q, k, v, o, lse);
-  using acc_type          = typename QView::non_const_value_type;
-  using o_type            = typename OView::non_const_value_type;
-  using lse_type          = typename LseView::non_const_value_type;
-  const std::int64_t n_b  = static_cast<std::int64_t>(q.extent(0));
-  const std::int64_t n_s  = static_cast<std::int64_t>(q.extent(1));
-  const std::int64_t n_h  = static_cast<std::int64_t>(q.extent(2));
-  const int d_qk          = static_cast<int>(q.extent(3));
-  const int d_v           = static_cast<int>(v.extent(3));
-  const double scale      = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
+  using acc_type = typename QView::non_const_value_type;
+  using o_type = typename OView::non_const_value_type;
+  using lse_type = typename LseView::non_const_value_type;
+  const std::int64_t n_b = static_cast<std::int64_t>(q.extent(0));
+  const std::int64_t n_s = static_cast<std::int64_t>(q.extent(1));
+  const std::int64_t n_h = static_cast<std::int64_t>(q.extent(2));
+  const int d_qk = static_cast<int>(q.extent(3));
+  const int d_v = static_cast<int>(v.extent(3));
+  const double scale = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
   const std::int64_t rows = n_b * n_s * n_h;
   if (rows == 0) return;
   Kokkos::parallel_for(
       "mlacp::attention_forward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows),
       KOKKOS_LAMBDA(const std::int64_t idx) {
         const std::int64_t hd = idx % n_h;
-        const std::int64_t i  = (idx / n_h) % n_s;
-        const std::int64_t b  = idx / (n_h * n_s);
-        double m              = 0.0;  // running max of the scores
-        double l              = 0.0;  // running sum of exp(score - m)
+        const std::int64_t i = (idx / n_h) % n_s;
+        const std::int64_t b = idx / (n_h * n_s);
+        double m = 0.0;  // running max of the scores
+        double l = 0.0;  // running sum of exp(score - m)
         for (std::int64_t j = 0; j <= i; ++j) {
           acc_type dot = 0;
           for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
@@ -110,13 +110,13 @@ void attention_forward(const ExecSpace& space, const QView& q, const KView& k, c
             continue;
           }
           if (score > m) {
-            const double alpha   = compat::math::exp(m - score);
+            const double alpha = compat::math::exp(m - score);
             const o_type alpha_o = static_cast<o_type>(alpha);
             l *= alpha;
             for (int c = 0; c < d_v; ++c) o(b, i, hd, c) *= alpha_o;
             m = score;
           }
-          const double p   = compat::math::exp(score - m);
+          const double p = compat::math::exp(score - m);
           const o_type p_o = static_cast<o_type>(p);
           l += p;
           for (int c = 0; c < d_v; ++c) o(b, i, hd, c) += p_o * static_cast<o_type>(v(b, j, hd, c));
@@ -161,25 +161,25 @@ void attention_backward(const ExecSpace& space, const QView& q, const KView& k, 
   const std::int64_t rows = static_cast<std::int64_t>(nb * ns * nh);
   if (rows == 0 || !(do_dq || do_dk || do_dv)) return;
 
-  using acc_type         = typename QView::non_const_value_type;
-  using dq_type          = typename DqView::non_const_value_type;
-  using dk_type          = typename DkView::non_const_value_type;
-  using dv_type          = typename DvView::non_const_value_type;
+  using acc_type = typename QView::non_const_value_type;
+  using dq_type = typename DqView::non_const_value_type;
+  using dk_type = typename DkView::non_const_value_type;
+  using dv_type = typename DvView::non_const_value_type;
   const std::int64_t n_s = static_cast<std::int64_t>(ns);
   const std::int64_t n_h = static_cast<std::int64_t>(nh);
-  const int d_qk         = static_cast<int>(nqk);
-  const int d_v          = static_cast<int>(nv);
-  const double scale     = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
-  using policy_type      = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  const int d_qk = static_cast<int>(nqk);
+  const int d_v = static_cast<int>(nv);
+  const double scale = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
+  using policy_type = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
 
   if (do_dq) {
     Kokkos::parallel_for(
         "mlacp::attention_backward_dq", policy_type(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t idx) {
           const std::int64_t hd = idx % n_h;
-          const std::int64_t i  = (idx / n_h) % n_s;
-          const std::int64_t b  = idx / (n_h * n_s);
-          const double lse_i    = static_cast<double>(lse(b, hd, i));
-          double d_i            = 0.0;  // D_i = dO_i . O_i
+          const std::int64_t i = (idx / n_h) % n_s;
+          const std::int64_t b = idx / (n_h * n_s);
+          const double lse_i = static_cast<double>(lse(b, hd, i));
+          double d_i = 0.0;  // D_i = dO_i . O_i
           for (int c = 0; c < d_v; ++c)
             d_i += static_cast<double>(d_o(b, i, hd, c)) * static_cast<double>(o(b, i, hd, c));
           for (int c = 0; c < d_qk; ++c) dq(b, i, hd, c) = dq_type(0);
@@ -187,7 +187,7 @@ void attention_backward(const ExecSpace& space, const QView& q, const KView& k, 
             acc_type dot = 0;
             for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
             const double p = compat::math::exp(static_cast<double>(dot) * scale - lse_i);
-            acc_type dp    = 0;
+            acc_type dp = 0;
             for (int c = 0; c < d_v; ++c) dp += d_o(b, i, hd, c) * v(b, j, hd, c);
             const dq_type coef = static_cast<dq_type>(scale * p * (static_cast<double>(dp) - d_i));
             for (int c = 0; c < d_qk; ++c) dq(b, i, hd, c) += coef * static_cast<dq_type>(k(b, j, hd, c));
@@ -199,8 +199,8 @@ void attention_backward(const ExecSpace& space, const QView& q, const KView& k, 
     Kokkos::parallel_for(
         "mlacp::attention_backward_dkdv", policy_type(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t idx) {
           const std::int64_t hd = idx % n_h;
-          const std::int64_t j  = (idx / n_h) % n_s;
-          const std::int64_t b  = idx / (n_h * n_s);
+          const std::int64_t j = (idx / n_h) % n_s;
+          const std::int64_t b = idx / (n_h * n_s);
           if (do_dk) {
             for (int c = 0; c < d_qk; ++c) dk(b, j, hd, c) = dk_type(0);
           }

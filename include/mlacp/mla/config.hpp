@@ -19,18 +19,21 @@ MlaStrategy parse_strategy(const std::string& name);
 
 /// The dimensions of one MLA attention block (MLA_SPEC "Names"). `seq` is the global sequence length S.
 struct MlaConfig {
-  int batch            = 0;      ///< B
-  int seq              = 0;      ///< S, global
-  int hidden           = 0;      ///< D
-  int heads            = 0;      ///< H, global
-  int nope             = 0;      ///< dn, qk_nope_head_dim
-  int rope             = 0;      ///< dr, qk_rope_head_dim (even)
-  int vdim             = 0;      ///< dv, v_head_dim
-  int latent           = 0;      ///< R, kv_lora_rank
-  bool bias            = false;  ///< b_q, b_kvb and b_o present
+  int batch = 0;      ///< B
+  int seq = 0;        ///< S, global
+  int hidden = 0;     ///< D
+  int heads = 0;      ///< H, global
+  int nope = 0;       ///< dn, qk_nope_head_dim
+  int rope = 0;       ///< dr, qk_rope_head_dim (even)
+  int vdim = 0;       ///< dv, v_head_dim
+  int latent = 0;     ///< R, kv_lora_rank
+  bool bias = false;  ///< b_q, b_kvb and b_o present
   MlaStrategy strategy = MlaStrategy::latent;
-  double rope_base     = 10000.0;
-  double rms_eps       = 1e-6;
+  double rope_base = 10000.0;
+  double rms_eps = 1e-6;
+  /// true: the backward overlaps each collective with its independent compute. false: every collective is waited
+  /// right after its launch (the blocking baseline of the perf tests; same numbers, same order of compute).
+  bool overlap = true;
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
@@ -43,15 +46,15 @@ struct MlaConfig {
 /// Which inputs, weights and biases need a gradient. A false flag skips that GEMM, and when nothing upstream of a
 /// collective needs a gradient, its inverse collective is not launched at all (nothing waits for it either).
 struct MlaRequiresGrad {
-  bool x     = true;
-  bool w_q   = true;
-  bool b_q   = true;
+  bool x = true;
+  bool w_q = true;
+  bool b_q = true;
   bool w_kva = true;
-  bool g_kv  = true;
+  bool g_kv = true;
   bool w_kvb = true;
   bool b_kvb = true;
-  bool w_o   = true;
-  bool b_o   = true;
+  bool w_o = true;
+  bool b_o = true;
 
   static MlaRequiresGrad none() { return {false, false, false, false, false, false, false, false, false}; }
 };

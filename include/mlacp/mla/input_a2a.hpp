@@ -15,7 +15,7 @@ template <class T, class ExecSpace>
 class InputA2APair {
  public:
   using memory_space = typename ExecSpace::memory_space;
-  using tensor4      = detail::Tensor4<T, memory_space>;
+  using tensor4 = detail::Tensor4<T, memory_space>;
 
   InputA2APair() = default;
   /// `name` names the collectives: "<name> a2a" forward, "d<name> a2a" backward (e.g. "Q" -> "Q a2a", "dQ a2a").
@@ -27,7 +27,7 @@ class InputA2APair {
     require_mesh();
     if (forward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': forward launched twice");
     needs_send_grad_ = needs_send_grad;
-    forward_         = launch_all_to_all(space, token_local, 1, 2, *mesh_, name_ + " a2a");
+    forward_ = launch_all_to_all(space, token_local, 1, 2, *mesh_, name_ + " a2a");
   }
 
   /// Waits for the forward all-to-all (exactly once) and returns the head-local tensor [B, S, h, d].

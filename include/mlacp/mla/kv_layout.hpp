@@ -19,7 +19,7 @@ template <class ExecSpace, class KV, class KPE, class K, class V>
 void assemble_kv(const ExecSpace& space, const KV& kv, const KPE& kpe, const K& k, const V& v, int dn) {
   const auto B = static_cast<std::int64_t>(k.extent(0)), n = static_cast<std::int64_t>(k.extent(1));
   const auto h = static_cast<std::int64_t>(k.extent(2)), dqk = static_cast<std::int64_t>(k.extent(3));
-  const auto dv            = static_cast<std::int64_t>(v.extent(3));
+  const auto dv = static_cast<std::int64_t>(v.extent(3));
   const std::int64_t width = dqk + dv;
   Kokkos::parallel_for(
       "mlacp::assemble_kv",
@@ -39,10 +39,10 @@ void assemble_kv(const ExecSpace& space, const KV& kv, const KPE& kpe, const K& 
 /// heads of dk's last dr columns (the rotary key is shared by all heads). dk or dv may be empty (zero gradient).
 template <class ExecSpace, class DK, class DV, class DKV, class DKPE>
 void disassemble_kv_grad(const ExecSpace& space, const DK& dk, const DV& dv, const DKV& dkv, const DKPE& dkpe, int dn) {
-  using T      = typename DKV::non_const_value_type;
+  using T = typename DKV::non_const_value_type;
   const auto B = static_cast<std::int64_t>(dkv.extent(0)), n = static_cast<std::int64_t>(dkv.extent(1));
   const auto h = static_cast<std::int64_t>(dkv.extent(2)), width = static_cast<std::int64_t>(dkv.extent(3));
-  const auto dr    = static_cast<std::int64_t>(dkpe.extent(2));
+  const auto dr = static_cast<std::int64_t>(dkpe.extent(2));
   const bool has_k = dk.data() != nullptr, has_v = dv.data() != nullptr;
   Kokkos::parallel_for(
       "mlacp::disassemble_kv_grad",

@@ -14,10 +14,10 @@ template <class T, class ExecSpace>
 class LatentKVLinear {
  public:
   using memory_space = typename ExecSpace::memory_space;
-  using tensor3      = detail::Tensor3<T, memory_space>;
-  using matrix       = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
-  using vector       = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
-  using weight_rows  = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using tensor3 = detail::Tensor3<T, memory_space>;
+  using matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
+  using vector = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
+  using weight_rows = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
   /// gathered [B, S, R+dr] (a completed all-gather of [c, k_pe]), w_sel [h*(dn+dv), R] and b_sel (the rank's head
   /// rows of w_kvb / b_kvb; b_sel may be empty) -> kv_out [B, S, h*(dn+dv)] and the shared key kpe_out [B, S, dr].
@@ -27,9 +27,9 @@ class LatentKVLinear {
       const Mesh& mesh, const tensor3& kv_out, const tensor3& kpe_out) {
     if (forwarded_) throw UsageError("mlacp::LatentKVLinear: forward called twice on the same invocation");
     const auto B = static_cast<std::int64_t>(gathered.extent(0)), S = static_cast<std::int64_t>(gathered.extent(1));
-    const auto R  = static_cast<int>(w_sel.extent(1));
+    const auto R = static_cast<int>(w_sel.extent(1));
     const auto dr = static_cast<int>(gathered.extent(2)) - R;
-    latent_       = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::latent"), B, S, R);
+    latent_ = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::latent"), B, S, R);
     detail::copy_columns(space, gathered, 0, latent_, 0, R);
     detail::copy_columns(space, gathered, R, kpe_out, 0, dr);
     {
@@ -37,26 +37,27 @@ class LatentKVLinear {
       detail::linear_forward(space, detail::as_matrix(latent_, B * S, R), w_sel, b_sel,
                              detail::as_matrix(kv_out, B * S, static_cast<std::int64_t>(w_sel.extent(0))));
     }
-    w_sel_     = w_sel;
-    mesh_      = &mesh;
+    w_sel_ = w_sel;
+    mesh_ = &mesh;
     forwarded_ = true;
   }
 
   /// grad_kv [B, S, h*(dn+dv)] and grad_shared [B, S, dr] -> this rank's payload gradient [B, s, R+dr] (empty when
   /// not `needs_payload_grad`). Order: dgrad of the latent (grad_kv w_sel), concatenated with grad_shared and
   /// launched as a SUM reduce-scatter along the sequence ("latent reduce-scatter"); dw_sel += grad_kv^T latent and
-  /// db_sel while it is in flight (empty: skipped); then wait.
+  /// db_sel while it is in flight (empty: skipped); then wait. `overlap` false: wait right after the launch.
   tensor3 backward(
       const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared, bool needs_payload_grad,
       const weight_rows& dw_sel,
-      const Kokkos::View<T*, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& db_sel) {
+      const Kokkos::View<T*, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& db_sel,
+      bool overlap = true) {
     if (!forwarded_) throw UsageError("mlacp::LatentKVLinear: backward before forward");
     if (backwarded_) throw UsageError("mlacp::LatentKVLinear: a second backward of the same forward");
-    backwarded_  = true;
+    backwarded_ = true;
     const auto B = static_cast<std::int64_t>(grad_kv.extent(0)), S = static_cast<std::int64_t>(grad_kv.extent(1));
     const auto R = static_cast<std::int64_t>(latent_.extent(2)), dr = static_cast<std::int64_t>(grad_shared.extent(2));
     const auto width = static_cast<std::int64_t>(grad_kv.extent(2));
-    const auto g2    = detail::as_matrix(grad_kv, B * S, width);
+    const auto g2 = detail::as_matrix(grad_kv, B * S, width);
     AsyncCollective<tensor3> reduce;
     if (needs_payload_grad) {
       tensor3 grad_payload(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
@@ -69,6 +70,8 @@ class LatentKVLinear {
       }
       reduce = launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter");
     }
+    tensor3 result;
+    if (!overlap && reduce.launched()) result = reduce.wait();
     if (dw_sel.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "w_kvb wgrad");
       std::function<void()> progress;
@@ -80,15 +83,15 @@ class LatentKVLinear {
       detail::bias_grad(space, g2, db_sel);
     }
     latent_ = tensor3();
-    return reduce.launched() ? reduce.wait() : tensor3();
+    return reduce.pending() ? reduce.wait() : result;
   }
 
  private:
   tensor3 latent_;
   weight_rows w_sel_;
   const Mesh* mesh_ = nullptr;
-  bool forwarded_   = false;
-  bool backwarded_  = false;
+  bool forwarded_ = false;
+  bool backwarded_ = false;
 };
 
 }  // namespace mlacp

@@ -21,7 +21,7 @@ namespace mlacp {
 /// its reduction dimension into panels of at least `min_panel_rows` rows, at most `panels` of them, and the in-flight
 /// handles are tested before each panel. Device execution spaces never poll (NCCL progresses on its own).
 struct OverlapPolicy {
-  int panels                  = 8;
+  int panels = 8;
   std::int64_t min_panel_rows = 256;
 };
 
@@ -59,7 +59,7 @@ class ComputePhase {
     }
     Kokkos::Profiling::popRegion();
   }
-  ComputePhase(const ComputePhase&)            = delete;
+  ComputePhase(const ComputePhase&) = delete;
   ComputePhase& operator=(const ComputePhase&) = delete;
 
  private:
@@ -74,7 +74,7 @@ void linear_forward(const ExecSpace& space, const XMat& x, const WMat& w, const 
   compat::gemm(space, "N", "T", T(1), x, w, T(0), y);
   if (b.data() == nullptr) return;
   const auto cols = static_cast<std::int64_t>(y.extent(1));
-  const auto n    = static_cast<std::int64_t>(y.extent(0)) * cols;
+  const auto n = static_cast<std::int64_t>(y.extent(0)) * cols;
   Kokkos::parallel_for(
       "mlacp::add_bias", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
       KOKKOS_LAMBDA(const std::int64_t i) { y(i / cols, i % cols) += b(i % cols); });
@@ -93,11 +93,11 @@ void linear_dgrad(const ExecSpace& space, const DyMat& dy, const WMat& w, typena
 template <class ExecSpace, class DyMat, class XMat, class DwMat>
 void linear_wgrad(const ExecSpace& space, const DyMat& dy, const XMat& x, const DwMat& dw,
                   const std::function<void()>& progress = {}) {
-  using T             = typename DwMat::non_const_value_type;
+  using T = typename DwMat::non_const_value_type;
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
-  const auto rows     = static_cast<std::int64_t>(dy.extent(0));
+  const auto rows = static_cast<std::int64_t>(dy.extent(0));
   const OverlapPolicy policy = overlap_policy();
-  std::int64_t panels        = 1;
+  std::int64_t panels = 1;
   if (host && progress && policy.panels > 1)
     panels = std::max<std::int64_t>(
         1, std::min<std::int64_t>(policy.panels, rows / std::max<std::int64_t>(1, policy.min_panel_rows)));

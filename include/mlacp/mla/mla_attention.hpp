@@ -43,22 +43,22 @@ namespace mlacp {
 template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace, class Core = CausalAttentionCore>
 class MlaAttention {
  public:
-  using value_type      = T;
+  using value_type = T;
   using execution_space = ExecSpace;
-  using memory_space    = typename ExecSpace::memory_space;
-  using tensor3         = detail::Tensor3<T, memory_space>;
-  using tensor4         = detail::Tensor4<T, memory_space>;
-  using weights_type    = MlaWeights<T, memory_space>;
-  using gradients_type  = MlaGradients<T, memory_space>;
+  using memory_space = typename ExecSpace::memory_space;
+  using tensor3 = detail::Tensor3<T, memory_space>;
+  using tensor4 = detail::Tensor4<T, memory_space>;
+  using weights_type = MlaWeights<T, memory_space>;
+  using gradients_type = MlaGradients<T, memory_space>;
 
   /// The state of one forward pass: move-only, consumed by exactly one backward.
   class Forward {
    public:
-    Forward()                              = default;
-    Forward(Forward&&) noexcept            = default;
+    Forward() = default;
+    Forward(Forward&&) noexcept = default;
     Forward& operator=(Forward&&) noexcept = default;
-    Forward(const Forward&)                = delete;
-    Forward& operator=(const Forward&)     = delete;
+    Forward(const Forward&) = delete;
+    Forward& operator=(const Forward&) = delete;
 
     /// The layer's output y [B, s, D].
     const tensor3& output() const { return y_; }
@@ -68,7 +68,7 @@ class MlaAttention {
    private:
     friend class MlaAttention;
     const MlaAttention* owner_ = nullptr;
-    bool backward_done_        = false;
+    bool backward_done_ = false;
     MlaRequiresGrad flags_;
     tensor3 y_, x_, kv_a_, c_;
     Kokkos::View<T*, Kokkos::LayoutRight, memory_space> rstd_;
@@ -102,7 +102,7 @@ class MlaAttention {
     Forward f;
     f.owner_ = this;
     f.flags_ = requires_grad;
-    f.x_     = x;
+    f.x_ = x;
     if (config_.strategy == MlaStrategy::latent)
       forward_latent(space, f);
     else
@@ -162,7 +162,7 @@ class MlaAttention {
   void check_input(const char* where, const char* name, const tensor3& t, const MlaRequiresGrad& r,
                    const std::string& usage_error) const {
     const auto B = static_cast<std::size_t>(config_.batch), s = static_cast<std::size_t>(local_seq());
-    const auto D      = static_cast<std::size_t>(config_.hidden);
+    const auto D = static_cast<std::size_t>(config_.hidden);
     std::string error = usage_error;
     if (error.empty() &&
         (t.extent(0) != B || t.extent(1) != s || t.extent(2) != D || (t.data() == nullptr && t.size() != 0)))
@@ -232,24 +232,24 @@ class MlaAttention {
 
   void attend_and_project(const ExecSpace& space, Forward& f) const {
     const int B = config_.batch, S = config_.seq, h = local_heads();
-    f.o_   = tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::o"), B, S, h, config_.vdim);
+    f.o_ = tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::o"), B, S, h, config_.vdim);
     f.lse_ = decltype(f.lse_)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::lse"), B, h, S);
     {
       detail::ComputePhase<ExecSpace> phase(space, "attention fprop");
       core_.forward(space, f.q_, f.k_, f.v_, f.o_, f.lse_);
     }
     f.out_proj_ = std::make_unique<OutputProjection<T, ExecSpace>>();
-    f.y_        = f.out_proj_->forward(space, f.o_, weights_.w_o, weights_.b_o, *mesh_);
+    f.y_ = f.out_proj_->forward(space, f.o_, weights_.w_o, weights_.b_o, *mesh_);
   }
 
   void forward_latent(const ExecSpace& space, Forward& f) const {
     const int B = config_.batch, S = config_.seq, h = local_heads(), dn = config_.nope, dv = config_.vdim;
     const int dr = config_.rope;
-    tensor4 q    = project_q(space, f);
+    tensor4 q = project_q(space, f);
     // The Q all-to-all is launched before the independent KV expansion and waited after it.
     f.q_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "Q");
     f.q_pair_->launch_forward(space, q, needs_q(f.flags_));
-    tensor3 payload  = project_payload(space, f);
+    tensor3 payload = project_payload(space, f);
     tensor3 gathered = launch_all_gather(space, payload, 1, *mesh_, "payload all-gather").wait();
     tensor3 kv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::kv"), B, S, h * (dn + dv));
     tensor3 kpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::k_pe"), B, S, dr);
@@ -266,7 +266,7 @@ class MlaAttention {
     const int B = config_.batch, s = local_seq(), H = config_.heads, dn = config_.nope, dv = config_.vdim;
     const int dr = config_.rope, R = config_.latent;
     tensor3 payload = project_payload(space, f);
-    f.c_            = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::c"), B, s, R);
+    f.c_ = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::c"), B, s, R);
     tensor3 kpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::k_pe"), B, s, dr);
     detail::copy_columns(space, payload, 0, f.c_, 0, R);
     detail::copy_columns(space, payload, R, kpe, 0, dr);
@@ -281,9 +281,9 @@ class MlaAttention {
     detail::assemble_kv(space, kv, kpe, k, v, dn);
     // V, then K, then Q are launched as each is ready; all three are waited in Q, K, V order.
     const bool kv_grad = needs_kv(f.flags_);
-    f.v_pair_          = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "V");
-    f.k_pair_          = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "K");
-    f.q_pair_          = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "Q");
+    f.v_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "V");
+    f.k_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "K");
+    f.q_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "Q");
     f.v_pair_->launch_forward(space, v, kv_grad);
     f.k_pair_->launch_forward(space, k, kv_grad);
     tensor4 q = project_q(space, f);
@@ -313,7 +313,7 @@ class MlaAttention {
     detail::ComputePhase<ExecSpace> phase(space, "q backward");
     rope_backward(space, dq_local, config_.nope, config_.rope, position_offset(), config_.rope_base);
     const auto dq2 = detail::as_matrix(dq_local, B * s, H * dqk);
-    const auto x2  = detail::as_matrix(f.x_, B * s, D);
+    const auto x2 = detail::as_matrix(f.x_, B * s, D);
     if (f.flags_.w_q) detail::linear_wgrad(space, dq2, x2, g.w_q);
     if (f.flags_.b_q && config_.bias) detail::bias_grad(space, dq2, g.b_q);
     if (f.flags_.x) detail::linear_dgrad(space, dq2, weights_.w_q, T(1), detail::as_matrix(g.dx, B * s, D));
@@ -334,15 +334,17 @@ class MlaAttention {
 
   void backward_latent(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& g) const {
     const int B = config_.batch, S = config_.seq, h = local_heads(), dn = config_.nope, dv = config_.vdim;
-    const int dr             = config_.rope;
+    const int dr = config_.rope;
     const MlaRequiresGrad& r = f.flags_;
-    tensor4 d_o              = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
-                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)());
-                 if (!needs_attention(r)) return;
+    tensor4 d_o = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
+                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap);
+    if (!needs_attention(r)) return;
     tensor4 dq, dk, dvv;
     attention_backward(space, f, d_o, dq, dk, dvv);
     // The inverse all-to-all of dQ is launched first; the KV path's backward runs while it is in flight.
     f.q_pair_->launch_backward(space, dq);
+    tensor4 dq_local;
+    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward();
     if (needs_kv(r)) {
       detail::ComputePhase<ExecSpace> phase(space, "kv backward");
       tensor3 dkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d kv"), B, S, h * (dn + dv));
@@ -350,36 +352,40 @@ class MlaAttention {
       detail::disassemble_kv_grad(space, dk, dvv, tensor4(dkv.data(), B, S, h, dn + dv), dkpe, dn);
       tensor3 d_payload =
           f.latent_kv_->backward(space, dkv, dkpe, needs_payload(r), r.w_kvb ? rows_of(g.w_kvb) : matrix_rows(),
-                                 r.b_kvb && config_.bias ? part_of(g.b_kvb) : vector_part());
+                                 r.b_kvb && config_.bias ? part_of(g.b_kvb) : vector_part(), config_.overlap);
       if (needs_payload(r)) payload_backward(space, f, d_payload, g);
     }
-    if (needs_q(r)) q_branch_backward(space, f, f.q_pair_->wait_backward(), g);
+    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward() : dq_local, g);
   }
 
   void backward_expanded(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& g) const {
     const int B = config_.batch, s = local_seq(), H = config_.heads, dn = config_.nope, dv = config_.vdim;
     const int dr = config_.rope, R = config_.latent;
     const MlaRequiresGrad& r = f.flags_;
-    tensor4 d_o              = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
-                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)());
-                 if (!needs_attention(r)) return;
+    tensor4 d_o = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
+                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap);
+    if (!needs_attention(r)) return;
     tensor4 dq, dk, dvv;
     attention_backward(space, f, d_o, dq, dk, dvv);
     // All three inverses are launched at once; dQ is waited first and the Q branch runs while dK, dV are in flight.
+    tensor4 dq_local, dk_local, dv_local;
     f.q_pair_->launch_backward(space, dq);
+    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward();
     f.k_pair_->launch_backward(space, dk);
+    if (!config_.overlap && needs_kv(r)) dk_local = f.k_pair_->wait_backward();
     f.v_pair_->launch_backward(space, dvv);
-    if (needs_q(r)) q_branch_backward(space, f, f.q_pair_->wait_backward(), g);
+    if (!config_.overlap && needs_kv(r)) dv_local = f.v_pair_->wait_backward();
+    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward() : dq_local, g);
     if (!needs_kv(r)) return;
     tensor4 dkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d kv"), B, s, H, dn + dv);
     tensor3 dkpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d k_pe"), B, s, dr);
     {
-      tensor4 dk_local = f.k_pair_->wait_backward();  // dK before the K branch
+      if (config_.overlap) dk_local = f.k_pair_->wait_backward();  // dK before the K branch
       detail::ComputePhase<ExecSpace> phase(space, "k backward");
       detail::disassemble_kv_grad(space, dk_local, tensor4(), dkv, dkpe, dn);
     }
     {
-      tensor4 dv_local = f.v_pair_->wait_backward();  // dV before the V branch
+      if (config_.overlap) dv_local = f.v_pair_->wait_backward();  // dV before the V branch
       detail::ComputePhase<ExecSpace> phase(space, "v backward");
       detail::write_v_grad(space, dv_local, dkv, dn);
     }
@@ -398,7 +404,7 @@ class MlaAttention {
 
   void allocate_missing(gradients_type& g, const MlaRequiresGrad& r) const {
     const weights_type shapes = weights_type::allocate(config_, "mlacp::grad ");  // zeroed, only used when missing
-    auto fill                 = [](auto& view, const auto& shape, bool needed) {
+    auto fill = [](auto& view, const auto& shape, bool needed) {
       if (needed && view.data() == nullptr) view = shape;
     };
     fill(g.w_q, shapes.w_q, r.w_q);
@@ -425,9 +431,9 @@ class MlaAttention {
   }
 
   static void release(Forward& f) {
-    f.x_    = tensor3();
+    f.x_ = tensor3();
     f.kv_a_ = tensor3();
-    f.c_    = tensor3();
+    f.c_ = tensor3();
     f.q_ = f.k_ = f.v_ = f.o_ = tensor4();
   }
 

@@ -15,17 +15,17 @@ template <class T, class ExecSpace>
 class OutputProjection {
  public:
   using memory_space = typename ExecSpace::memory_space;
-  using tensor3      = detail::Tensor3<T, memory_space>;
-  using tensor4      = detail::Tensor4<T, memory_space>;
-  using matrix       = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
-  using vector       = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
+  using tensor3 = detail::Tensor3<T, memory_space>;
+  using tensor4 = detail::Tensor4<T, memory_space>;
+  using matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
+  using vector = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
 
   /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all, waits, flattens
   /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs.
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                   const Mesh& mesh) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
-    auto local   = launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a").wait();  // [B, s, H, dv]
+    auto local = launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a").wait();  // [B, s, H, dv]
     const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
     const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
     tensor3 y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y"), B, s, w_o.extent(0));
@@ -35,25 +35,25 @@ class OutputProjection {
                              detail::as_matrix(y, B * s, static_cast<std::int64_t>(w_o.extent(0))));
     }
     local_output_ = local;
-    w_o_          = w_o;
-    mesh_         = &mesh;
-    forwarded_    = true;
+    w_o_ = w_o;
+    mesh_ = &mesh;
+    forwarded_ = true;
     return y;
   }
 
   /// dy [B, s, D] -> the head-local gradient of the attention output [B, S, h, dv] (empty when not
   /// `needs_attention_grad`). Order: dgrad (dy w_o), launch the token-to-head all-to-all of it ("dO a2a"), the weight
   /// gradient dw_o += dy^T o (progressing the all-to-all between panels) and db_o += column sums of dy while it is in
-  /// flight, then wait. dw_o / db_o empty: not needed (skipped).
+  /// flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap` false: wait right after the launch.
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const matrix& dw_o,
-                   const vector& db_o) {
+                   const vector& db_o, bool overlap = true) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
     if (backwarded_) throw UsageError("mlacp::OutputProjection: a second backward of the same forward");
-    backwarded_  = true;
+    backwarded_ = true;
     const auto B = static_cast<std::int64_t>(dy.extent(0)), s = static_cast<std::int64_t>(dy.extent(1));
-    const auto D   = static_cast<std::int64_t>(dy.extent(2));
-    const auto H   = static_cast<std::int64_t>(local_output_.extent(2)),
-               dv  = static_cast<std::int64_t>(local_output_.extent(3));
+    const auto D = static_cast<std::int64_t>(dy.extent(2));
+    const auto H = static_cast<std::int64_t>(local_output_.extent(2)),
+               dv = static_cast<std::int64_t>(local_output_.extent(3));
     const auto dy2 = detail::as_matrix(dy, B * s, D);
     AsyncCollective<tensor4> grad_a2a;
     if (needs_attention_grad) {
@@ -64,6 +64,8 @@ class OutputProjection {
       }
       grad_a2a = launch_all_to_all(space, grad_local, 1, 2, *mesh_, "dO a2a");
     }
+    tensor4 result;
+    if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
     if (dw_o.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "w_o wgrad");
       std::function<void()> progress;
@@ -75,15 +77,15 @@ class OutputProjection {
       detail::bias_grad(space, dy2, db_o);
     }
     local_output_ = tensor4();  // released: the saved operand is not needed any more
-    return grad_a2a.launched() ? grad_a2a.wait() : tensor4();
+    return grad_a2a.pending() ? grad_a2a.wait() : result;
   }
 
  private:
   tensor4 local_output_;
   matrix w_o_;
   const Mesh* mesh_ = nullptr;
-  bool forwarded_   = false;
-  bool backwarded_  = false;
+  bool forwarded_ = false;
+  bool backwarded_ = false;
 };
 
 }  // namespace mlacp

@@ -21,22 +21,22 @@ namespace mlacp::reference {
 
 /// The dimensions of MLA_SPEC (see its table of names); P = 1, so S is the whole sequence.
 struct ReferenceDims {
-  int B  = 0;  ///< batch
-  int S  = 0;  ///< sequence length
-  int D  = 0;  ///< hidden size
-  int H  = 0;  ///< query heads
+  int B = 0;   ///< batch
+  int S = 0;   ///< sequence length
+  int D = 0;   ///< hidden size
+  int H = 0;   ///< query heads
   int dn = 0;  ///< qk_nope_head_dim
   int dr = 0;  ///< qk_rope_head_dim (even)
   int dv = 0;  ///< v_head_dim
-  int R  = 0;  ///< kv_lora_rank
+  int R = 0;   ///< kv_lora_rank
 };
 
 /// The MLA weights in MLA_SPEC's shapes, as host Views (nn.Linear form, W is [out, in]). The biases b_q, b_kvb and
 /// b_o may be empty Views (no bias).
 template <class T>
 struct MlaWeights {
-  using vector_type  = Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace>;
-  using matrix_type  = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using vector_type = Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using matrix_type = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
   using tensor3_type = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace>;
 
   matrix_type w_q;    ///< [H*dqk, D]
@@ -92,7 +92,7 @@ inline void rope(double* v, int dr, double p) {
     const double inv_freq = std::pow(10000.0, -2.0 * j / dr);
     const double c = std::cos(p * inv_freq), s = std::sin(p * inv_freq);
     const double x1 = v[j], x2 = v[j + half];
-    v[j]        = x1 * c - x2 * s;
+    v[j] = x1 * c - x2 * s;
     v[j + half] = x2 * c + x1 * s;
   }
 }
@@ -157,7 +157,7 @@ void mla_forward(const ReferenceDims& dims, const MlaWeights<T>& w, const typena
         for (int j = 0; j <= i; ++j) {
           const double* kvj = &kv[j * H * (dn + dv) + hd * (dn + dv)];
           const double* kpe = &a[j * (R + dr) + R];
-          double dot        = 0.0;
+          double dot = 0.0;
           for (int e = 0; e < dn; ++e) dot += qi[e] * kvj[e];
           for (int e = 0; e < dr; ++e) dot += qi[dn + e] * kpe[e];
           scores[j] = dot * scale;

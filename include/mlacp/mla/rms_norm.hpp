@@ -57,27 +57,27 @@ void rms_norm_forward(const ExecSpace& space, const XView& x_in, const GainView&
   static_assert_accessible<ExecSpace, GainView>();
   static_assert_accessible<ExecSpace, YView>();
   static_assert_accessible<ExecSpace, RstdView>();
-  using y_type   = typename YView::non_const_value_type;
-  using r_type   = typename RstdView::non_const_value_type;
-  const auto r   = gain.extent(0);
+  using y_type = typename YView::non_const_value_type;
+  using r_type = typename RstdView::non_const_value_type;
+  const auto r = gain.extent(0);
   const auto n_b = x_in.extent(0);
   const auto n_s = x_in.extent(1);
   detail::rms_norm_check_rows("rms_norm_forward", "x_in", x_in, n_b, n_s, r);
   detail::rms_norm_check_rows("rms_norm_forward", "y_out", y_out, n_b, n_s, r);
   detail::rms_norm_check_rstd("rms_norm_forward", rstd_out, n_b * n_s);
   if (r == 0) throw mlacp::InvalidArgument("mlacp::rms_norm_forward: gain.extent(0) = 0, expected R > 0");
-  const int n_cols        = static_cast<int>(r);
+  const int n_cols = static_cast<int>(r);
   const std::int64_t s_ct = static_cast<std::int64_t>(n_s);
-  const auto n_tokens     = static_cast<std::int64_t>(n_b * n_s);
+  const auto n_tokens = static_cast<std::int64_t>(n_b * n_s);
   if (n_tokens == 0) return;
   using policy_type = Kokkos::TeamPolicy<ExecSpace>;
   using member_type = typename policy_type::member_type;
   Kokkos::parallel_for(
       "mlacp::rms_norm_forward", policy_type(space, n_tokens, Kokkos::AUTO), KOKKOS_LAMBDA(const member_type& team) {
         const std::int64_t tok = team.league_rank();
-        const std::int64_t b   = tok / s_ct;
-        const std::int64_t t   = tok % s_ct;
-        double sum_sq          = 0.0;
+        const std::int64_t b = tok / s_ct;
+        const std::int64_t t = tok % s_ct;
+        double sum_sq = 0.0;
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, n_cols),
             [&](const int j, double& acc) {
@@ -111,11 +111,11 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
   static_assert_accessible<ExecSpace, DyView>();
   static_assert_accessible<ExecSpace, DxView>();
   static_assert_accessible<ExecSpace, DgainView>();
-  using dx_type    = typename DxView::non_const_value_type;
-  using dg_type    = typename DgainView::non_const_value_type;
-  const auto r     = gain.extent(0);
-  const auto n_b   = x_in.extent(0);
-  const auto n_s   = x_in.extent(1);
+  using dx_type = typename DxView::non_const_value_type;
+  using dg_type = typename DgainView::non_const_value_type;
+  const auto r = gain.extent(0);
+  const auto n_b = x_in.extent(0);
+  const auto n_s = x_in.extent(1);
   const bool do_dx = !view_is_empty(dx_out);
   const bool do_dg = !view_is_empty(dgain_accumulate);
   detail::rms_norm_check_rows("rms_norm_backward", "x_in", x_in, n_b, n_s, r);
@@ -127,9 +127,9 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
         "mlacp::rms_norm_backward: " + detail::named("dgain_accumulate.extent(0)", dgain_accumulate.extent(0)) +
         ", expected R = " + std::to_string(r));
   }
-  const int n_cols        = static_cast<int>(r);
+  const int n_cols = static_cast<int>(r);
   const std::int64_t s_ct = static_cast<std::int64_t>(n_s);
-  const auto n_tokens     = static_cast<std::int64_t>(n_b * n_s);
+  const auto n_tokens = static_cast<std::int64_t>(n_b * n_s);
   if (n_tokens == 0 || n_cols == 0) return;
 
   if (do_dx) {
@@ -140,9 +140,9 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
         "mlacp::rms_norm_backward_dx", policy_type(space, n_tokens, Kokkos::AUTO),
         KOKKOS_LAMBDA(const member_type& team) {
           const std::int64_t tok = team.league_rank();
-          const std::int64_t b   = tok / s_ct;
-          const std::int64_t t   = tok % s_ct;
-          double dot             = 0.0;
+          const std::int64_t b = tok / s_ct;
+          const std::int64_t t = tok % s_ct;
+          double dot = 0.0;
           Kokkos::parallel_reduce(
               Kokkos::TeamThreadRange(team, n_cols),
               [&](const int j, double& acc) {
@@ -150,7 +150,7 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
                        static_cast<double>(x_in(b, t, j));
               },
               dot);
-          const double rs   = static_cast<double>(rstd(tok));
+          const double rs = static_cast<double>(rstd(tok));
           const double coef = rs * rs * rs * dot / static_cast<double>(n_cols);
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n_cols), [&](const int j) {
             dx_out(b, t, j) =

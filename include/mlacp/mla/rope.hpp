@@ -44,34 +44,34 @@ template <class ExecSpace, class View4>
 void rope_apply(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
                 double base, double sin_sign) {
   static_assert_accessible<ExecSpace, View4>();
-  using value_type          = typename View4::non_const_value_type;
-  const std::int64_t n_b    = static_cast<std::int64_t>(x.extent(0));
-  const std::int64_t n_s    = static_cast<std::int64_t>(x.extent(1));
-  const std::int64_t n_h    = static_cast<std::int64_t>(x.extent(2));
-  const std::int64_t half   = width / 2;
-  const std::int64_t total  = n_b * n_s * n_h * half;
+  using value_type = typename View4::non_const_value_type;
+  const std::int64_t n_b = static_cast<std::int64_t>(x.extent(0));
+  const std::int64_t n_s = static_cast<std::int64_t>(x.extent(1));
+  const std::int64_t n_h = static_cast<std::int64_t>(x.extent(2));
+  const std::int64_t half = width / 2;
+  const std::int64_t total = n_b * n_s * n_h * half;
   const double width_double = static_cast<double>(width);
   if (total == 0) return;
   Kokkos::parallel_for(
       "mlacp::rope", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, total),
       KOKKOS_LAMBDA(const std::int64_t idx) {
-        std::int64_t rest    = idx;
+        std::int64_t rest = idx;
         const std::int64_t j = rest % half;
         rest /= half;
         const std::int64_t n = rest % n_h;
         rest /= n_h;
-        const std::int64_t t  = rest % n_s;
-        const std::int64_t b  = rest / n_s;
+        const std::int64_t t = rest % n_s;
+        const std::int64_t b = rest / n_s;
         const double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
-        const double angle    = static_cast<double>(position_offset + t) * inv_freq;
-        const double c        = compat::math::cos(angle);
-        const double s        = sin_sign * compat::math::sin(angle);
-        const int col1        = first_column + static_cast<int>(j);
-        const int col2        = col1 + static_cast<int>(half);
-        const double x1       = static_cast<double>(x(b, t, n, col1));
-        const double x2       = static_cast<double>(x(b, t, n, col2));
-        x(b, t, n, col1)      = static_cast<value_type>(x1 * c - x2 * s);
-        x(b, t, n, col2)      = static_cast<value_type>(x2 * c + x1 * s);
+        const double angle = static_cast<double>(position_offset + t) * inv_freq;
+        const double c = compat::math::cos(angle);
+        const double s = sin_sign * compat::math::sin(angle);
+        const int col1 = first_column + static_cast<int>(j);
+        const int col2 = col1 + static_cast<int>(half);
+        const double x1 = static_cast<double>(x(b, t, n, col1));
+        const double x2 = static_cast<double>(x(b, t, n, col2));
+        x(b, t, n, col1) = static_cast<value_type>(x1 * c - x2 * s);
+        x(b, t, n, col2) = static_cast<value_type>(x2 * c + x1 * s);
       });
 }
 

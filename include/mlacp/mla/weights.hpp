@@ -30,19 +30,19 @@ struct MlaParameters {
   /// Zero-initialised parameters of the shapes `config` asks for (biases only with config.bias).
   static MlaParameters allocate(const MlaConfig& c, const std::string& prefix = "") {
     MlaParameters p;
-    const auto H  = static_cast<std::size_t>(c.heads);
-    const auto D  = static_cast<std::size_t>(c.hidden);
+    const auto H = static_cast<std::size_t>(c.heads);
+    const auto D = static_cast<std::size_t>(c.hidden);
     const auto qk = static_cast<std::size_t>(c.qk_dim());
     const auto kv = static_cast<std::size_t>(c.nope + c.vdim);
-    p.w_q         = matrix_type(prefix + "w_q", H * qk, D);
-    p.w_kva       = matrix_type(prefix + "w_kva", static_cast<std::size_t>(c.latent + c.rope), D);
-    p.g_kv        = vector_type(prefix + "g_kv", static_cast<std::size_t>(c.latent));
-    p.w_kvb       = matrix_type(prefix + "w_kvb", H * kv, static_cast<std::size_t>(c.latent));
-    p.w_o         = matrix_type(prefix + "w_o", D, H * static_cast<std::size_t>(c.vdim));
+    p.w_q = matrix_type(prefix + "w_q", H * qk, D);
+    p.w_kva = matrix_type(prefix + "w_kva", static_cast<std::size_t>(c.latent + c.rope), D);
+    p.g_kv = vector_type(prefix + "g_kv", static_cast<std::size_t>(c.latent));
+    p.w_kvb = matrix_type(prefix + "w_kvb", H * kv, static_cast<std::size_t>(c.latent));
+    p.w_o = matrix_type(prefix + "w_o", D, H * static_cast<std::size_t>(c.vdim));
     if (c.bias) {
-      p.b_q   = vector_type(prefix + "b_q", H * qk);
+      p.b_q = vector_type(prefix + "b_q", H * qk);
       p.b_kvb = vector_type(prefix + "b_kvb", H * kv);
-      p.b_o   = vector_type(prefix + "b_o", D);
+      p.b_o = vector_type(prefix + "b_o", D);
     }
     return p;
   }
@@ -62,7 +62,7 @@ namespace detail {
 /// "" if `weights` match `config`, else a message naming the first View whose shape differs from what is expected.
 template <class T, class MemSpace>
 std::string weights_error(const MlaConfig& c, const MlaParameters<T, MemSpace>& w, const char* what) {
-  const auto H         = static_cast<std::size_t>(c.heads);
+  const auto H = static_cast<std::size_t>(c.heads);
   const std::size_t qk = static_cast<std::size_t>(c.qk_dim()), kv = static_cast<std::size_t>(c.nope + c.vdim);
   const auto D = static_cast<std::size_t>(c.hidden), R = static_cast<std::size_t>(c.latent);
   auto matrix = [&](const char* name, const auto& m, std::size_t rows, std::size_t cols) -> std::string {

@@ -14,10 +14,10 @@ namespace mlacp::detail {
 
 /// The NCCL communicator of a mesh and the CUDA stream its collectives are enqueued on.
 struct NcclContext {
-  ncclComm_t comm                            = nullptr;
-  cudaStream_t stream                        = nullptr;
-  NcclContext()                              = default;
-  NcclContext(const NcclContext&)            = delete;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  NcclContext() = default;
+  NcclContext(const NcclContext&) = delete;
   NcclContext& operator=(const NcclContext&) = delete;
   ~NcclContext();
 };
