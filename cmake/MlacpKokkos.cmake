@@ -12,6 +12,10 @@
 # is installed with mlacp so that downstream projects get the same targets from find_package(mlacp).
 include_guard(GLOBAL)
 
+# Kokkos builds without compiler extensions; say so first instead of letting its config override it with a warning.
+if(NOT DEFINED CMAKE_CXX_EXTENSIONS)
+  set(CMAKE_CXX_EXTENSIONS OFF)
+endif()
 find_package(Kokkos REQUIRED)
 find_package(KokkosKernels REQUIRED)
 

@@ -13,14 +13,20 @@ if(NOT DEFINED MLACP_MPIEXEC_PREFLAGS_SET)
     OUTPUT_VARIABLE _mlacp_mpiexec_version
     ERROR_QUIET)
   if(_mlacp_mpiexec_version MATCHES "Open MPI|OpenRTE" AND NOT MPIEXEC_PREFLAGS MATCHES "oversubscribe")
+    set(_mlacp_preflags ${MPIEXEC_PREFLAGS})
+    list(APPEND _mlacp_preflags --oversubscribe)
     set(MPIEXEC_PREFLAGS
-        "${MPIEXEC_PREFLAGS};--oversubscribe"
+        "${_mlacp_preflags}"
         CACHE STRING "Flags to pass to MPIEXEC_EXECUTABLE directly before the executable" FORCE)
   endif()
   set(MLACP_MPIEXEC_PREFLAGS_SET
       ON
       CACHE INTERNAL "")
 endif()
+
+# The environment of every MPI test: Open MPI may run as root (CI does), one BLAS / OpenMP thread per rank.
+set(MLACP_TEST_ENVIRONMENT
+    "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 
 function(mlacp_add_mpi_test name)
   cmake_parse_arguments(arg "" "TIMEOUT" "SOURCES;RANKS;LABELS;ARGS" ${ARGN})
@@ -41,8 +47,7 @@ function(mlacp_add_mpi_test name)
       PROPERTIES TIMEOUT ${arg_TIMEOUT}
                  PROCESSORS ${nranks}
                  LABELS "mpi;np${nranks};${arg_LABELS}"
-                 ENVIRONMENT
-                 "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+                 ENVIRONMENT "${MLACP_TEST_ENVIRONMENT}")
   endforeach()
 endfunction()
 
@@ -68,6 +73,5 @@ function(mlacp_add_expect_output_test name)
     PROPERTIES TIMEOUT ${arg_TIMEOUT}
                PROCESSORS ${arg_RANKS}
                LABELS "mpi;np${arg_RANKS};${arg_LABELS}"
-               ENVIRONMENT
-               "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+               ENVIRONMENT "${MLACP_TEST_ENVIRONMENT}")
 endfunction()

@@ -2,6 +2,7 @@
 // Deterministic test data for the MLA layer tests: the same weights and full-sequence tensors on every rank.
 #pragma once
 
+#include <mlacp/mla/synthetic.hpp>
 #include <mlacp/mla/weights.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -11,40 +12,13 @@
 
 namespace mlacp::test {
 
-/// Uniform values in [-scale, scale) from a seeded 64-bit LCG: identical on every rank and machine.
+using synthetic::fill;
 inline std::vector<double> pseudo_random(std::size_t n, std::uint64_t seed, double scale) {
-  std::vector<double> v(n);
-  std::uint64_t state = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  for (auto& x : v) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    x = scale * (static_cast<double>(state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-  }
-  return v;
+  return synthetic::uniform(n, seed, scale);
 }
-
-template <class ViewType>
-void fill(const ViewType& view, std::uint64_t seed, double scale, double offset = 0.0) {
-  if (view.data() == nullptr) return;
-  using T = typename ViewType::non_const_value_type;
-  const auto values = pseudo_random(view.size(), seed, scale);
-  auto host = Kokkos::create_mirror_view(view);
-  T* data = host.data();
-  for (std::size_t i = 0; i < values.size(); ++i) data[i] = static_cast<T>(values[i] + offset);
-  Kokkos::deep_copy(view, host);
-}
-
 template <class T, class MemSpace>
 MlaWeights<T, MemSpace> make_weights(const MlaConfig& c, std::uint64_t seed) {
-  auto w = MlaWeights<T, MemSpace>::allocate(c);
-  fill(w.w_q, seed + 1, 1.0 / std::sqrt(c.hidden));
-  fill(w.b_q, seed + 2, 0.1);
-  fill(w.w_kva, seed + 3, 1.0 / std::sqrt(c.hidden));
-  fill(w.g_kv, seed + 4, 0.2, 1.0);
-  fill(w.w_kvb, seed + 5, 1.0 / std::sqrt(c.latent));
-  fill(w.b_kvb, seed + 6, 0.1);
-  fill(w.w_o, seed + 7, 1.0 / std::sqrt(c.heads * c.vdim));
-  fill(w.b_o, seed + 8, 0.1);
-  return w;
+  return synthetic::weights<T, MemSpace>(c, seed);
 }
 
 /// A copy of `v` as doubles, on the host.
