@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
+#include <mlacp/progress.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -304,6 +305,24 @@ TEST(CollectiveHandle, UnwaitedHandleIsCompletedAndReported) {
   // The communicator is still usable: nothing is left in flight.
   auto after = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh).wait();
   EXPECT_EQ(after.extent(1), 2u * static_cast<unsigned>(p));
+}
+
+TEST(CollectiveHandle, PendingCollectivesAreRegisteredForProgressUntilWaited) {
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  Kokkos::View<double****, Kokkos::LayoutRight> x("x", 2, 8, 2 * p, 4);
+  ASSERT_EQ(mlacp::pending_collectives(), 0u);
+  auto a = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh);
+  auto b = mlacp::launch_all_gather(Kokkos::DefaultExecutionSpace(), x, 1, mesh);
+  // With P == 1 nothing is sent, so nothing is pending.
+  EXPECT_EQ(mlacp::pending_collectives(), p == 1 ? 0u : 2u);
+  const auto calls = mlacp::progress_calls();
+  mlacp::progress();
+  EXPECT_EQ(mlacp::progress_calls(), calls + (p == 1 ? 0u : 1u));
+  a.wait();
+  EXPECT_EQ(mlacp::pending_collectives(), p == 1 ? 0u : 1u);
+  b.wait();
+  EXPECT_EQ(mlacp::pending_collectives(), 0u);
 }
 
 TEST(CollectiveHandle, AllToAllCompletesWhileTheCallerOnlyComputesAndPollsTest) {

@@ -6,6 +6,7 @@
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/event_recorder.hpp>
+#include <mlacp/progress.hpp>
 
 #include <functional>
 #include <memory>
@@ -40,6 +41,7 @@ class AsyncCollective {
     state_->result = std::move(result);
     state_->finish = std::move(finish);
     state_->keep_alive = std::move(keep_alive);
+    if (state_->transport) detail::register_pending(state_->transport.get());
     events::record(EventKind::launch, state_->name);
   }
 
@@ -79,7 +81,10 @@ class AsyncCollective {
     require_launched("wait");
     if (state_->waited) throw UsageError("mlacp: collective '" + state_->name + "' cannot be waited twice");
     events::record(EventKind::wait_begin, state_->name);
-    if (state_->transport) state_->transport->wait();
+    if (state_->transport) {
+      detail::unregister_pending(state_->transport.get());
+      state_->transport->wait();
+    }
     if (state_->finish) state_->finish();
     state_->waited = true;
     state_->finish = nullptr;
@@ -106,7 +111,10 @@ class AsyncCollective {
   void abandon() noexcept {
     if (!state_) return;
     if (!state_->waited) {
-      if (state_->transport) state_->transport->complete_noexcept();
+      if (state_->transport) {
+        detail::unregister_pending(state_->transport.get());
+        state_->transport->complete_noexcept();
+      }
       diagnostics::detail::report_unwaited_handle(state_->name);
     }
     state_.reset();

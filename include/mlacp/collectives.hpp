@@ -6,4 +6,5 @@
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/async_collective.hpp>
 #include <mlacp/mesh.hpp>
+#include <mlacp/progress.hpp>
 #include <mlacp/reduce_scatter.hpp>

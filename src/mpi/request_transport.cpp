@@ -24,6 +24,12 @@ class RequestTransport final : public detail::PendingTransport {
     check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait of '" + name_ + "'");
   }
 
+  void progress() noexcept override {
+    if (request_ == MPI_REQUEST_NULL || done_) return;
+    int done = 0;
+    if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) done_ = true;
+  }
+
   void complete_noexcept() noexcept override {
     if (request_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
@@ -35,6 +41,7 @@ class RequestTransport final : public detail::PendingTransport {
  private:
   MPI_Request request_;
   std::string name_;
+  bool done_ = false;
 };
 
 }  // namespace

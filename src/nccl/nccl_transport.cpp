@@ -29,6 +29,8 @@ class StreamTransport final : public detail::PendingTransport {
     waited_ = true;
   }
 
+  void progress() noexcept override {}  // NCCL progresses on the GPU: no host polling
+
   void complete_noexcept() noexcept override {
     if (waited_ || done_ == nullptr) return;
     if (cudaEventSynchronize(done_) != cudaSuccess)

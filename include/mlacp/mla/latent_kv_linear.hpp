@@ -74,9 +74,7 @@ class LatentKVLinear {
     if (!overlap && reduce.launched()) result = reduce.wait();
     if (dw_sel.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "w_kvb wgrad");
-      std::function<void()> progress;
-      if (reduce.pending()) progress = [&reduce] { reduce.test(); };
-      detail::linear_wgrad(space, g2, detail::as_matrix(latent_, B * S, R), dw_sel, progress);
+      detail::linear_wgrad(space, g2, detail::as_matrix(latent_, B * S, R), dw_sel);
     }
     if (db_sel.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "b_kvb grad");

@@ -7,6 +7,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/reductions.hpp>
+#include <mlacp/progress.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -16,10 +17,10 @@
 
 namespace mlacp {
 
-/// How weight-gradient GEMMs that overlap a collective make that collective progress on host execution spaces (MPI
-/// implementations such as Open MPI move a nonblocking collective only inside MPI calls). The GEMM is split along
-/// its reduction dimension into panels of at least `min_panel_rows` rows, at most `panels` of them, and the in-flight
-/// handles are tested before each panel. Device execution spaces never poll (NCCL progresses on its own).
+/// How mlacp's GEMMs make pending collectives progress on host execution spaces (MPI implementations such as Open MPI
+/// move a nonblocking collective only inside MPI calls): while any collective is pending, a GEMM is split into at
+/// most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Device execution
+/// spaces never poll (NCCL progresses on its own).
 struct OverlapPolicy {
   int panels = 8;
   std::int64_t min_panel_rows = 256;
@@ -67,11 +68,48 @@ class ComputePhase {
   std::string name_;
 };
 
+/// C = beta*C + A op(B) (trans_a "N": A [M, K], panels are row blocks of A and C) or C = beta*C + A^T op(B)
+/// (trans_a "T": A [K, M], the reduction runs over A's rows, panels are row blocks of A and B accumulated into C).
+/// While collectives are pending on a host execution space, the GEMM runs in panels (overlap_policy()) with
+/// mlacp::progress() before each panel and at the end, so that MPI advances them during the compute. Otherwise (no
+/// collective pending, or a device execution space, where NCCL needs no host polling) it is one GEMM call.
+template <class ExecSpace, class AMat, class BMat, class CMat>
+void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char* trans_b,
+                        typename CMat::const_value_type alpha, const AMat& a, const BMat& b,
+                        typename CMat::const_value_type beta, const CMat& c) {
+  using T = typename CMat::non_const_value_type;
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  const auto rows = static_cast<std::int64_t>(a.extent(0));
+  const OverlapPolicy policy = overlap_policy();
+  std::int64_t panels = 1;
+  if (host && pending_collectives() > 0 && policy.panels > 1)
+    panels = std::clamp<std::int64_t>(rows / std::max<std::int64_t>(1, policy.min_panel_rows), 1, policy.panels);
+  if (panels == 1) {
+    if (host) progress();
+    compat::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
+    if (host) progress();
+    return;
+  }
+  const bool reduce_over_rows = trans_a[0] == 'T' || trans_a[0] == 't';
+  for (std::int64_t p = 0; p < panels; ++p) {
+    const auto range =
+        std::make_pair(static_cast<std::size_t>(rows * p / panels), static_cast<std::size_t>(rows * (p + 1) / panels));
+    progress();
+    const auto a_panel = Kokkos::subview(a, range, Kokkos::ALL());
+    if (reduce_over_rows)
+      compat::gemm(space, trans_a, trans_b, alpha, a_panel, Kokkos::subview(b, range, Kokkos::ALL()),
+                   p == 0 ? beta : T(1), c);
+    else
+      compat::gemm(space, trans_a, trans_b, alpha, a_panel, b, beta, Kokkos::subview(c, range, Kokkos::ALL()));
+  }
+  progress();
+}
+
 /// y[N, out] = x[N, in] W[out, in]^T (+ b[out] when b is not empty).
 template <class ExecSpace, class XMat, class WMat, class BVec, class YMat>
 void linear_forward(const ExecSpace& space, const XMat& x, const WMat& w, const BVec& b, const YMat& y) {
   using T = typename YMat::non_const_value_type;
-  compat::gemm(space, "N", "T", T(1), x, w, T(0), y);
+  gemm_with_progress(space, "N", "T", T(1), x, w, T(0), y);
   if (b.data() == nullptr) return;
   const auto cols = static_cast<std::int64_t>(y.extent(1));
   const auto n = static_cast<std::int64_t>(y.extent(0)) * cols;
@@ -85,36 +123,14 @@ template <class ExecSpace, class DyMat, class WMat, class DxMat>
 void linear_dgrad(const ExecSpace& space, const DyMat& dy, const WMat& w, typename DxMat::non_const_value_type beta,
                   const DxMat& dx) {
   using T = typename DxMat::non_const_value_type;
-  compat::gemm(space, "N", "N", T(1), dy, w, beta, dx);
+  gemm_with_progress(space, "N", "N", T(1), dy, w, beta, dx);
 }
 
-/// dW[out, in] += dy[N, out]^T x[N, in]. With a `progress` callback on a host execution space, the reduction over N
-/// runs in panels (overlap_policy()) and `progress()` is called before each panel and at the end.
+/// dW[out, in] += dy[N, out]^T x[N, in].
 template <class ExecSpace, class DyMat, class XMat, class DwMat>
-void linear_wgrad(const ExecSpace& space, const DyMat& dy, const XMat& x, const DwMat& dw,
-                  const std::function<void()>& progress = {}) {
+void linear_wgrad(const ExecSpace& space, const DyMat& dy, const XMat& x, const DwMat& dw) {
   using T = typename DwMat::non_const_value_type;
-  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
-  const auto rows = static_cast<std::int64_t>(dy.extent(0));
-  const OverlapPolicy policy = overlap_policy();
-  std::int64_t panels = 1;
-  if (host && progress && policy.panels > 1)
-    panels = std::max<std::int64_t>(
-        1, std::min<std::int64_t>(policy.panels, rows / std::max<std::int64_t>(1, policy.min_panel_rows)));
-  if (panels == 1) {
-    if (host && progress) progress();
-    compat::gemm(space, "T", "N", T(1), dy, x, T(1), dw);
-    if (host && progress) progress();
-    return;
-  }
-  for (std::int64_t p = 0; p < panels; ++p) {
-    const std::int64_t begin = rows * p / panels, end = rows * (p + 1) / panels;
-    const auto range = std::make_pair(static_cast<std::size_t>(begin), static_cast<std::size_t>(end));
-    progress();
-    compat::gemm(space, "T", "N", T(1), Kokkos::subview(dy, range, Kokkos::ALL()),
-                 Kokkos::subview(x, range, Kokkos::ALL()), T(1), dw);
-  }
-  progress();
+  gemm_with_progress(space, "T", "N", T(1), dy, x, T(1), dw);
 }
 
 /// db[out] += column sums of dy[N, out].

@@ -43,8 +43,9 @@ class OutputProjection {
 
   /// dy [B, s, D] -> the head-local gradient of the attention output [B, S, h, dv] (empty when not
   /// `needs_attention_grad`). Order: dgrad (dy w_o), launch the token-to-head all-to-all of it ("dO a2a"), the weight
-  /// gradient dw_o += dy^T o (progressing the all-to-all between panels) and db_o += column sums of dy while it is in
-  /// flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap` false: wait right after the launch.
+  /// gradient dw_o += dy^T o (progressing the all-to-all between panels, see progress.hpp) and db_o += column sums of
+  /// dy while it is in flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap` false: wait right after
+  /// the launch.
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const matrix& dw_o,
                    const vector& db_o, bool overlap = true) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
@@ -68,9 +69,7 @@ class OutputProjection {
     if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
     if (dw_o.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "w_o wgrad");
-      std::function<void()> progress;
-      if (grad_a2a.pending()) progress = [&grad_a2a] { grad_a2a.test(); };
-      detail::linear_wgrad(space, dy2, detail::as_matrix(local_output_, B * s, H * dv), dw_o, progress);
+      detail::linear_wgrad(space, dy2, detail::as_matrix(local_output_, B * s, H * dv), dw_o);
     }
     if (db_o.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "b_o grad");

@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Progress of in-flight collectives while the caller computes.
+//
+// MPI libraries such as Open MPI move a nonblocking collective forward only inside MPI calls. Every launched MPI
+// collective registers here until it is waited, and mlacp's own GEMMs call progress() between panels while any is
+// pending, so communication proceeds during compute without a progress thread. Users' own long compute between a
+// launch and a wait can call mlacp::progress() too.
+#pragma once
+
+#include <cstddef>
+
+namespace mlacp {
+
+namespace detail {
+class PendingTransport;
+void register_pending(PendingTransport* transport);
+void unregister_pending(PendingTransport* transport) noexcept;
+}  // namespace detail
+
+/// Tests every pending collective once (MPI_Test), which lets the MPI library progress them. Cheap when none is
+/// pending. Thread-safe.
+void progress();
+
+/// Number of launched, not yet waited collectives of this process.
+std::size_t pending_collectives() noexcept;
+
+/// Number of progress() calls that tested at least one collective since the start (for tests and reports).
+std::size_t progress_calls() noexcept;
+
+}  // namespace mlacp
