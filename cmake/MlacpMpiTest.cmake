@@ -52,12 +52,13 @@ function(mlacp_add_mpi_test name)
 endfunction()
 
 # mlacp_add_expect_output_test(<name> RANKS <n> COMMAND <exe> <args>... EXPECT_EXIT zero|nonzero
-#                              EXPECT <regex>... [REJECT <regex>...] [TIMEOUT <s>] [LABELS <label>...])
+#                              EXPECT <regex>... [REJECT <regex>...] [TIMEOUT <s>] [LABELS <label>...]
+#                              [ENVIRONMENT <VAR=value>...])
 #
 # Runs <exe> under MPIEXEC with <n> ranks and checks the exit status and that every EXPECT pattern matches the
 # combined output (each on its own, in any order: ranks' output interleaves), through MlacpExpectOutput.cmake.
 function(mlacp_add_expect_output_test name)
-  cmake_parse_arguments(arg "" "RANKS;EXPECT_EXIT;TIMEOUT" "COMMAND;EXPECT;REJECT;LABELS" ${ARGN})
+  cmake_parse_arguments(arg "" "RANKS;EXPECT_EXIT;TIMEOUT" "COMMAND;EXPECT;REJECT;LABELS;ENVIRONMENT" ${ARGN})
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT 120)
   endif()
@@ -73,5 +74,5 @@ function(mlacp_add_expect_output_test name)
     PROPERTIES TIMEOUT ${arg_TIMEOUT}
                PROCESSORS ${arg_RANKS}
                LABELS "mpi;np${arg_RANKS};${arg_LABELS}"
-               ENVIRONMENT "${MLACP_TEST_ENVIRONMENT}")
+               ENVIRONMENT "${MLACP_TEST_ENVIRONMENT};${arg_ENVIRONMENT}")
 endfunction()

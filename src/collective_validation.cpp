@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <Kokkos_Core.hpp>
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/event_recorder.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/request_transport.hpp>
 
@@ -54,6 +56,11 @@ std::string check_divisible(const CollectiveCall& call, const char* what, int di
 
 // The local checks; an empty string when the call is valid on this rank.
 std::string local_error(const CollectiveCall& call, int group_size) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return std::string(collective_name(call.kind)) + ": called after MPI_Finalize";
+  if (!Kokkos::is_initialized())
+    return std::string(collective_name(call.kind)) + ": called while Kokkos is not initialized (or already finalized)";
   if (!call.allocated)
     return std::string(collective_name(call.kind)) + ": the View of shape " + shape_string(call) +
            " is not allocated (data() is null)";
@@ -115,9 +122,18 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
     values[1 + 2 * i] = fields[i].second;
     values[2 + 2 * i] = -fields[i].second;
   }
-  mpi::check_mpi(
-      MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX, mesh.comm()),
-      where + ": checked-mode MPI_Allreduce");
+  // Nonblocking and watched: a rank that never arrives here is reported by the watchdog instead of hanging the rest.
+  CollectiveInfo info;
+  info.name = where + " (checked-mode agreement)";
+  info.operation = "MPI_Iallreduce(MAX) of the arguments of " + where;
+  info.shape = context;
+  info.bytes = static_cast<std::int64_t>(values.size() * sizeof(std::int64_t));
+  MPI_Request request = MPI_REQUEST_NULL;
+  mpi::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX,
+                                mesh.comm(), &request),
+                 where + ": checked-mode MPI_Iallreduce");
+  events::record(EventKind::launch, info.name);
+  mpi::check_mpi(mpi::wait_watched(&request, mesh.comm(), info), where + ": checked-mode MPI_Iallreduce");
 
   const auto failing_rank = static_cast<int>(-values[0]);
   if (failing_rank < mesh.size()) {
@@ -127,8 +143,9 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
       message[0] = usage ? 'U' : 'I';
       std::strncpy(message + 1, local_error.c_str(), sizeof(message) - 2);
     }
-    mpi::check_mpi(MPI_Bcast(message, sizeof(message), MPI_CHAR, failing_rank, mesh.comm()),
-                   where + ": checked-mode MPI_Bcast");
+    mpi::check_mpi(MPI_Ibcast(message, sizeof(message), MPI_CHAR, failing_rank, mesh.comm(), &request),
+                   where + ": checked-mode MPI_Ibcast");
+    mpi::check_mpi(mpi::wait_watched(&request, mesh.comm(), info), where + ": checked-mode MPI_Ibcast");
     const std::string text = std::string(message + 1) + " [raised on rank " + std::to_string(failing_rank) + " of " +
                              std::to_string(mesh.size()) + "; nothing was sent]";
     if (message[0] == 'U') throw UsageError(text);
@@ -147,9 +164,24 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
   }
 }
 
-void validate_collective(const Mesh& mesh, const CollectiveCall& call) {
-  agree_or_throw(mesh, collective_name(call.kind), local_error(call, mesh.size()), agreement_fields(call),
-                 "shape " + shape_string(call));
+CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::string& name, std::int64_t bytes) {
+  CollectiveInfo info;
+  info.name = name;
+  info.operation = std::string(collective_name(call.kind)) +
+                   (call.kind == CollectiveKind::all_to_all ? "(gather_dim=" + std::to_string(call.dim_a) +
+                                                                  ", scatter_dim=" + std::to_string(call.dim_b) + ")"
+                                                            : "(dim=" + std::to_string(call.dim_a) + ")");
+  info.shape = shape_string(call);
+  info.bytes = bytes;
+  return info;
+}
+
+void validate_collective(const Mesh& mesh, const CollectiveCall& call, const std::string& name) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) throw UsageError(std::string(collective_name(call.kind)) + ": called after MPI_Finalize");
+  agree_or_throw(mesh, std::string(collective_name(call.kind)) + " '" + name + "'", local_error(call, mesh.size()),
+                 agreement_fields(call), "shape " + shape_string(call));
 }
 
 }  // namespace mlacp::detail

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/event_recorder.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -25,10 +26,15 @@ const char* to_string(EventKind kind) noexcept {
 namespace events {
 namespace {
 
+constexpr std::size_t recent_capacity = 64;
+
 struct Recorder {
   std::atomic<bool> on{false};
   std::mutex mutex;
   std::vector<Event> list;
+  std::vector<RecentEvent> ring = std::vector<RecentEvent>(recent_capacity);
+  std::size_t ring_next = 0;
+  std::size_t ring_size = 0;
   std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
 };
 
@@ -58,10 +64,24 @@ std::vector<Event> snapshot() {
 
 void record(EventKind kind, const std::string& name) {
   auto& r = recorder();
-  if (!r.on.load(std::memory_order_relaxed)) return;
+  const bool on = r.on.load(std::memory_order_relaxed);
+  const bool collective = kind == EventKind::launch || kind == EventKind::wait_begin || kind == EventKind::wait_end;
+  if (!on && !collective) return;
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.list.push_back(Event{kind, name, std::chrono::duration<double>(now - r.origin).count()});
+  r.ring[r.ring_next] = RecentEvent{kind, name, now};
+  r.ring_next = (r.ring_next + 1) % recent_capacity;
+  r.ring_size = std::min(r.ring_size + 1, recent_capacity);
+  if (on) r.list.push_back(Event{kind, name, std::chrono::duration<double>(now - r.origin).count()});
+}
+
+std::vector<RecentEvent> recent() {
+  auto& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<RecentEvent> out;
+  for (std::size_t i = 0; i < r.ring_size; ++i)
+    out.push_back(r.ring[(r.ring_next + recent_capacity - r.ring_size + i) % recent_capacity]);
+  return out;
 }
 
 std::ptrdiff_t find(const std::vector<Event>& list, EventKind kind, const std::string& name) {

@@ -22,9 +22,14 @@ bool checked_by_default() {
   const char* value = std::getenv("MLACP_CHECKED");
   return value == nullptr || std::string(value) != "0";
 }
+bool check_finite_by_default() {
+  const char* value = std::getenv("MLACP_CHECK_FINITE");
+  return value != nullptr && std::string(value) != "0";
+}
 }  // namespace
 
-Mesh::Mesh(MPI_Comm comm, Ownership ownership) : checked_(checked_by_default()) {
+Mesh::Mesh(MPI_Comm comm, Ownership ownership)
+    : checked_(checked_by_default()), check_finite_(check_finite_by_default()) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   int finalized = 0;
@@ -55,6 +60,7 @@ Mesh::Mesh(Mesh&& other) noexcept
       owned_(std::exchange(other.owned_, false)),
       checked_(other.checked_),
       host_staging_(other.host_staging_),
+      check_finite_(other.check_finite_),
       nccl_(std::move(other.nccl_)) {}
 
 Mesh& Mesh::operator=(Mesh&& other) noexcept {
@@ -66,6 +72,7 @@ Mesh& Mesh::operator=(Mesh&& other) noexcept {
     owned_ = std::exchange(other.owned_, false);
     checked_ = other.checked_;
     host_staging_ = other.host_staging_;
+    check_finite_ = other.check_finite_;
     nccl_ = std::move(other.nccl_);
   }
   return *this;

@@ -77,9 +77,10 @@ TEST(CollectiveValidation, CheckedModeCatchesShapesThatDifferAcrossRanks) {
   const auto p = static_cast<std::size_t>(mesh.size());
   // The last rank has one token more: without the check MPI would read and write past the smaller buffers.
   View4 x("x", 2, 4 + (mesh.rank() == mesh.size() - 1 ? 1 : 0), 4 * p, 3);
-  expect_invalid([&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh); },
-                 {"mlacp::launch_all_to_all: the ranks of the mesh disagree on extent(1) (from 4 to 5 across ranks",
-                  "every rank must pass the same shape"});
+  expect_invalid(
+      [&] { mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh); },
+      {"mlacp::launch_all_to_all 'all_to_all': the ranks of the mesh disagree on extent(1) (from 4 to 5 across ranks",
+       "every rank must pass the same shape"});
   // Different operations on different ranks.
   View4 y("y", 2, 4 * p, 4 * p, 3);
   expect_invalid(

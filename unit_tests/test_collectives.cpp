@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/progress.hpp>
+#include <mlacp/watchdog.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -305,6 +306,21 @@ TEST(CollectiveHandle, UnwaitedHandleIsCompletedAndReported) {
   // The communicator is still usable: nothing is left in flight.
   auto after = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh).wait();
   EXPECT_EQ(after.extent(1), 2u * static_cast<unsigned>(p));
+}
+
+TEST(CollectiveHandle, WaitTimeoutSetting) {
+  const double before = mlacp::wait_timeout();
+  mlacp::set_wait_timeout(2.5);
+  EXPECT_EQ(mlacp::wait_timeout(), 2.5);
+  // With the watchdog armed, a healthy wait completes as usual.
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  Kokkos::View<double****, Kokkos::LayoutRight> x("x", 1, 2, 2 * p, 3);
+  EXPECT_EQ(mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh).wait().extent(1),
+            2u * static_cast<unsigned>(p));
+  mlacp::set_wait_timeout(-1);
+  EXPECT_EQ(mlacp::wait_timeout(), 0.0);
+  mlacp::set_wait_timeout(before);
 }
 
 TEST(CollectiveHandle, PendingCollectivesAreRegisteredForProgressUntilWaited) {

@@ -18,7 +18,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
   detail::check_collective_types<ExecSpace, ViewType>();
-  detail::validate_collective(mesh, detail::describe(detail::CollectiveKind::all_gather, view, dim, -1));
+  const detail::CollectiveCall call = detail::describe(detail::CollectiveKind::all_gather, view, dim, -1);
+  detail::validate_collective(mesh, call, name);
   const int parts = mesh.size();
   if (parts == 1) return AsyncCollective<Result>(name, nullptr, Result(view), {});
 
@@ -40,8 +41,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   auto unpack = [space, result, received, parts, name](const detail::Buffer<T, MemSpace>& r) {
     detail::unpack_blocks(space, r.data(), result.data(), received, parts, name + " unpack");
   };
-  return detail::launch_transport(space, mesh, detail::CollectiveKind::all_gather, name, send, recv,
-                                  static_cast<std::size_t>(count), result, start, unpack);
+  return detail::launch_transport(space, mesh, call, name, send, recv, static_cast<std::size_t>(count), result, start,
+                                  unpack);
 }
 
 }  // namespace mlacp

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +39,16 @@ void clear();
 std::vector<Event> snapshot();
 /// Records one event when recording is on.
 void record(EventKind kind, const std::string& name);
+
+/// One of the last events of this process, kept whether or not recording is on (for the wait watchdog's report).
+struct RecentEvent {
+  EventKind kind;
+  std::string name;
+  std::chrono::steady_clock::time_point when;
+};
+/// The last (up to 64) events, oldest first. Launches and waits are always kept; compute phases only while
+/// recording is on (their end time needs a fence).
+std::vector<RecentEvent> recent();
 
 /// Index of the first event of `kind` named `name` in `list`, or -1.
 std::ptrdiff_t find(const std::vector<Event>& list, EventKind kind, const std::string& name);

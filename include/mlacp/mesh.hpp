@@ -40,6 +40,12 @@ class Mesh {
   bool checked() const noexcept { return checked_; }
   void set_checked(bool checked) noexcept { checked_ = checked; }
 
+  /// Finite check: when on (MLACP_CHECK_FINITE=1 in the environment, or set_check_finite), the MLA layer verifies
+  /// that its inputs (x in forward, dy in backward) hold no NaN or Inf, on every rank, before any collective: one
+  /// reduction over each input. Off by default.
+  bool check_finite() const noexcept { return check_finite_; }
+  void set_check_finite(bool on) noexcept { check_finite_ = on; }
+
   /// Host staging: when on, MPI collectives copy through host buffers even where MPI could read the View's memory
   /// directly (for MPI libraries whose GPU support is unreliable, and to test the staging path on any machine). Off by
   /// default; device memory without MLACP_ENABLE_GPU_AWARE_MPI is always staged.
@@ -66,6 +72,7 @@ class Mesh {
   bool owned_ = false;
   bool checked_ = true;
   bool host_staging_ = false;
+  bool check_finite_ = false;
   std::unique_ptr<detail::NcclContext> nccl_;
 };
 

@@ -18,7 +18,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
   detail::check_collective_types<ExecSpace, ViewType>();
-  detail::validate_collective(mesh, detail::describe(detail::CollectiveKind::reduce_scatter, view, dim, -1));
+  const detail::CollectiveCall call = detail::describe(detail::CollectiveKind::reduce_scatter, view, dim, -1);
+  detail::validate_collective(mesh, call, name);
   const int parts = mesh.size();
   if (parts == 1) return AsyncCollective<Result>(name, nullptr, Result(view), {});
 
@@ -36,8 +37,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
     return MPI_Ireduce_scatter_block(s, r, count, mpi::datatype<T>(), MPI_SUM, comm, request);
   };
   auto unpack = [](const detail::Buffer<T, MemSpace>&) {};
-  return detail::launch_transport(space, mesh, detail::CollectiveKind::reduce_scatter, name, send, recv,
-                                  static_cast<std::size_t>(count), result, start, unpack);
+  return detail::launch_transport(space, mesh, call, name, send, recv, static_cast<std::size_t>(count), result, start,
+                                  unpack);
 }
 
 }  // namespace mlacp

@@ -2,6 +2,10 @@
 #include <mlacp/error.hpp>
 #include <mlacp/mpi/request_transport.hpp>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <utility>
 
 namespace mlacp::mpi {
@@ -9,7 +13,8 @@ namespace {
 
 class RequestTransport final : public detail::PendingTransport {
  public:
-  RequestTransport(MPI_Request request, std::string name) : request_(request), name_(std::move(name)) {}
+  RequestTransport(MPI_Request request, MPI_Comm comm, CollectiveInfo info)
+      : request_(request), comm_(comm), info_(std::move(info)), name_(info_.name) {}
   ~RequestTransport() override { complete_noexcept(); }
 
   bool test() override {
@@ -21,6 +26,10 @@ class RequestTransport final : public detail::PendingTransport {
 
   void wait() override {
     if (request_ == MPI_REQUEST_NULL) return;
+    if (wait_timeout() > 0) {
+      watched_wait();
+      return;
+    }
     check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait of '" + name_ + "'");
   }
 
@@ -34,20 +43,53 @@ class RequestTransport final : public detail::PendingTransport {
     if (request_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    if (!finalized) {
+      if (wait_timeout() > 0)
+        watched_wait();
+      else
+        MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    }
     request_ = MPI_REQUEST_NULL;
   }
 
  private:
+  void watched_wait() noexcept { wait_watched(&request_, comm_, info_); }
+
   MPI_Request request_;
+  MPI_Comm comm_;
+  CollectiveInfo info_;
   std::string name_;
   bool done_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request request, std::string name) {
-  return std::make_unique<RequestTransport>(request, std::move(name));
+int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info) noexcept {
+  const double timeout = wait_timeout();
+  if (timeout <= 0) return MPI_Wait(request, MPI_STATUS_IGNORE);
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    int done = 0;
+    const int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS || done) return code;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout) {
+      int rank = 0, size = 0;
+      MPI_Comm_rank(comm, &rank);
+      MPI_Comm_size(comm, &size);
+      const std::string report = detail::watchdog_report(info, rank, size, waited);
+      std::fprintf(stderr, "%s", report.c_str());
+      std::fflush(stderr);
+      MPI_Abort(comm, 3);
+      std::abort();  // MPI_Abort does not return; never continue past a failed collective
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request request, MPI_Comm comm,
+                                                                 CollectiveInfo info) {
+  return std::make_unique<RequestTransport>(request, comm, std::move(info));
 }
 
 void check_mpi(int code, const std::string& what) {

@@ -2,6 +2,8 @@
 // Argument checks of the collectives, done before anything is sent, and (in checked mode) agreed on by every rank.
 #pragma once
 
+#include <mlacp/watchdog.hpp>
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -31,6 +33,9 @@ struct CollectiveCall {
   bool allocated;                                         ///< data() != nullptr or the View is empty
 };
 
+/// The watchdog's description of a launched collective (operation with its dimensions, shape, bytes sent).
+CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::string& name, std::int64_t bytes);
+
 /// Named integers that every rank of a mesh must pass identically.
 using AgreementFields = std::vector<std::pair<std::string, std::int64_t>>;
 
@@ -44,9 +49,10 @@ using AgreementFields = std::vector<std::pair<std::string, std::int64_t>>;
 void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
                     const AgreementFields& fields, const std::string& context, bool usage = false);
 
-/// Validates `call` for a group of `mesh.size()` ranks. Throws InvalidArgument naming the value and what was expected.
-/// Unchecked mesh: local checks only. Checked mesh: one MPI_Allreduce also compares the calls of all ranks, and an
-/// error found on any rank is thrown on every rank (with the message of the lowest such rank), so nothing hangs.
-void validate_collective(const Mesh& mesh, const CollectiveCall& call);
+/// Validates `call` (of the collective named `name`) for a group of `mesh.size()` ranks. Throws InvalidArgument naming
+/// the value and what was expected. Unchecked mesh: local checks only. Checked mesh: one MPI_Allreduce also compares
+/// the calls of all ranks, and an error found on any rank is thrown on every rank (with the message of the lowest such
+/// rank), so nothing hangs.
+void validate_collective(const Mesh& mesh, const CollectiveCall& call, const std::string& name);
 
 }  // namespace mlacp::detail

@@ -94,16 +94,16 @@ constexpr bool mpi_reads_directly() {
 /// NCCL (CUDA builds, mesh.enable_nccl() called, CUDA execution space): enqueued on the mesh's stream after an event
 /// of `space`'s stream; no host fence, no host staging.
 template <class ExecSpace, class T, class MemSpace, class ResultView, class MpiStart, class Unpack>
-AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh& mesh, CollectiveKind kind,
+AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh& mesh, const CollectiveCall& call,
                                              const std::string& name, Buffer<T, MemSpace> send,
                                              Buffer<T, MemSpace> recv, std::size_t count, ResultView result,
                                              MpiStart mpi_start, Unpack unpack) {
 #if defined(KOKKOS_ENABLE_CUDA) && MLACP_HAVE_NCCL
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
     if (mesh.has_nccl()) {
-      const auto operation = kind == CollectiveKind::all_to_all   ? nccl::Operation::all_to_all
-                             : kind == CollectiveKind::all_gather ? nccl::Operation::all_gather
-                                                                  : nccl::Operation::reduce_scatter_sum;
+      const auto operation = call.kind == CollectiveKind::all_to_all   ? nccl::Operation::all_to_all
+                             : call.kind == CollectiveKind::all_gather ? nccl::Operation::all_gather
+                                                                       : nccl::Operation::reduce_scatter_sum;
       auto transport = nccl::launch(operation, send.data(), recv.data(), count, nccl::datatype<T>(), sizeof(T),
                                     *mesh.nccl(), space.cuda_stream(), name);
       auto finish = [=]() { unpack(recv); };
@@ -113,15 +113,15 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
     }
   }
 #endif
-  (void)kind;
   (void)count;
+  CollectiveInfo info = describe_for_watchdog(call, name, static_cast<std::int64_t>(send.size() * sizeof(T)));
   MPI_Request request = MPI_REQUEST_NULL;
   if (mpi_reads_directly<MemSpace>() && !mesh.host_staging()) {
     compat::fence(space, name + ": send buffer complete before MPI reads it");
     mpi::check_mpi(mpi_start(send.data(), recv.data(), &request), name + ": MPI launch");
     auto finish = [=]() { unpack(recv); };
     auto keep_alive = [send, recv]() {};
-    return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
+    return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, mesh.comm(), info), std::move(result),
                                        std::move(finish), std::move(keep_alive));
   }
   auto host_send = allocate_buffer<T, Kokkos::HostSpace>(name + " host send", static_cast<std::int64_t>(send.size()));
@@ -134,7 +134,7 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
     unpack(recv);
   };
   auto keep_alive = [send, recv, host_send, host_recv]() {};
-  return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, name), std::move(result),
+  return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, mesh.comm(), info), std::move(result),
                                      std::move(finish), std::move(keep_alive));
 }
 

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Entries of the error catalogue (README "Errors and misuse") not covered by the collective and layer suites:
+// non-finite inputs, a mesh of another group size, calls after finalize.
+#include "mla_test_data.hpp"
+#include "mpi_test_harness.hpp"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <mlacp/collectives.hpp>
+#include <mlacp/mla/mla_attention.hpp>
+
+#include <limits>
+#include <string>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+using Tensor3 = Kokkos::View<double***, Kokkos::LayoutRight, Mem>;
+
+mlacp::MlaConfig config_for(int P) {
+  mlacp::MlaConfig c;
+  c.batch = 1;
+  c.seq = 4 * P;
+  c.hidden = 8;
+  c.heads = P;
+  c.nope = 2;
+  c.rope = 2;
+  c.vdim = 2;
+  c.latent = 4;
+  return c;
+}
+
+template <class Exception, class F>
+void expect_error(F&& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one containing '" << part << "'";
+  } catch (const Exception& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(ErrorCatalogue, NonFiniteInputsWhenTheFiniteCheckIsOn) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto config = config_for(mesh.size());
+  mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 3), mesh);
+  Tensor3 x("x", config.batch, config.seq / mesh.size(), config.hidden);
+  auto host = Kokkos::create_mirror_view(x);
+  // Only the last rank has a NaN and an Inf; every rank must raise.
+  if (mesh.rank() == mesh.size() - 1) {
+    host(0, 0, 1) = std::numeric_limits<double>::quiet_NaN();
+    host(0, 1, 2) = std::numeric_limits<double>::infinity();
+  }
+  Kokkos::deep_copy(x, host);
+  // Off (the default): the NaN goes through (and would poison y).
+  EXPECT_NO_THROW(layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()));
+  mesh.set_check_finite(true);
+  expect_error<mlacp::InvalidArgument>(
+      [&] { layer.forward(Space(), x); },
+      "x holds 2 non-finite value(s) (NaN or Inf) on rank " + std::to_string(mesh.size() - 1));
+  Tensor3 clean("clean", config.batch, config.seq / mesh.size(), config.hidden);
+  auto forward = layer.forward(Space(), clean);
+  expect_error<mlacp::InvalidArgument>([&] { layer.backward(Space(), forward, x); }, "dy holds 2 non-finite value(s)");
+}
+
+TEST(ErrorCatalogue, InputShardedForAnotherGroupSize) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  if (mesh.size() == 1) GTEST_SKIP() << "needs two ranks";
+  const auto config = config_for(mesh.size());
+  // A layer on a mesh over MPI_COMM_SELF (P = 1) given this group's shard: the shape names the expected P.
+  mlacp::Mesh self(MPI_COMM_SELF);
+  mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 3), self);
+  Tensor3 shard("x", config.batch, config.seq / mesh.size(), config.hidden);
+  expect_error<mlacp::InvalidArgument>(
+      [&] { layer.forward(Space(), shard); },
+      "expected [B, S/P, D] = [1, " + std::to_string(config.seq) + ", 8] on a group of P = 1");
+}
+
+TEST(ErrorCatalogue, InterCommunicatorAndNullCommunicator) {
+  expect_error<mlacp::InvalidArgument>([] { mlacp::Mesh m(MPI_COMM_NULL); }, "the communicator is MPI_COMM_NULL");
+  if (mlacp::test::world_size() == 1) return;
+  // Two halves of the world joined by an inter-communicator.
+  const int rank = mlacp::test::world_rank();
+  MPI_Comm half = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+  MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 == 0 ? 1 : 0, 99, &inter);
+  expect_error<mlacp::InvalidArgument>([&] { mlacp::Mesh m(inter); }, "an inter-communicator was given");
+  MPI_Comm_free(&inter);
+  MPI_Comm_free(&half);
+}
+
+}  // namespace
