@@ -57,6 +57,7 @@ endfunction()
 #
 # Runs <exe> under MPIEXEC with <n> ranks and checks the exit status and that every EXPECT pattern matches the
 # combined output (each on its own, in any order: ranks' output interleaves), through MlacpExpectOutput.cmake.
+# Patterns may not contain '|' (it separates the list on the way to the script).
 function(mlacp_add_expect_output_test name)
   cmake_parse_arguments(arg "" "RANKS;EXPECT_EXIT;TIMEOUT" "COMMAND;EXPECT;REJECT;LABELS;ENVIRONMENT" ${ARGN})
   if(NOT arg_TIMEOUT)
