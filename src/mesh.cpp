@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
 
@@ -44,6 +45,7 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership)
   if (ownership == Ownership::duplicate) {
     if (MPI_Comm_dup(comm, &comm_) != MPI_SUCCESS) throw CommunicationError("mlacp::Mesh: MPI_Comm_dup failed");
     owned_ = true;
+    diagnostics::detail::count_communicator(+1);
   } else {
     comm_ = comm;
   }
@@ -84,6 +86,7 @@ void Mesh::release() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
+    diagnostics::detail::count_communicator(-1);
   }
   comm_ = MPI_COMM_NULL;
   owned_ = false;

@@ -25,8 +25,10 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
 
   compat::ScopedRegion region("mlacp::launch_all_gather " + name);
   const auto n = static_cast<std::int64_t>(view.size());
-  auto send = detail::allocate_buffer<T, MemSpace>(name + " send", n);
-  auto recv = detail::allocate_buffer<T, MemSpace>(name + " recv", n * parts);
+  const auto send_buffer = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  const auto send = send_buffer.view;
+  const auto recv_buffer = detail::allocate_buffer<T, MemSpace>(name + " recv", n * parts);
+  const auto recv = recv_buffer.view;
   Kokkos::deep_copy(space, send,
                     Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
                         view.data(), static_cast<std::size_t>(n)));
@@ -41,8 +43,9 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   auto unpack = [space, result, received, parts, name](const detail::Buffer<T, MemSpace>& r) {
     detail::unpack_blocks(space, r.data(), result.data(), received, parts, name + " unpack");
   };
-  return detail::launch_transport(space, mesh, call, name, send, recv, static_cast<std::size_t>(count), result, start,
-                                  unpack);
+  return detail::launch_transport(
+      space, mesh, call, name, send, recv, [send_buffer, recv_buffer] {}, static_cast<std::size_t>(count), result,
+      start, unpack);
 }
 
 }  // namespace mlacp

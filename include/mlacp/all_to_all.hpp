@@ -33,8 +33,10 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
 
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
   const auto n = static_cast<std::int64_t>(view.size());
-  auto send = detail::allocate_buffer<T, MemSpace>(name + " send", n);
-  auto recv = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
+  const auto send_buffer = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  const auto send = send_buffer.view;
+  const auto recv_buffer = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
+  const auto recv = recv_buffer.view;
   detail::pack_blocks(space, view.data(), send.data(), detail::around_dim(view, scatter_dim), parts, name + " pack");
   Result result =
       detail::allocate_result(name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
@@ -49,8 +51,9 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   auto unpack = [space, result, received, parts, name](const detail::Buffer<T, MemSpace>& r) {
     detail::unpack_blocks(space, r.data(), result.data(), received, parts, name + " unpack");
   };
-  return detail::launch_transport(space, mesh, call, name, send, recv, static_cast<std::size_t>(count), result, start,
-                                  unpack);
+  return detail::launch_transport(
+      space, mesh, call, name, send, recv, [send_buffer, recv_buffer] {}, static_cast<std::size_t>(count), result,
+      start, unpack);
 }
 
 }  // namespace mlacp

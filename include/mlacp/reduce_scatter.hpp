@@ -25,7 +25,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
 
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
   const auto n = static_cast<std::int64_t>(view.size());
-  auto send = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  const auto send_buffer = detail::allocate_buffer<T, MemSpace>(name + " send", n);
+  const auto send = send_buffer.view;
   Result result = detail::allocate_result(name, view, dim,
                                           static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
   // The result is LayoutRight and contiguous: MPI (or the staging copy) writes it directly.
@@ -37,8 +38,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
     return MPI_Ireduce_scatter_block(s, r, count, mpi::datatype<T>(), MPI_SUM, comm, request);
   };
   auto unpack = [](const detail::Buffer<T, MemSpace>&) {};
-  return detail::launch_transport(space, mesh, call, name, send, recv, static_cast<std::size_t>(count), result, start,
-                                  unpack);
+  return detail::launch_transport(
+      space, mesh, call, name, send, recv, [send_buffer] {}, static_cast<std::size_t>(count), result, start, unpack);
 }
 
 }  // namespace mlacp

@@ -6,6 +6,7 @@
 #include <mlacp/async_collective.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/config.hpp>
+#include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/datatype.hpp>
@@ -13,6 +14,7 @@
 #include <mlacp/nccl/nccl_transport.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -74,9 +76,18 @@ collective_result_t<ViewType> allocate_result(const std::string& label, const Vi
 template <class T, class MemSpace>
 using Buffer = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
 
+/// A communication buffer of n values from the pool (buffer_pool.hpp): an unmanaged View, plus the pooled
+/// allocation that must be kept alive (by the handle) for as long as the View is used.
 template <class T, class MemSpace>
-Buffer<T, MemSpace> allocate_buffer(const std::string& label, std::int64_t n) {
-  return Buffer<T, MemSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), static_cast<std::size_t>(n));
+struct PooledBuffer {
+  Buffer<T, MemSpace> view;
+  typename BufferPool<MemSpace>::bytes_view storage;
+};
+
+template <class T, class MemSpace>
+PooledBuffer<T, MemSpace> allocate_buffer(const std::string& label, std::int64_t n) {
+  auto storage = BufferPool<MemSpace>::instance().acquire(static_cast<std::size_t>(n) * sizeof(T), label);
+  return {Buffer<T, MemSpace>(reinterpret_cast<T*>(storage.data()), static_cast<std::size_t>(n)), storage};
 }
 
 /// Whether MPI may be handed pointers into MemSpace directly.
@@ -96,8 +107,8 @@ constexpr bool mpi_reads_directly() {
 template <class ExecSpace, class T, class MemSpace, class ResultView, class MpiStart, class Unpack>
 AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh& mesh, const CollectiveCall& call,
                                              const std::string& name, Buffer<T, MemSpace> send,
-                                             Buffer<T, MemSpace> recv, std::size_t count, ResultView result,
-                                             MpiStart mpi_start, Unpack unpack) {
+                                             Buffer<T, MemSpace> recv, std::function<void()> storage, std::size_t count,
+                                             ResultView result, MpiStart mpi_start, Unpack unpack) {
 #if defined(KOKKOS_ENABLE_CUDA) && MLACP_HAVE_NCCL
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
     if (mesh.has_nccl()) {
@@ -107,7 +118,7 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
       auto transport = nccl::launch(operation, send.data(), recv.data(), count, nccl::datatype<T>(), sizeof(T),
                                     *mesh.nccl(), space.cuda_stream(), name);
       auto finish = [=]() { unpack(recv); };
-      auto keep_alive = [send, recv]() {};
+      auto keep_alive = [storage]() {};
       return AsyncCollective<ResultView>(name, std::move(transport), std::move(result), std::move(finish),
                                          std::move(keep_alive));
     }
@@ -120,12 +131,16 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
     compat::fence(space, name + ": send buffer complete before MPI reads it");
     mpi::check_mpi(mpi_start(send.data(), recv.data(), &request), name + ": MPI launch");
     auto finish = [=]() { unpack(recv); };
-    auto keep_alive = [send, recv]() {};
+    auto keep_alive = [storage]() {};
     return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, mesh.comm(), info), std::move(result),
                                        std::move(finish), std::move(keep_alive));
   }
-  auto host_send = allocate_buffer<T, Kokkos::HostSpace>(name + " host send", static_cast<std::int64_t>(send.size()));
-  auto host_recv = allocate_buffer<T, Kokkos::HostSpace>(name + " host recv", static_cast<std::int64_t>(recv.size()));
+  const auto host_send_buffer =
+      allocate_buffer<T, Kokkos::HostSpace>(name + " host send", static_cast<std::int64_t>(send.size()));
+  const auto host_recv_buffer =
+      allocate_buffer<T, Kokkos::HostSpace>(name + " host recv", static_cast<std::int64_t>(recv.size()));
+  const auto host_send = host_send_buffer.view;
+  const auto host_recv = host_recv_buffer.view;
   Kokkos::deep_copy(space, host_send, send);
   compat::fence(space, name + ": host staging complete before MPI reads it");
   mpi::check_mpi(mpi_start(host_send.data(), host_recv.data(), &request), name + ": MPI launch");
@@ -133,7 +148,7 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
     Kokkos::deep_copy(space, recv, host_recv);
     unpack(recv);
   };
-  auto keep_alive = [send, recv, host_send, host_recv]() {};
+  auto keep_alive = [storage, host_send_buffer, host_recv_buffer]() {};
   return AsyncCollective<ResultView>(name, mpi::make_request_transport(request, mesh.comm(), info), std::move(result),
                                      std::move(finish), std::move(keep_alive));
 }
