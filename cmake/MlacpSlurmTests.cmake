@@ -50,9 +50,11 @@ endif()
 # mlacp_add_slurm_test(<name> RANKS <n> TIMEOUT <s> COMMAND <exe> <args>... [EXPECT <regex>...] [REJECT <regex>...])
 #
 # Runs `srun MLACP_SRUN_FLAGS -n <n> <exe> <args>` and checks that it exits 0 and that its output matches every EXPECT
-# and no REJECT pattern (MlacpExpectOutput.cmake; patterns must not contain '|').
+# and no REJECT pattern (MlacpExpectOutput.cmake; patterns must not contain '|'). srun's errors are always rejected:
+# srun exits 0 when the tasks fail to launch, so an exit status alone proves nothing.
 function(mlacp_add_slurm_test name)
   cmake_parse_arguments(arg "" "RANKS;TIMEOUT" "COMMAND;EXPECT;REJECT" ${ARGN})
+  list(APPEND arg_REJECT "srun: error")
   # Slurm's own limit (minutes) ends the job should ctest's timeout kill srun.
   math(EXPR minutes "(${arg_TIMEOUT} + 59) / 60 + 1")
   set(command ${MLACP_SRUN_EXECUTABLE} ${MLACP_SRUN_FLAGS} -n ${arg_RANKS} --time=${minutes} --kill-on-bad-exit=1

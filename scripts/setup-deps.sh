@@ -10,6 +10,7 @@ packages=(
   libgtest-dev
   python3 python3-numpy python3-matplotlib
   iproute2
+  munge slurmctld slurmd slurm-client
 )
 if [[ $# -gt 0 ]]; then packages+=("$@"); fi
 

@@ -1,24 +1,47 @@
 #!/usr/bin/env bash
-# Builds mlacp and runs every test: the format check, then ctest (MPI tests at 1, 2 and 4 ranks, the install test).
+# Builds mlacp and runs every test:
+#   1. the format check (clang-format);
+#   2. build/ (RelWithDebInfo, warnings as errors) and all of ctest: MPI tests at 1, 2 and 4 ranks, the install test,
+#      the error catalogue and watchdog scenarios, the soak test, the perf tests in --quick mode, and the Slurm tests
+#      (a local single-node Slurm is started and stopped by the tests themselves; needs root);
+#   3. build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer) and the MPI tests at 1 and 2 ranks.
 # Installs the Debian dependencies first when something is missing. Exits non-zero on any failure.
 #
-#   ./scripts/test.sh                  # build in build/ and test
-#   BUILD_DIR=/tmp/b ./scripts/test.sh  # elsewhere
-#   CTEST_ARGS="-L mpi" ./scripts/test.sh
+#   ./scripts/test.sh                       # everything
+#   SANITIZERS=OFF SLURM_TESTS=OFF ./scripts/test.sh   # quicker, without root-only parts
+#   BUILD_DIR=/tmp/b CTEST_ARGS="-L mpi" ./scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 build_dir=${BUILD_DIR:-$root/build}
+asan_dir=${ASAN_BUILD_DIR:-$root/build-asan}
+jobs=${BUILD_JOBS:-$(nproc)}
 
 "$root/scripts/setup-deps.sh"
 
 "$root/scripts/check-format.sh"
 
-# Open MPI as root (CI runs as root), and one BLAS thread per rank.
+# Open MPI as root (CI runs as root), and one BLAS / OpenMP thread per rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
+echo "== build and test ($build_dir)"
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLACP_ENABLE_WERROR=ON \
-  -DMLACP_ENABLE_TESTS=ON -DMLACP_ENABLE_PERF_TESTS=ON ${CMAKE_ARGS:-}
-cmake --build "$build_dir" -j "${BUILD_JOBS:-$(nproc)}"
+  -DMLACP_ENABLE_TESTS=ON -DMLACP_ENABLE_PERF_TESTS=ON -DMLACP_ENABLE_SLURM_TESTS="${SLURM_TESTS:-ON}" ${CMAKE_ARGS:-}
+cmake --build "$build_dir" -j "$jobs"
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-1}" ${CTEST_ARGS:-}
+
+if [[ ${SANITIZERS:-ON} == ON ]]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and MPI tests at 1 and 2 ranks ($asan_dir)"
+  cmake -S "$root" -B "$asan_dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMLACP_ENABLE_SANITIZERS="address;undefined" \
+    -DMLACP_ENABLE_WERROR=ON -DMLACP_ENABLE_TESTS=ON -DMLACP_ENABLE_PERF_TESTS=OFF -DMLACP_ENABLE_SLURM_TESTS=OFF
+  cmake --build "$asan_dir" -j "$jobs"
+  # Open MPI is not built with frame pointers: the slow unwinder gives full stacks, so that the suppressions (Open
+  # MPI's own allocations only, see the file) can match them.
+  export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1
+  export LSAN_OPTIONS=suppressions=$root/unit_tests/sanitizers/lsan-openmpi.supp:print_suppressions=0
+  export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  # The watchdog scenarios end in MPI_Abort (no leak check is meaningful there) and the soak test's resident-memory
+  # bound does not hold under ASan's allocator; both run in the build above.
+  ctest --test-dir "$asan_dir" --output-on-failure -L "np1|np2" -LE "soak|watchdog"
+fi
