@@ -31,38 +31,41 @@ AroundDim around_dim(const ViewType& view, int dim) {
 }
 
 /// out = the P contiguous blocks of `in` split along `a.mid`: block j holds in[:, j*m:(j+1)*m, :] (m = a.mid / parts)
-/// as a LayoutRight [outer, m, inner] array. Used to send block j to rank j.
+/// as a LayoutRight [outer, m, inner] array. Used to send block j to rank j. One work item per (outer, mid) row copies
+/// its contiguous run of `inner` values, so the index arithmetic is per row, not per element.
 template <class ExecSpace, class T>
 void pack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int parts, const std::string& label) {
   const std::int64_t m = a.mid / parts;
   const std::int64_t block = a.outer * m * a.inner;
   const std::int64_t mid = a.mid, inner = a.inner;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, a.size()),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        const std::int64_t o = i / (mid * inner);
-        const std::int64_t x = (i / inner) % mid;
-        const std::int64_t n = i % inner;
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, a.outer * a.mid),
+      KOKKOS_LAMBDA(const std::int64_t row) {
+        const std::int64_t o = row / mid;
+        const std::int64_t x = row - o * mid;
         const std::int64_t j = x / m;
-        out[j * block + (o * m + (x - j * m)) * inner + n] = in[i];
+        const T* source = in + row * inner;
+        T* target = out + j * block + (o * m + (x - j * m)) * inner;
+        for (std::int64_t n = 0; n < inner; ++n) target[n] = source[n];
       });
 }
 
 /// The inverse direction: `in` holds P blocks, each a LayoutRight [outer, mid, inner] array (block i from rank i);
-/// out is [outer, mid * P, inner] with block i at out[:, i*mid:(i+1)*mid, :].
+/// out is [outer, mid * P, inner] with block i at out[:, i*mid:(i+1)*mid, :]. One work item per received row.
 template <class ExecSpace, class T>
 void unpack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int parts, const std::string& label) {
-  const std::int64_t block = a.size();
+  const std::int64_t rows_per_block = a.outer * a.mid;
   const std::int64_t mid = a.mid, inner = a.inner, wide = a.mid * parts;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, block * parts),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        const std::int64_t r = i / block;
-        const std::int64_t k = i - r * block;
-        const std::int64_t o = k / (mid * inner);
-        const std::int64_t y = (k / inner) % mid;
-        const std::int64_t n = k % inner;
-        out[(o * wide + r * mid + y) * inner + n] = in[i];
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows_per_block * parts),
+      KOKKOS_LAMBDA(const std::int64_t row) {
+        const std::int64_t r = row / rows_per_block;
+        const std::int64_t k = row - r * rows_per_block;
+        const std::int64_t o = k / mid;
+        const std::int64_t y = k - o * mid;
+        const T* source = in + row * inner;
+        T* target = out + (o * wide + r * mid + y) * inner;
+        for (std::int64_t n = 0; n < inner; ++n) target[n] = source[n];
       });
 }
 

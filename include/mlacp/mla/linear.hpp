@@ -22,7 +22,7 @@ namespace mlacp {
 /// most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Device execution
 /// spaces never poll (NCCL progresses on its own).
 struct OverlapPolicy {
-  int panels = 8;
+  int panels = 16;
   std::int64_t min_panel_rows = 256;
 };
 

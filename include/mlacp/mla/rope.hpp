@@ -52,26 +52,37 @@ void rope_apply(const ExecSpace& space, const View4& x, int first_column, int wi
   const std::int64_t total = n_b * n_s * n_h * half;
   const double width_double = static_cast<double>(width);
   if (total == 0) return;
+  // The angles depend on (t, j) only: one cos/sin table of [s, width/2] instead of transcendental calls per element.
+  using table_type = Kokkos::View<double**, Kokkos::LayoutRight, typename View4::memory_space>;
+  table_type cos_table(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), n_s, half);
+  table_type sin_table(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), n_s, half);
   Kokkos::parallel_for(
-      "mlacp::rope", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, total),
+      "mlacp::rope_table", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n_s * half),
       KOKKOS_LAMBDA(const std::int64_t idx) {
-        std::int64_t rest = idx;
-        const std::int64_t j = rest % half;
-        rest /= half;
-        const std::int64_t n = rest % n_h;
-        rest /= n_h;
-        const std::int64_t t = rest % n_s;
-        const std::int64_t b = rest / n_s;
+        const std::int64_t j = idx % half;
+        const std::int64_t t = idx / half;
         const double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
         const double angle = static_cast<double>(position_offset + t) * inv_freq;
-        const double c = compat::math::cos(angle);
-        const double s = sin_sign * compat::math::sin(angle);
-        const int col1 = first_column + static_cast<int>(j);
-        const int col2 = col1 + static_cast<int>(half);
-        const double x1 = static_cast<double>(x(b, t, n, col1));
-        const double x2 = static_cast<double>(x(b, t, n, col2));
-        x(b, t, n, col1) = static_cast<value_type>(x1 * c - x2 * s);
-        x(b, t, n, col2) = static_cast<value_type>(x2 * c + x1 * s);
+        cos_table(t, j) = compat::math::cos(angle);
+        sin_table(t, j) = sin_sign * compat::math::sin(angle);
+      });
+  // One work item per (b, t, n) row.
+  Kokkos::parallel_for(
+      "mlacp::rope", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n_b * n_s * n_h),
+      KOKKOS_LAMBDA(const std::int64_t row) {
+        const std::int64_t n = row % n_h;
+        const std::int64_t t = (row / n_h) % n_s;
+        const std::int64_t b = row / (n_h * n_s);
+        for (std::int64_t j = 0; j < half; ++j) {
+          const double c = cos_table(t, j);
+          const double s = sin_table(t, j);
+          const int col1 = first_column + static_cast<int>(j);
+          const int col2 = col1 + static_cast<int>(half);
+          const double x1 = static_cast<double>(x(b, t, n, col1));
+          const double x2 = static_cast<double>(x(b, t, n, col2));
+          x(b, t, n, col1) = static_cast<value_type>(x1 * c - x2 * s);
+          x(b, t, n, col2) = static_cast<value_type>(x2 * c + x1 * s);
+        }
       });
 }
 
