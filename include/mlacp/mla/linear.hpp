@@ -22,8 +22,8 @@ namespace mlacp {
 /// most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Device execution
 /// spaces never poll (NCCL progresses on its own).
 struct OverlapPolicy {
-  int panels = 16;
-  std::int64_t min_panel_rows = 256;
+  int panels = 32;
+  std::int64_t min_panel_rows = 128;
 };
 
 /// The process-wide policy (defaults above; MLACP_WGRAD_PANELS overrides `panels`, 1 disables panelling).

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// mlacp-perf-block: the whole MLA block backward, the overlapped schedule (MlaConfig::overlap = true) against the same
+// schedule with every collective waited right after its launch (overlap = false), for both strategies.
+//
+// Compute and communication totals come from the event recorder of the blocking runs: there each collective is waited
+// as soon as it is launched, so T_comm = sum over the backward's collectives of (wait_end - launch) (the transfer and
+// the unpack; the pack runs before the launch event and counts as compute, as it is CPU work on the same core), and
+// T_compute = T_blocking - T_comm (every kernel, GEMM and pack). Both per rank, then the maximum over the ranks, then
+// the median over the repeats. The ideal overlapped time is max(T_compute, T_comm); the report gives
+// T_overlapped / max(T_compute, T_comm) (target <= 1.10) and T_overlapped / T_blocking.
+//
+// --timeline FILE writes the events of one overlapped backward per strategy, all ranks gathered on rank 0, for
+// scripts/plot_timeline.py.
+//
+//   mpirun -n 2 mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--repeats N] [--transport-label STR]
+//                                [--rate-label STR] [--seq S] [--hidden D] [--heads H] [--latent R]
+#include <mpi.h>
+#include <mlacp/collectives.hpp>
+#include <mlacp/event_recorder.hpp>
+#include <mlacp/mla/mla_attention.hpp>
+#include <mlacp/mla/synthetic.hpp>
+
+#include "perf_common.hpp"
+
+namespace {
+
+using namespace mlacp::perf;
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+using T = double;
+using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+using Layer = mlacp::MlaAttention<T, Space>;
+
+const char* usage =
+    "usage: mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--repeats N] [--warmup N]\n"
+    "                        [--transport-label STR] [--rate-label STR] [--batch B] [--seq S] [--hidden D]\n"
+    "                        [--heads H] [--nope dn] [--rope dr] [--vdim dv] [--latent R]\n";
+
+// Sum over the collectives of (wait_end - launch) in `events` (a blocking backward).
+double communication_time(const std::vector<mlacp::Event>& events) {
+  std::map<std::string, double> launched;
+  double total = 0;
+  for (const auto& e : events) {
+    if (e.kind == mlacp::EventKind::launch) launched[e.name] = e.time_s;
+    if (e.kind == mlacp::EventKind::wait_end) {
+      const auto it = launched.find(e.name);
+      if (it != launched.end()) {
+        total += e.time_s - it->second;
+        launched.erase(it);
+      }
+    }
+  }
+  return total;
+}
+
+// The events of every rank as JSON on rank 0 ("" elsewhere).
+std::string gather_events(const std::vector<mlacp::Event>& events, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::string local;
+  for (std::size_t i = 0; i < events.size(); ++i)
+    local += (i ? ",\n" : "\n") + JsonObject()
+                                      .str("kind", mlacp::to_string(events[i].kind))
+                                      .str("name", events[i].name)
+                                      .num("t", events[i].time_s)
+                                      .text();
+  int length = static_cast<int>(local.size());
+  std::vector<int> lengths(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      offsets[static_cast<std::size_t>(r)] = total;
+      total += lengths[static_cast<std::size_t>(r)];
+    }
+    all.resize(static_cast<std::size_t>(total));
+  }
+  MPI_Gatherv(local.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, comm);
+  if (rank != 0) return "";
+  std::vector<std::string> ranks;
+  for (int r = 0; r < size; ++r)
+    ranks.push_back(JsonObject()
+                        .num("rank", r)
+                        .raw("events", "[" +
+                                           all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
+                                                      static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])) +
+                                           "\n]")
+                        .text());
+  return jlist(ranks);
+}
+
+struct Result {
+  std::string strategy;
+  Samples overlapped, blocking, compute, comm;
+  std::string timeline;
+};
+
+Result run_strategy(const mlacp::MlaConfig& base, mlacp::MlaStrategy strategy, const mlacp::Mesh& mesh, int warmup,
+                    int repeats, bool want_timeline) {
+  const Space space;
+  const MPI_Comm comm = mesh.comm();
+  mlacp::MlaConfig c = base;
+  c.strategy = strategy;
+  const auto weights = mlacp::synthetic::weights<T, Mem>(c, 7);
+  mlacp::MlaConfig blocking_config = c;
+  blocking_config.overlap = false;
+  c.overlap = true;
+  const Layer overlapped(c, weights, mesh), blocking(blocking_config, weights, mesh);
+  const int s = overlapped.local_seq();
+  Tensor3 x("x", c.batch, s, c.hidden), dy("dy", c.batch, s, c.hidden);
+  mlacp::synthetic::fill(x, 100 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+  mlacp::synthetic::fill(dy, 200 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+
+  Result result;
+  result.strategy = mlacp::to_string(strategy);
+  Region region(std::string("block ") + result.strategy);
+  mlacp::events::enable(true);
+  for (int it = 0; it < warmup + repeats; ++it) {
+    for (int k = 0; k < 2; ++k) {
+      const bool is_blocking = (k + it) % 2 == 1;
+      const Layer& layer = is_blocking ? blocking : overlapped;
+      auto forward = layer.forward(space, x);
+      Kokkos::fence();
+      MPI_Barrier(comm);
+      mlacp::events::clear();
+      double t = 0;
+      {
+        Region r(is_blocking ? "backward blocking" : "backward overlapped");
+        const double start = now();
+        auto grads = layer.backward(space, forward, dy);
+        Kokkos::fence();
+        t = now() - start;
+      }
+      double times[3] = {t, 0, 0};
+      if (is_blocking) {
+        times[2] = communication_time(mlacp::events::snapshot());
+        times[1] = t - times[2];
+      }
+      MPI_Allreduce(MPI_IN_PLACE, times, 3, MPI_DOUBLE, MPI_MAX, comm);
+      if (it < warmup) continue;
+      if (is_blocking) {
+        result.blocking.times.push_back(times[0]);
+        result.compute.times.push_back(times[1]);
+        result.comm.times.push_back(times[2]);
+      } else {
+        result.overlapped.times.push_back(times[0]);
+      }
+    }
+  }
+  if (want_timeline) {
+    Region r("timeline");
+    auto forward = overlapped.forward(space, x);
+    Kokkos::fence();
+    MPI_Barrier(comm);
+    mlacp::events::clear();
+    auto grads = overlapped.backward(space, forward, dy);
+    Kokkos::fence();
+    result.timeline = gather_events(mlacp::events::snapshot(), comm);
+  }
+  mlacp::events::enable(false);
+  return result;
+}
+
+int run(int argc, char** argv) {
+  const Options o = parse_options(
+      argc, argv, {"--timeline", "--batch", "--seq", "--hidden", "--heads", "--nope", "--rope", "--vdim", "--latent"});
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mesh.set_checked(false);
+  const int P = mesh.size(), rank = mesh.rank();
+  const int repeats = o.repeats_or(3, 9), warmup = o.quick ? 1 : o.warmup;
+  mlacp::MlaConfig c;
+  c.batch = o.get_int("batch", 1);
+  c.seq = o.get_int("seq", o.quick ? 256 : 512);
+  c.hidden = o.get_int("hidden", o.quick ? 64 : 1024);
+  c.heads = o.get_int("heads", o.quick ? 16 : 8);
+  c.nope = o.get_int("nope", o.quick ? 8 : 16);
+  c.rope = o.get_int("rope", o.quick ? 4 : 16);
+  c.vdim = o.get_int("vdim", o.quick ? 8 : 32);
+  c.latent = o.get_int("latent", o.quick ? 32 : 512);
+  if (const std::string error = c.error(P); !error.empty()) throw std::invalid_argument(error);
+  const std::string timeline_path = o.get("timeline", "");
+
+  JsonObject doc = header("mlacp-perf-block", o, P, repeats);
+  doc.obj("config", JsonObject()
+                        .num("B", c.batch)
+                        .num("S", c.seq)
+                        .num("D", c.hidden)
+                        .num("H", c.heads)
+                        .num("dn", c.nope)
+                        .num("dr", c.rope)
+                        .num("dv", c.vdim)
+                        .num("R", c.latent)
+                        .str("dtype", "double"))
+      .str("method",
+           "T_comm = sum over collectives of (wait_end - launch) in the blocking backward's event record (transfer and "
+           "unpack); T_compute = T_blocking - T_comm; per rank, max over ranks, median over repeats");
+  std::vector<std::string> docs, timelines;
+  std::vector<Result> results;
+  for (const auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    Result r = run_strategy(c, strategy, mesh, warmup, repeats, !timeline_path.empty());
+    const double tov = r.overlapped.median(), tb = r.blocking.median(), tc = r.compute.median(), tm = r.comm.median();
+    docs.push_back(JsonObject()
+                       .str("strategy", r.strategy)
+                       .samples("backward_overlapped", r.overlapped)
+                       .samples("backward_blocking", r.blocking)
+                       .samples("compute_total", r.compute)
+                       .samples("communication_total", r.comm)
+                       .num("overlapped_over_max_compute_comm", tov / std::max(tc, tm))
+                       .num("overlapped_over_blocking", tov / tb)
+                       .num("comm_over_compute", tm / tc)
+                       .num("hidden_fraction_of_comm", (tb - tov) / tm)
+                       .text());
+    if (!r.timeline.empty())
+      timelines.push_back(
+          JsonObject().str("strategy", r.strategy).raw("overlap", "true").raw("ranks", r.timeline).text());
+    results.push_back(std::move(r));
+  }
+  doc.raw("strategies", jlist(docs));
+
+  if (rank == 0) {
+    std::cout << "mlacp-perf-block: P=" << P << " transport=" << o.transport << " rate=" << o.rate << " "
+              << c.describe() << " repeats=" << repeats << " (median of max over ranks)\n";
+    std::cout << std::left << std::setw(10) << "strategy" << std::right << std::setw(12) << "overlapped"
+              << std::setw(12) << "blocking" << std::setw(11) << "compute" << std::setw(11) << "comm" << std::setw(10)
+              << "ovl/max" << std::setw(11) << "ovl/block" << std::setw(10) << "hidden"
+              << "\n";
+    for (const Result& r : results) {
+      const double tov = r.overlapped.median(), tb = r.blocking.median(), tc = r.compute.median(), tm = r.comm.median();
+      std::cout << std::left << std::setw(10) << r.strategy << std::right << std::setw(10) << ms(tov) << "ms"
+                << std::setw(10) << ms(tb) << "ms" << std::setw(9) << ms(tc) << "ms" << std::setw(9) << ms(tm) << "ms"
+                << std::setw(10) << fixed(tov / std::max(tc, tm), 3) << std::setw(11) << fixed(tov / tb, 3)
+                << std::setw(10) << fixed((tb - tov) / tm, 2) << "\n";
+    }
+    std::cout << "compute/comm from the blocking runs' event record (comm = sum of wait_end - launch); hidden = "
+                 "(blocking - overlapped) / comm\n";
+    write_json(o.json, doc.text());
+    if (!timeline_path.empty()) {
+      JsonObject t = header("mlacp-perf-block timeline", o, P, 1);
+      t.raw("timelines", jlist(timelines));
+      write_json(timeline_path, t.text());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return mlacp::perf::run_main(argc, argv, usage, run); }

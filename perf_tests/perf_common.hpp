@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Shared by the perf_tests: command line, the timing protocol (warm-up, repeats, per-iteration time = max over ranks,
+// median), a minimal JSON writer and machine facts.
+#pragma once
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mlacp::perf {
+
+// ---- command line ---------------------------------------------------------------------------------------------------
+
+struct Options {
+  bool quick = false;
+  std::string json;  // "" = no file
+  int repeats = 0;   // 0 = the benchmark's default (quick or full)
+  int warmup = 2;
+  std::string transport = "shm";
+  std::string rate = "none";
+  std::map<std::string, std::string> extra;  // benchmark-specific --key value flags
+
+  int repeats_or(int quick_default, int full_default) const {
+    return repeats > 0 ? repeats : (quick ? quick_default : full_default);
+  }
+  std::string get(const std::string& key, const std::string& fallback) const {
+    const auto it = extra.find(key);
+    return it == extra.end() ? fallback : it->second;
+  }
+  int get_int(const std::string& key, int fallback) const {
+    const auto it = extra.find(key);
+    return it == extra.end() ? fallback : std::stoi(it->second);
+  }
+};
+
+// Parses the common flags and the benchmark's own (`known`, each taking a value; `switches`, each without one).
+// Throws std::invalid_argument naming the flag.
+inline Options parse_options(int argc, char** argv, const std::vector<std::string>& known,
+                             const std::vector<std::string>& switches = {}) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--quick") {
+      o.quick = true;
+      continue;
+    }
+    if (std::find(switches.begin(), switches.end(), flag) != switches.end()) {
+      o.extra[flag.substr(2)] = "1";
+      continue;
+    }
+    if (flag == "--help" || flag == "-h") throw std::invalid_argument("");
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--json") {
+      o.json = value;
+    } else if (flag == "--repeats") {
+      o.repeats = std::stoi(value);
+      if (o.repeats < 1) throw std::invalid_argument("--repeats " + value + ": expected at least 1");
+    } else if (flag == "--warmup") {
+      o.warmup = std::stoi(value);
+    } else if (flag == "--transport-label") {
+      o.transport = value;
+    } else if (flag == "--rate-label") {
+      o.rate = value;
+    } else if (std::find(known.begin(), known.end(), flag) != known.end()) {
+      o.extra[flag.substr(2)] = value;
+    } else {
+      throw std::invalid_argument("unknown flag " + flag);
+    }
+  }
+  return o;
+}
+
+// ---- timing ---------------------------------------------------------------------------------------------------------
+
+inline double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Samples {
+  std::vector<double> times;  // per iteration, max over ranks, seconds
+  double median() const { return perf::median(times); }
+  double min() const { return times.empty() ? NAN : *std::min_element(times.begin(), times.end()); }
+};
+
+// The protocol: `warmup` untimed iterations, then `repeats` timed ones; each starts after a barrier, ends after a
+// global Kokkos fence, and its time is the maximum over the ranks of `comm`. `setup` (untimed) runs before each.
+inline Samples measure(MPI_Comm comm, int warmup, int repeats, const std::function<void()>& body,
+                       const std::function<void()>& setup = {}) {
+  Samples s;
+  for (int it = 0; it < warmup + repeats; ++it) {
+    if (setup) setup();
+    Kokkos::fence();
+    MPI_Barrier(comm);
+    const double start = now();
+    body();
+    Kokkos::fence();
+    double t = now() - start;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+    if (it >= warmup) s.times.push_back(t);
+  }
+  return s;
+}
+
+// The same protocol for several bodies measured together: each round runs every body once (in an order rotated from
+// round to round), so that a load change on a shared machine affects all of them alike and their ratios stay
+// meaningful. Returns one Samples per body.
+inline std::vector<Samples> measure_interleaved(MPI_Comm comm, int warmup, int repeats,
+                                                const std::vector<std::function<void()>>& bodies) {
+  std::vector<Samples> out(bodies.size());
+  const std::size_t n = bodies.size();
+  for (int it = 0; it < warmup + repeats; ++it) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t b = (k + static_cast<std::size_t>(it)) % n;
+      Kokkos::fence();
+      MPI_Barrier(comm);
+      const double start = now();
+      bodies[b]();
+      Kokkos::fence();
+      double t = now() - start;
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+      if (it >= warmup) out[b].times.push_back(t);
+    }
+  }
+  return out;
+}
+
+// Kokkos Tools region for a scope (users' space-time-stack / NVTX connector show the benchmark's phases).
+class Region {
+ public:
+  explicit Region(const std::string& name) { Kokkos::Profiling::pushRegion("mlacp-perf::" + name); }
+  ~Region() { Kokkos::Profiling::popRegion(); }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+};
+
+// ---- JSON -----------------------------------------------------------------------------------------------------------
+// Values are kept as their JSON text; objects keep insertion order.
+
+inline std::string jstr(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+inline std::string jnum(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream s;
+  s << std::setprecision(9) << v;
+  return s.str();
+}
+
+inline std::string jarr(const std::vector<double>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + jnum(v[i]);
+  return out + "]";
+}
+
+inline std::string jlist(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ",\n" : "\n") + items[i];
+  return out + (items.empty() ? "]" : "\n]");
+}
+
+class JsonObject {
+ public:
+  JsonObject& raw(const std::string& key, const std::string& json) {
+    items_.emplace_back(key, json);
+    return *this;
+  }
+  JsonObject& num(const std::string& key, double v) { return raw(key, jnum(v)); }
+  JsonObject& str(const std::string& key, const std::string& v) { return raw(key, jstr(v)); }
+  JsonObject& obj(const std::string& key, const JsonObject& v) { return raw(key, v.text()); }
+  JsonObject& samples(const std::string& key, const Samples& s) {
+    return obj(key, JsonObject().num("median_s", s.median()).num("min_s", s.min()).raw("times_s", jarr(s.times)));
+  }
+  std::string text() const {
+    std::string out = "{";
+    for (std::size_t i = 0; i < items_.size(); ++i)
+      out += (i ? ", " : "") + jstr(items_[i].first) + ": " + items_[i].second;
+    return out + "}";
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> items_;
+};
+
+inline std::string hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+inline std::string mpi_library() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  std::string v(version, static_cast<std::size_t>(length));
+  const auto nl = v.find_first_of("\r\n,");
+  return nl == std::string::npos ? v : v.substr(0, nl);
+}
+
+// The header every JSON file starts with: machine, transport, rate, P, protocol.
+inline JsonObject header(const std::string& benchmark, const Options& o, int nranks, int repeats) {
+  JsonObject h;
+  h.str("benchmark", benchmark)
+      .str("hostname", hostname())
+      .num("hardware_concurrency", static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN)))
+      .str("mpi", mpi_library())
+      .str("kokkos_execution_space", Kokkos::DefaultExecutionSpace::name())
+      .str("transport", o.transport)
+      .str("rate", o.rate)
+      .num("P", nranks)
+      .raw("quick", o.quick ? "true" : "false")
+      .num("warmup", o.warmup)
+      .num("repeats", repeats)
+      .str("protocol", "per iteration: barrier, body, fence, time = max over ranks (MPI_Allreduce MAX); median");
+  return h;
+}
+
+inline void write_json(const std::string& path, const std::string& text) {
+  if (path.empty()) return;
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write " + path);
+  out << text << "\n";
+  std::cout << "wrote " << path << "\n";
+}
+
+inline std::string ms(double seconds, int precision = 2) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(precision) << seconds * 1e3;
+  return s.str();
+}
+
+inline std::string fixed(double v, int precision = 3) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(precision) << v;
+  return s.str();
+}
+
+// Runs `body` inside MPI and Kokkos, turning exceptions into a message and exit code 1 (on every rank that threw).
+inline int run_main(int argc, char** argv, const char* usage, const std::function<int(int, char**)>& body,
+                    bool thread_multiple = false) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, thread_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    try {
+      rc = body(argc, argv);
+    } catch (const std::invalid_argument& e) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (rank == 0) std::cerr << (std::string(e.what()).empty() ? "" : std::string(e.what()) + "\n") << usage;
+      rc = 2;
+    } catch (const std::exception& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      rc = 1;
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace mlacp::perf
