@@ -162,6 +162,37 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaLayer, ::testing::ValuesIn(all_cases()), case_name);
 
+// Gradients accumulate (+=) into caller-provided Views: two backwards of two forwards give twice one backward's.
+TEST(MlaLayerGradients, AccumulateIntoCallerProvidedViews) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  auto config = small_config(mlacp::MlaStrategy::latent, true);
+  const auto weights = mlacp::test::make_weights<double, Mem>(config, 11);
+  mlacp::MlaAttention<double> layer(config, weights, mesh);
+  Tensor3<double> x("x", config.batch, config.seq / mesh.size(), config.hidden);
+  mlacp::test::fill(x, 12 + mesh.rank(), 1.0);
+  auto once_forward = layer.forward(Space(), x);
+  const auto once = layer.backward(Space(), once_forward, x);
+  // The caller's Views, allocated by the caller (a training framework's gradient buffers, say).
+  mlacp::MlaGradients<double, Mem> grads;
+  grads.w_q = decltype(grads.w_q)("my dw_q", weights.w_q.extent(0), weights.w_q.extent(1));
+  grads.dx = Tensor3<double>("my dx", x.extent(0), x.extent(1), x.extent(2));
+  const auto* w_q_data = grads.w_q.data();
+  for (int i = 0; i < 2; ++i) {
+    auto forward = layer.forward(Space(), x);
+    layer.backward(Space(), forward, x, grads);
+  }
+  EXPECT_EQ(grads.w_q.data(), w_q_data) << "the caller's View was replaced instead of accumulated into";
+  auto twice = [](const std::vector<double>& v) {
+    auto out = v;
+    for (auto& e : out) e *= 2;
+    return out;
+  };
+  using mlacp::test::host_values;
+  EXPECT_LE(mlacp::test::relative_error(host_values(grads.w_q), twice(host_values(once.w_q))), 1e-13);
+  EXPECT_LE(mlacp::test::relative_error(host_values(grads.dx), twice(host_values(once.dx))), 1e-13);
+  EXPECT_LE(mlacp::test::relative_error(host_values(grads.w_kvb), twice(host_values(once.w_kvb))), 1e-13);
+}
+
 // ---- the P = 1 layer itself against independent references ---------------------------------------------------
 
 // The layer's forward on one rank equals the plain-loop host reference of MLA_SPEC (reference::mla_forward).
