@@ -21,6 +21,23 @@ MlaWeights<T, MemSpace> make_weights(const MlaConfig& c, std::uint64_t seed) {
   return synthetic::weights<T, MemSpace>(c, seed);
 }
 
+/// An MLA configuration in MLA_SPEC's order of names.
+inline MlaConfig make_config(int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent,
+                             bool bias = false, MlaStrategy strategy = MlaStrategy::latent) {
+  MlaConfig c;
+  c.batch = batch;
+  c.seq = seq;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.nope = nope;
+  c.rope = rope;
+  c.vdim = vdim;
+  c.latent = latent;
+  c.bias = bias;
+  c.strategy = strategy;
+  return c;
+}
+
 /// A copy of `v` as doubles, on the host.
 template <class ViewType>
 std::vector<double> host_values(const ViewType& v) {

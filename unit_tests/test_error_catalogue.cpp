@@ -18,29 +18,9 @@ using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
 using Tensor3 = Kokkos::View<double***, Kokkos::LayoutRight, Mem>;
 
-mlacp::MlaConfig config_for(int P) {
-  mlacp::MlaConfig c;
-  c.batch = 1;
-  c.seq = 4 * P;
-  c.hidden = 8;
-  c.heads = P;
-  c.nope = 2;
-  c.rope = 2;
-  c.vdim = 2;
-  c.latent = 4;
-  return c;
-}
+mlacp::MlaConfig config_for(int P) { return mlacp::test::make_config(1, 4 * P, 8, P, 2, 2, 2, 4); }
 
-template <class Exception, class F>
-void expect_error(F&& f, const std::string& part) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one containing '" << part << "'";
-  } catch (const Exception& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-}
+using mlacp::test::expect_error;
 
 TEST(ErrorCatalogue, NonFiniteInputsWhenTheFiniteCheckIsOn) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);

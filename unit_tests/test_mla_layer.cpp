@@ -17,19 +17,9 @@ namespace {
 using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
 
+// Heads, sequence and head dimensions all different, dn != dv (MLA_SPEC's test dimensions).
 mlacp::MlaConfig small_config(mlacp::MlaStrategy strategy, bool bias) {
-  mlacp::MlaConfig c;
-  c.batch = 2;
-  c.seq = 32;
-  c.hidden = 48;
-  c.heads = 4;
-  c.nope = 8;
-  c.rope = 4;
-  c.vdim = 6;
-  c.latent = 12;
-  c.bias = bias;
-  c.strategy = strategy;
-  return c;
+  return mlacp::test::make_config(2, 32, 48, 4, 8, 4, 6, 12, bias, strategy);
 }
 
 struct Case {

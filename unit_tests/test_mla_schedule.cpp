@@ -19,18 +19,7 @@ using Tensor3 = Kokkos::View<double***, Kokkos::LayoutRight, Mem>;
 using mlacp::EventKind;
 
 mlacp::MlaConfig config_for(mlacp::MlaStrategy strategy, int P) {
-  mlacp::MlaConfig c;
-  c.batch = 2;
-  c.seq = 8 * P;
-  c.hidden = 16;
-  c.heads = 2 * P;
-  c.nope = 4;
-  c.rope = 2;
-  c.vdim = 3;
-  c.latent = 6;
-  c.bias = true;
-  c.strategy = strategy;
-  return c;
+  return mlacp::test::make_config(2, 8 * P, 16, 2 * P, 4, 2, 3, 6, true, strategy);
 }
 
 struct Recorded {
@@ -140,16 +129,7 @@ TEST(MlaSchedule, SkippedGradientsLaunchNothing) {
 
 // ---- misuse -------------------------------------------------------------------------------------------------------
 
-template <class Exception, class F>
-void expect_error(F&& f, const std::string& part) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one containing '" << part << "'";
-  } catch (const Exception& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);  // nothing is left half-done: every rank gets here
-}
+using mlacp::test::expect_error;
 
 TEST(MlaMisuse, BackwardBeforeForwardAndSecondBackward) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);

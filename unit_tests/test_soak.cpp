@@ -27,6 +27,10 @@ long resident_bytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+mlacp::MlaConfig soak_config(int P, mlacp::MlaStrategy strategy) {
+  return mlacp::test::make_config(2, 16 * P, 32, 2 * P, 8, 4, 8, 16, true, strategy);
+}
+
 TEST(Soak, ThousandIterationsWithoutGrowthOrLeftovers) {
   const int iterations = std::getenv("MLACP_SOAK_ITERATIONS") ? std::atoi(std::getenv("MLACP_SOAK_ITERATIONS")) : 1000;
   const int warmup = 50;
@@ -36,17 +40,7 @@ TEST(Soak, ThousandIterationsWithoutGrowthOrLeftovers) {
   {
     mlacp::Mesh mesh(MPI_COMM_WORLD);
     for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-      mlacp::MlaConfig c;
-      c.batch = 2;
-      c.seq = 16 * mesh.size();
-      c.hidden = 32;
-      c.heads = 2 * mesh.size();
-      c.nope = 8;
-      c.rope = 4;
-      c.vdim = 8;
-      c.latent = 16;
-      c.bias = true;
-      c.strategy = strategy;
+      const auto c = soak_config(mesh.size(), strategy);
       mlacp::MlaAttention<float> layer(c, mlacp::test::make_weights<float, Mem>(c, 5), mesh);
       Kokkos::View<float***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / mesh.size(), c.hidden);
       mlacp::test::fill(x, 6, 1.0);
@@ -58,17 +52,7 @@ TEST(Soak, ThousandIterationsWithoutGrowthOrLeftovers) {
     rss_after_warmup = resident_bytes();
     std::optional<mlacp::MlaWeights<float, Mem>> weights;
     for (int i = 0; i < iterations; ++i) {
-      mlacp::MlaConfig c;
-      c.batch = 2;
-      c.seq = 16 * mesh.size();
-      c.hidden = 32;
-      c.heads = 2 * mesh.size();
-      c.nope = 8;
-      c.rope = 4;
-      c.vdim = 8;
-      c.latent = 16;
-      c.bias = true;
-      c.strategy = i % 2 == 0 ? mlacp::MlaStrategy::latent : mlacp::MlaStrategy::expanded;
+      const auto c = soak_config(mesh.size(), i % 2 == 0 ? mlacp::MlaStrategy::latent : mlacp::MlaStrategy::expanded);
       if (!weights) weights = mlacp::test::make_weights<float, Mem>(c, 5);
       // A new layer every iteration (as a model rebuilt per step would): construction must not leak either.
       mlacp::MlaAttention<float> layer(c, *weights, mesh);

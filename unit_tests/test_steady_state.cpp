@@ -16,17 +16,7 @@ using Mem = Space::memory_space;
 TEST(SteadyState, CommunicationBuffersAreReusedAfterTheFirstIteration) {
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
     mlacp::Mesh mesh(MPI_COMM_WORLD);
-    mlacp::MlaConfig c;
-    c.batch = 2;
-    c.seq = 8 * mesh.size();
-    c.hidden = 16;
-    c.heads = 2 * mesh.size();
-    c.nope = 4;
-    c.rope = 2;
-    c.vdim = 3;
-    c.latent = 6;
-    c.bias = true;
-    c.strategy = strategy;
+    const auto c = mlacp::test::make_config(2, 8 * mesh.size(), 16, 2 * mesh.size(), 4, 2, 3, 6, true, strategy);
     mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
     Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / mesh.size(), c.hidden);
     mlacp::test::fill(x, 4, 1.0);

@@ -314,9 +314,15 @@ class MlaAttention {
     attend_and_project(space, f);
   }
 
-  // Attention backward on head-local data: dq (if the Q branch needs it), dk and dv (if the KV path needs them).
-  void attention_backward(const ExecSpace& space, Forward& f, const tensor4& d_o, tensor4& dq, tensor4& dk,
-                          tensor4& dv) const {
+  // Shared by both strategies: the output projection's backward (dO all-to-all overlapped with the w_o wgrad), then
+  // the attention backward on head-local data: dq (if the Q branch needs it), dk and dv (if the KV path needs them).
+  // False when nothing upstream of the attention needs a gradient (then nothing more runs).
+  bool output_and_attention_backward(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& g,
+                                     tensor4& dq, tensor4& dk, tensor4& dv) const {
+    const MlaRequiresGrad& r = f.flags_;
+    tensor4 d_o = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
+                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap);
+    if (!needs_attention(r)) return false;
     const int B = config_.batch, S = config_.seq, h = local_heads();
     if (needs_q(f.flags_)) dq = tensor4("mlacp::dq", B, S, h, config_.qk_dim());
     if (needs_kv(f.flags_)) {
@@ -325,6 +331,7 @@ class MlaAttention {
     }
     detail::ComputePhase<ExecSpace> phase(space, "attention bprop");
     core_.backward(space, f.q_, f.k_, f.v_, f.o_, f.lse_, d_o, dq, dk, dv);
+    return true;
   }
 
   // dq_local [B, s, H, dqk] (token-local) -> w_q / b_q gradients and dx += dq w_q.
@@ -356,11 +363,8 @@ class MlaAttention {
     const int B = config_.batch, S = config_.seq, h = local_heads(), dn = config_.nope, dv = config_.vdim;
     const int dr = config_.rope;
     const MlaRequiresGrad& r = f.flags_;
-    tensor4 d_o = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
-                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap);
-    if (!needs_attention(r)) return;
     tensor4 dq, dk, dvv;
-    attention_backward(space, f, d_o, dq, dk, dvv);
+    if (!output_and_attention_backward(space, f, dy, g, dq, dk, dvv)) return;
     // The inverse all-to-all of dQ is launched first; the KV path's backward runs while it is in flight.
     f.q_pair_->launch_backward(space, dq);
     tensor4 dq_local;
@@ -382,11 +386,8 @@ class MlaAttention {
     const int B = config_.batch, s = local_seq(), H = config_.heads, dn = config_.nope, dv = config_.vdim;
     const int dr = config_.rope, R = config_.latent;
     const MlaRequiresGrad& r = f.flags_;
-    tensor4 d_o = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
-                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap);
-    if (!needs_attention(r)) return;
     tensor4 dq, dk, dvv;
-    attention_backward(space, f, d_o, dq, dk, dvv);
+    if (!output_and_attention_backward(space, f, dy, g, dq, dk, dvv)) return;
     // All three inverses are launched at once; dQ is waited first and the Q branch runs while dK, dV are in flight.
     tensor4 dq_local, dk_local, dv_local;
     f.q_pair_->launch_backward(space, dq);
