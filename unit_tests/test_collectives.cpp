@@ -255,6 +255,11 @@ TYPED_TEST(Collectives, HostStagingPathGivesTheSameResults) {
             to_host(mlacp::launch_all_gather(space, x, 1, direct).wait()));
   EXPECT_EQ(to_host(mlacp::launch_reduce_scatter(space, x, 2, staged).wait()),
             to_host(mlacp::launch_reduce_scatter(space, x, 2, direct).wait()));
+  // Gathering dim 0 receives in place (no unpack): staged too.
+  EXPECT_EQ(to_host(mlacp::launch_all_to_all(space, x, 0, 2, staged).wait()),
+            to_host(mlacp::launch_all_to_all(space, x, 0, 2, direct).wait()));
+  EXPECT_EQ(to_host(mlacp::launch_all_gather(space, x, 0, staged).wait()),
+            to_host(mlacp::launch_all_gather(space, x, 0, direct).wait()));
 }
 
 TYPED_TEST(Collectives, SingleRankGroupReturnsTheInputAllocation) {
