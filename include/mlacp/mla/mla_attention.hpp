@@ -6,6 +6,7 @@
 
 #include <mlacp/all_gather.hpp>
 #include <mlacp/detail/collective_validation.hpp>
+#include <mlacp/detail/finite_check.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/attention_core.hpp>
 #include <mlacp/mla/config.hpp>
@@ -172,7 +173,7 @@ class MlaAttention {
               ", " + std::to_string(s) + ", " + std::to_string(D) +
               "] on a group of P = " + std::to_string(mesh_->size());
     if (error.empty() && mesh_->check_finite()) {
-      const auto bad = count_non_finite(t);
+      const auto bad = detail::count_non_finite(ExecSpace(), t);
       if (bad > 0)
         error = std::string("mlacp::MlaAttention::") + where + ": " + name + " holds " + std::to_string(bad) +
                 " non-finite value(s) (NaN or Inf) on rank " + std::to_string(mesh_->rank()) + " (finite check on)";
@@ -187,20 +188,6 @@ class MlaAttention {
                            std::string(name) + " [" + std::to_string(t.extent(0)) + ", " + std::to_string(t.extent(1)) +
                                ", " + std::to_string(t.extent(2)) + "]",
                            !usage_error.empty());
-  }
-
-  static std::int64_t count_non_finite(const tensor3& t) {
-    const auto n = static_cast<std::int64_t>(t.size());
-    const T* data = t.data();
-    std::int64_t bad = 0;
-    Kokkos::parallel_reduce(
-        "mlacp::count_non_finite", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(0, n),
-        KOKKOS_LAMBDA(const std::int64_t i, std::int64_t& count) {
-          const T v = data[i];
-          if (!(v - v == T(0))) ++count;  // NaN and +-Inf are the values for which v - v is not 0
-        },
-        bad);
-    return bad;
   }
 
   std::int64_t position_offset() const { return static_cast<std::int64_t>(mesh_->rank()) * local_seq(); }
