@@ -41,23 +41,15 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
                               scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
   detail::AroundDim received = detail::around_dim(result, gather_dim);
   received.mid /= parts;
-  // Nothing before the gathered dimension (e.g. batch 1, tokens gathered): the rank-ordered blocks are the result's
-  // layout already, so MPI receives into the result and nothing is unpacked.
-  const bool in_place = received.outer == 1;
-  const auto recv_buffer =
-      in_place ? detail::PooledBuffer<T, MemSpace>{} : detail::allocate_buffer<T, MemSpace>(name + " recv", n);
-  const auto recv =
-      in_place ? detail::Buffer<T, MemSpace>(result.data(), static_cast<std::size_t>(n)) : recv_buffer.view;
+  const auto receive = detail::gather_receive<T, MemSpace>(result, received, parts, name);
   const int count = static_cast<int>(n / parts);
   const MPI_Comm comm = mesh.comm();
   auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
     return MPI_Ialltoall(s, count, mpi::datatype<T>(), r, count, mpi::datatype<T>(), comm, request);
   };
-  auto unpack = [space, result, received, parts, name, in_place](const detail::Buffer<T, MemSpace>& r) {
-    if (!in_place) detail::unpack_blocks(space, r.data(), result.data(), received, parts, name + " unpack");
-  };
+  auto unpack = detail::gather_unpack<ExecSpace, T, MemSpace>(space, result, received, parts, name, receive.in_place);
   return detail::launch_transport(
-      space, mesh, call, name, send, recv, [send_buffer, recv_buffer] {}, static_cast<std::size_t>(count), result,
+      space, mesh, call, name, send, receive.buffer, [send_buffer, receive] {}, static_cast<std::size_t>(count), result,
       start, unpack);
 }
 

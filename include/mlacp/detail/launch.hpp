@@ -6,6 +6,7 @@
 #include <mlacp/async_collective.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/config.hpp>
+#include <mlacp/detail/block_layout.hpp>
 #include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/mesh.hpp>
@@ -88,6 +89,36 @@ template <class T, class MemSpace>
 PooledBuffer<T, MemSpace> allocate_buffer(const std::string& label, std::int64_t n) {
   auto storage = BufferPool<MemSpace>::instance().acquire(static_cast<std::size_t>(n) * sizeof(T), label);
   return {Buffer<T, MemSpace>(reinterpret_cast<T*>(storage.data()), static_cast<std::size_t>(n)), storage};
+}
+
+/// Where a gathering collective (all-to-all, all-gather) receives. `received` describes the P incoming blocks around
+/// the gathered dimension. With nothing before that dimension (outer == 1: gathering dim 0, or batch 1 with tokens
+/// gathered) the rank-ordered blocks are the result's layout already, so MPI receives into the result and nothing is
+/// unpacked; otherwise into a pooled buffer that unpack() scatters into the result at wait().
+template <class T, class MemSpace>
+struct GatherReceive {
+  PooledBuffer<T, MemSpace> pooled;
+  Buffer<T, MemSpace> buffer;
+  bool in_place = false;
+};
+
+template <class T, class MemSpace, class Result>
+GatherReceive<T, MemSpace> gather_receive(const Result& result, const AroundDim& received, int parts,
+                                          const std::string& name) {
+  const auto n = static_cast<std::size_t>(received.size() * parts);
+  if (received.outer == 1) return {{}, Buffer<T, MemSpace>(result.data(), n), true};
+  auto pooled = allocate_buffer<T, MemSpace>(name + " recv", static_cast<std::int64_t>(n));
+  return {pooled, pooled.view, false};
+}
+
+/// The wait()-time step of a gathering collective: unpacks the received blocks into `result` unless they were
+/// received in place.
+template <class ExecSpace, class T, class MemSpace, class Result>
+auto gather_unpack(const ExecSpace& space, const Result& result, const AroundDim& received, int parts,
+                   const std::string& name, bool in_place) {
+  return [=](const Buffer<T, MemSpace>& r) {
+    if (!in_place) unpack_blocks(space, r.data(), result.data(), received, parts, name + " unpack");
+  };
 }
 
 /// Whether MPI may be handed pointers into MemSpace directly.
