@@ -56,9 +56,7 @@ std::string check_divisible(const CollectiveCall& call, const char* what, int di
 
 // The local checks; an empty string when the call is valid on this rank.
 std::string local_error(const CollectiveCall& call, int group_size) {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return std::string(collective_name(call.kind)) + ": called after MPI_Finalize";
+  // (MPI_Finalize is checked by validate_collective before anything, as the agreement itself needs MPI.)
   if (!Kokkos::is_initialized())
     return std::string(collective_name(call.kind)) + ": called while Kokkos is not initialized (or already finalized)";
   if (!call.allocated)

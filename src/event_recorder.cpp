@@ -90,13 +90,5 @@ std::ptrdiff_t find(const std::vector<Event>& list, EventKind kind, const std::s
   return -1;
 }
 
-ScopedCompute::ScopedCompute(std::string name) : name_(std::move(name)), active_(enabled()) {
-  if (active_) record(EventKind::compute_begin, name_);
-}
-
-ScopedCompute::~ScopedCompute() {
-  if (active_) record(EventKind::compute_end, name_);
-}
-
 }  // namespace events
 }  // namespace mlacp

@@ -53,18 +53,5 @@ std::vector<RecentEvent> recent();
 /// Index of the first event of `kind` named `name` in `list`, or -1.
 std::ptrdiff_t find(const std::vector<Event>& list, EventKind kind, const std::string& name);
 
-/// Records compute_begin now and compute_end when it goes out of scope.
-class ScopedCompute {
- public:
-  explicit ScopedCompute(std::string name);
-  ~ScopedCompute();
-  ScopedCompute(const ScopedCompute&) = delete;
-  ScopedCompute& operator=(const ScopedCompute&) = delete;
-
- private:
-  std::string name_;
-  bool active_;
-};
-
 }  // namespace events
 }  // namespace mlacp

@@ -14,13 +14,13 @@ namespace {
 class RequestTransport final : public detail::PendingTransport {
  public:
   RequestTransport(MPI_Request request, MPI_Comm comm, CollectiveInfo info)
-      : request_(request), comm_(comm), info_(std::move(info)), name_(info_.name) {}
+      : request_(request), comm_(comm), info_(std::move(info)) {}
   ~RequestTransport() override { complete_noexcept(); }
 
   bool test() override {
     if (request_ == MPI_REQUEST_NULL) return true;
     int done = 0;
-    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test of '" + name_ + "'");
+    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test of '" + info_.name + "'");
     return done != 0;
   }
 
@@ -30,13 +30,13 @@ class RequestTransport final : public detail::PendingTransport {
       watched_wait();
       return;
     }
-    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait of '" + name_ + "'");
+    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait of '" + info_.name + "'");
   }
 
   void progress() noexcept override {
-    if (request_ == MPI_REQUEST_NULL || done_) return;
+    if (request_ == MPI_REQUEST_NULL) return;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
     int done = 0;
-    if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) done_ = true;
+    MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
   }
 
   void complete_noexcept() noexcept override {
@@ -58,8 +58,6 @@ class RequestTransport final : public detail::PendingTransport {
   MPI_Request request_;
   MPI_Comm comm_;
   CollectiveInfo info_;
-  std::string name_;
-  bool done_ = false;
 };
 
 }  // namespace
