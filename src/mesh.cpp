@@ -27,10 +27,18 @@ bool check_finite_by_default() {
   const char* value = std::getenv("MLACP_CHECK_FINITE");
   return value != nullptr && std::string(value) != "0";
 }
+ReduceScatterAlgorithm reduce_scatter_by_default() {
+  const char* value = std::getenv("MLACP_REDUCE_SCATTER");
+  if (value == nullptr || std::string(value) == "pairwise") return ReduceScatterAlgorithm::pairwise;
+  if (std::string(value) == "mpi") return ReduceScatterAlgorithm::mpi;
+  throw InvalidArgument(std::string("mlacp::Mesh: MLACP_REDUCE_SCATTER='") + value + "'; expected 'pairwise' or 'mpi'");
+}
 }  // namespace
 
 Mesh::Mesh(MPI_Comm comm, Ownership ownership)
-    : checked_(checked_by_default()), check_finite_(check_finite_by_default()) {
+    : checked_(checked_by_default()),
+      check_finite_(check_finite_by_default()),
+      reduce_scatter_(reduce_scatter_by_default()) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   int finalized = 0;
@@ -63,6 +71,7 @@ Mesh::Mesh(Mesh&& other) noexcept
       checked_(other.checked_),
       host_staging_(other.host_staging_),
       check_finite_(other.check_finite_),
+      reduce_scatter_(other.reduce_scatter_),
       nccl_(std::move(other.nccl_)) {}
 
 Mesh& Mesh::operator=(Mesh&& other) noexcept {
@@ -75,6 +84,7 @@ Mesh& Mesh::operator=(Mesh&& other) noexcept {
     checked_ = other.checked_;
     host_staging_ = other.host_staging_;
     check_finite_ = other.check_finite_;
+    reduce_scatter_ = other.reduce_scatter_;
     nccl_ = std::move(other.nccl_);
   }
   return *this;

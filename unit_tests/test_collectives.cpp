@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -237,6 +238,55 @@ TYPED_TEST(Collectives, ReduceScatterIsTheAdjointOfAllGather) {
   MPI_Allreduce(local, global, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   const double tolerance = std::is_same_v<T, float> ? 1e-5 : 1e-12;
   EXPECT_NEAR(global[0], global[1], tolerance * (std::abs(global[0]) + 1.0));
+}
+
+TYPED_TEST(Collectives, ReduceScatterAlgorithmsAgreeAlongEveryDimension) {
+  using T = TypeParam;
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh pairwise(MPI_COMM_WORLD);
+  mlacp::Mesh library(MPI_COMM_WORLD);
+  ASSERT_EQ(pairwise.reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::pairwise);
+  library.set_reduce_scatter_algorithm(mlacp::ReduceScatterAlgorithm::mpi);
+  const Extents e{2 * p, 3 * p, 4 * p, 5};
+  auto x = make_view<T, 4>(e, local_values<T>(e, pairwise.rank()));
+  const auto space = Kokkos::DefaultExecutionSpace();
+  // dim 0: the blocks are the input itself (sent without a pack); dims 1, 2: packed.
+  for (int dim = 0; dim < 3; ++dim) {
+    const auto a = to_host(mlacp::launch_reduce_scatter(space, x, dim, pairwise, "pairwise").wait());
+    const auto b = to_host(mlacp::launch_reduce_scatter(space, x, dim, library, "mpi").wait());
+    ASSERT_EQ(a.size(), b.size());
+    const double tolerance = std::is_same_v<T, float> ? 1e-5 : 1e-13;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      ASSERT_NEAR(double(a[i]), double(b[i]), tolerance * (std::abs(double(b[i])) + 1.0))
+          << "dim " << dim << " i " << i;
+  }
+}
+
+TYPED_TEST(Collectives, HandleKeepsAnInputItSendsWithoutPackAlive) {
+  using T = TypeParam;
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const Extents e{1, 4 * p, 2 * p, 3};  // batch 1: the token blocks of the input are contiguous, sent as they are
+  const auto values = local_values<T>(e, mesh.rank());
+  const auto space = Kokkos::DefaultExecutionSpace();
+  auto x = make_view<T, 4>(e, values);
+  auto expected_a2a = to_host(mlacp::launch_all_to_all(space, make_view<T, 4>(e, values), 2, 1, mesh).wait());
+  auto expected_rs = to_host(mlacp::launch_reduce_scatter(space, make_view<T, 4>(e, values), 1, mesh).wait());
+  auto a2a = mlacp::launch_all_to_all(space, x, 2, 1, mesh, "a2a of a dropped input");
+  auto rs = mlacp::launch_reduce_scatter(space, x, 1, mesh, "reduce-scatter of a dropped input");
+  x = decltype(x)();  // the caller's reference is gone; the handles hold the allocation until wait()
+  EXPECT_EQ(to_host(a2a.wait()), expected_a2a);
+  EXPECT_EQ(to_host(rs.wait()), expected_rs);
+}
+
+TEST(CollectiveConfiguration, UnknownReduceScatterAlgorithmInTheEnvironmentIsRefused) {
+  ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "ring", 1), 0);
+  mlacp::test::expect_error<mlacp::InvalidArgument>([] { mlacp::Mesh mesh(MPI_COMM_WORLD); },
+                                                    "MLACP_REDUCE_SCATTER='ring'; expected 'pairwise' or 'mpi'");
+  ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "mpi", 1), 0);
+  EXPECT_EQ(mlacp::Mesh(MPI_COMM_WORLD).reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::mpi);
+  ASSERT_EQ(unsetenv("MLACP_REDUCE_SCATTER"), 0);
+  EXPECT_EQ(mlacp::Mesh(MPI_COMM_WORLD).reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::pairwise);
 }
 
 TYPED_TEST(Collectives, HostStagingPathGivesTheSameResults) {

@@ -14,9 +14,12 @@ namespace mlacp {
 ///
 /// `view`: rank 3..5, LayoutRight, float or double, accessible from `space`. Pack and unpack run as kernels on the
 /// instance `space`, which is fenced before MPI reads the send buffer; the result is ready in `space`'s order after
-/// wait(). P == 1 returns `view` itself (same allocation) without communication. Errors (InvalidArgument, before
-/// anything is sent): a dimension out of range, gather_dim == scatter_dim, extent(scatter_dim) not divisible by P,
-/// and, in checked mode, ranks passing different shapes.
+/// wait(). Like an MPI send buffer, `view` must not be written until wait(): where its blocks are contiguous (nothing
+/// before `scatter_dim`, e.g. batch 1 with tokens scattered) MPI reads it directly, without a pack, and the handle
+/// keeps it alive; likewise, where the received blocks are the result's layout (nothing before `gather_dim`), MPI
+/// receives into the result without an unpack. P == 1 returns `view` itself (same allocation) without communication.
+/// Errors (InvalidArgument, before anything is sent): a dimension out of range, gather_dim == scatter_dim,
+/// extent(scatter_dim) not divisible by P, and, in checked mode, ranks passing different shapes.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace& space, const ViewType& view,
                                                                  int gather_dim, int scatter_dim, const Mesh& mesh,
@@ -33,9 +36,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
 
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
   const auto n = static_cast<std::int64_t>(view.size());
-  const auto send_buffer = detail::allocate_buffer<T, MemSpace>(name + " send", n);
-  const auto send = send_buffer.view;
-  detail::pack_blocks(space, view.data(), send.data(), detail::around_dim(view, scatter_dim), parts, name + " pack");
+  const auto sent =
+      detail::scatter_send<T, MemSpace>(space, view.data(), detail::around_dim(view, scatter_dim), parts, name);
   Result result =
       detail::allocate_result(name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
                               scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
@@ -49,8 +51,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   };
   auto unpack = detail::gather_unpack<ExecSpace, T, MemSpace>(space, result, received, parts, name, receive.in_place);
   return detail::launch_transport(
-      space, mesh, call, name, send, receive.buffer, [send_buffer, receive] {}, static_cast<std::size_t>(count), result,
-      start, unpack);
+      space, mesh, call, name, sent.buffer, receive.buffer, [sent, receive, view] {}, static_cast<std::size_t>(count),
+      result, start, unpack);
 }
 
 }  // namespace mlacp

@@ -13,6 +13,17 @@ namespace detail {
 struct NcclContext;
 }
 
+/// How launch_reduce_scatter moves data over MPI (NCCL always uses ncclReduceScatter).
+enum class ReduceScatterAlgorithm {
+  /// MPI_Ialltoall of the P blocks (block j to rank j), then each rank sums the P blocks it received, in rank order,
+  /// at wait(). Every rank sends and receives (P-1)/P of the buffer once, at the same time, and no reduction runs
+  /// inside MPI's progress (that is, inside the overlapped compute). The default: Open MPI's nonblocking
+  /// reduce-scatter (coll/libnbc) reduces the whole buffer onto rank 0 and scatters it from there.
+  pairwise,
+  /// MPI_Ireduce_scatter_block: the MPI library's own algorithm.
+  mpi,
+};
+
 /// A Ulysses (context-parallel) group over an MPI communicator. Move-only.
 ///
 /// By default the communicator is duplicated and the duplicate is owned (freed by the destructor), so that mlacp's
@@ -52,6 +63,11 @@ class Mesh {
   bool host_staging() const noexcept { return host_staging_; }
   void set_host_staging(bool on) noexcept { host_staging_ = on; }
 
+  /// The reduce-scatter algorithm over MPI (default pairwise; MLACP_REDUCE_SCATTER=pairwise|mpi in the environment
+  /// sets the default of new meshes).
+  ReduceScatterAlgorithm reduce_scatter_algorithm() const noexcept { return reduce_scatter_; }
+  void set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm) noexcept { reduce_scatter_ = algorithm; }
+
   /// Whether an NCCL communicator was created (enable_nccl) for this mesh.
   bool has_nccl() const noexcept { return nccl_ != nullptr; }
   /// The NCCL context (communicator and its CUDA stream); nullptr without NCCL.
@@ -73,6 +89,7 @@ class Mesh {
   bool checked_ = true;
   bool host_staging_ = false;
   bool check_finite_ = false;
+  ReduceScatterAlgorithm reduce_scatter_ = ReduceScatterAlgorithm::pairwise;
   std::unique_ptr<detail::NcclContext> nccl_;
 };
 

@@ -7,8 +7,11 @@
 
 namespace mlacp {
 
-/// Launches a SUM reduce-scatter (MPI_Ireduce_scatter_block) along `dim`: the ranks' Views are summed and rank r
-/// receives block r of the sum, extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`.
+/// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
+/// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
+/// mesh's reduce_scatter_algorithm(): pairwise (default: MPI_Ialltoall of the blocks, then the P received blocks are
+/// summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL, ncclReduceScatter. As for
+/// launch_all_to_all, `view` must not be written until wait() (where its blocks are contiguous MPI reads it directly).
 /// Requirements and errors as launch_all_to_all (extent(dim) must be divisible by P). P == 1 returns `view`.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
@@ -25,21 +28,32 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
 
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
   const auto n = static_cast<std::int64_t>(view.size());
-  const auto send_buffer = detail::allocate_buffer<T, MemSpace>(name + " send", n);
-  const auto send = send_buffer.view;
+  const auto sent = detail::scatter_send<T, MemSpace>(space, view.data(), detail::around_dim(view, dim), parts, name);
   Result result = detail::allocate_result(name, view, dim,
                                           static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
-  // The result is LayoutRight and contiguous: MPI (or the staging copy) writes it directly.
-  detail::Buffer<T, MemSpace> recv(result.data(), static_cast<std::size_t>(n / parts));
-  detail::pack_blocks(space, view.data(), send.data(), detail::around_dim(view, dim), parts, name + " pack");
   const int count = static_cast<int>(n / parts);
   const MPI_Comm comm = mesh.comm();
+  // The result is LayoutRight and contiguous: MPI, NCCL or the staging copy write it directly, or the block sum does.
+  detail::Buffer<T, MemSpace> result_buffer(result.data(), static_cast<std::size_t>(count));
+  if (mesh.reduce_scatter_algorithm() == ReduceScatterAlgorithm::mpi || detail::uses_nccl<ExecSpace>(mesh)) {
+    auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
+      return MPI_Ireduce_scatter_block(s, r, count, mpi::datatype<T>(), MPI_SUM, comm, request);
+    };
+    auto nothing = [](const detail::Buffer<T, MemSpace>&) {};
+    return detail::launch_transport(
+        space, mesh, call, name, sent.buffer, result_buffer, [sent, view] {}, static_cast<std::size_t>(count), result,
+        start, nothing);
+  }
+  const auto received = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
   auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
-    return MPI_Ireduce_scatter_block(s, r, count, mpi::datatype<T>(), MPI_SUM, comm, request);
+    return MPI_Ialltoall(s, count, mpi::datatype<T>(), r, count, mpi::datatype<T>(), comm, request);
   };
-  auto unpack = [](const detail::Buffer<T, MemSpace>&) {};
+  auto sum = [space, result_buffer, count, parts, name](const detail::Buffer<T, MemSpace>& r) {
+    detail::sum_blocks(space, r.data(), result_buffer.data(), count, parts, name + " sum");
+  };
   return detail::launch_transport(
-      space, mesh, call, name, send, recv, [send_buffer] {}, static_cast<std::size_t>(count), result, start, unpack);
+      space, mesh, call, name, sent.buffer, received.view, [sent, received, view] {}, static_cast<std::size_t>(count),
+      result, start, sum);
 }
 
 }  // namespace mlacp

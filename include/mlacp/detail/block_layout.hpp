@@ -69,4 +69,18 @@ void unpack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int
       });
 }
 
+/// out[i] = in[i] + in[n + i] + ... + in[(parts-1)*n + i]: the sum of `parts` contiguous blocks of n values, added in
+/// block (rank) order, so that every rank computes its part of a reduce-scatter with the same association whatever
+/// the MPI library.
+template <class ExecSpace, class T>
+void sum_blocks(const ExecSpace& space, const T* in, T* out, std::int64_t n, int parts, const std::string& label) {
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        T sum = in[i];
+        for (int r = 1; r < parts; ++r) sum += in[r * n + i];
+        out[i] = sum;
+      });
+}
+
 }  // namespace mlacp::detail

@@ -121,6 +121,37 @@ auto gather_unpack(const ExecSpace& space, const Result& result, const AroundDim
   };
 }
 
+/// The send side of a scattering collective (all-to-all, reduce-scatter): the P blocks of the input along the
+/// scattered dimension, block j for rank j, each contiguous. With nothing before that dimension (`scattered.outer` ==
+/// 1: scattering dim 0, or batch 1 with tokens scattered) the input already is in that layout and MPI reads it directly
+/// (no copy: the caller keeps the input alive in the handle and must not write it until wait()); otherwise the blocks
+/// are packed into a pooled buffer.
+template <class T, class MemSpace>
+struct ScatterSend {
+  PooledBuffer<T, MemSpace> pooled;
+  Buffer<T, MemSpace> buffer;
+};
+
+template <class T, class MemSpace, class ExecSpace>
+ScatterSend<T, MemSpace> scatter_send(const ExecSpace& space, T* input, const AroundDim& scattered, int parts,
+                                      const std::string& name) {
+  const auto n = static_cast<std::size_t>(scattered.size());
+  if (scattered.outer == 1) return {{}, Buffer<T, MemSpace>(input, n)};
+  auto pooled = allocate_buffer<T, MemSpace>(name + " send", static_cast<std::int64_t>(n));
+  pack_blocks(space, input, pooled.view.data(), scattered, parts, name + " pack");
+  return {pooled, pooled.view};
+}
+
+/// Whether a collective on `ExecSpace` over `mesh` goes through NCCL (a CUDA build with NCCL, a CUDA execution space
+/// and mesh.enable_nccl() called) rather than MPI.
+template <class ExecSpace>
+bool uses_nccl([[maybe_unused]] const Mesh& mesh) {
+#if defined(KOKKOS_ENABLE_CUDA) && MLACP_HAVE_NCCL
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) return mesh.has_nccl();
+#endif
+  return false;
+}
+
 /// Whether MPI may be handed pointers into MemSpace directly.
 template <class MemSpace>
 constexpr bool mpi_reads_directly() {
@@ -142,7 +173,7 @@ AsyncCollective<ResultView> launch_transport(const ExecSpace& space, const Mesh&
                                              ResultView result, MpiStart mpi_start, Unpack unpack) {
 #if defined(KOKKOS_ENABLE_CUDA) && MLACP_HAVE_NCCL
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
-    if (mesh.has_nccl()) {
+    if (uses_nccl<ExecSpace>(mesh)) {
       const auto operation = call.kind == CollectiveKind::all_to_all   ? nccl::Operation::all_to_all
                              : call.kind == CollectiveKind::all_gather ? nccl::Operation::all_gather
                                                                        : nccl::Operation::reduce_scatter_sum;
