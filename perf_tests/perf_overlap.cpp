@@ -335,6 +335,20 @@ struct Row {
   double compute, comm, pair, blocking, e, pair_over_max, blocking_over_max;
 };
 
+// Per-rank median of the recorded rounds after the warm-up, then the maximum over the ranks.
+double phase_median(std::vector<double> times, int warmup, MPI_Comm comm) {
+  times.erase(times.begin(),
+              times.begin() + std::min<std::ptrdiff_t>(warmup, static_cast<std::ptrdiff_t>(times.size())));
+  double m = median(times);
+  MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return m;
+}
+
+struct Phases {
+  std::string label;
+  double launch, compute, wait, compute_alone;
+};
+
 int run(int argc, char** argv) {
   const Options o = parse_options(argc, argv, {"--rows"}, {"--progress-thread", "--no-sweep", "--no-transfer-only"});
   mlacp::Mesh mesh(MPI_COMM_WORLD);
@@ -356,6 +370,7 @@ int run(int argc, char** argv) {
                                 .num("min_panel_rows", static_cast<double>(default_policy.min_panel_rows)));
   std::vector<std::string> pair_docs;
   std::vector<Row> table;
+  std::vector<Phases> phases;
   std::vector<std::string> sweep_lines;
 
   // Mode 0: the library's collectives (the figures of record). Mode 1 (unless --no-transfer-only): the same bytes as
@@ -389,12 +404,23 @@ int run(int argc, char** argv) {
       }
       // Everything measured together, interleaved round by round (see measure_interleaved): the compute alone, the
       // collective alone, the pair, the blocking sequence, and the pair at each panel count of the sweep.
-      auto overlapped_body = [&]() {
+      // The overlapped pair, also timed per phase on each rank: the launch (pack, MPI start), the compute with the
+      // collective in flight (on host spaces a fence ends it), and the wait (what was left of the transfer, unpack).
+      std::vector<double> phase_launch, phase_compute, phase_wait;
+      auto overlapped_body = [&](bool record) {
+        const double t0 = now();
         Waiter wait = go();
+        const double t1 = now();
         pair.compute();
+        Kokkos::fence();
+        const double t2 = now();
         wait();
+        if (!record) return;
+        phase_launch.push_back(t1 - t0);
+        phase_compute.push_back(t2 - t1);
+        phase_wait.push_back(now() - t2);
       };
-      std::vector<std::function<void()>> bodies = {pair.compute, [&]() { go()(); }, overlapped_body,
+      std::vector<std::function<void()>> bodies = {pair.compute, [&]() { go()(); }, [&]() { overlapped_body(true); },
                                                    [&]() {
                                                      go()();
                                                      pair.compute();
@@ -410,7 +436,7 @@ int run(int argc, char** argv) {
       for (const int panels : sweep_panels)
         bodies.push_back([&, panels]() {
           policy.panels = panels;
-          overlapped_body();
+          overlapped_body(false);
           policy = default_policy;
         });
       std::vector<Samples> samples;
@@ -425,6 +451,9 @@ int run(int argc, char** argv) {
       const double tc = compute.median(), tm = collective.median(), tp = overlapped.median(), tb = blocking.median();
       Row row{label, tc, tm, tp, tb, overlap_e(tc, tm, tp), tp / std::max(tc, tm), tb / std::max(tc, tm)};
       table.push_back(row);
+      const Phases ph{label, phase_median(phase_launch, warmup, comm), phase_median(phase_compute, warmup, comm),
+                      phase_median(phase_wait, warmup, comm), tc};
+      phases.push_back(ph);
 
       JsonObject pd;
       pd.str("pair", label)
@@ -440,6 +469,14 @@ int run(int argc, char** argv) {
           .samples("collective_alone", collective)
           .samples("overlapped_pair", overlapped)
           .samples("blocking_sequence", blocking)
+          .obj("overlapped_phases_s", JsonObject()
+                                          .str("what",
+                                               "per-rank medians, max over ranks: launch (pack, MPI start), "
+                                               "compute with the collective in flight, wait (rest, unpack)")
+                                          .num("launch", ph.launch)
+                                          .num("compute_in_pair", ph.compute)
+                                          .num("wait", ph.wait)
+                                          .num("compute_slowdown", ph.compute / tc))
           .num("comm_over_compute", tm / tc)
           .num("E", row.e)
           .num("pair_over_max", row.pair_over_max)
@@ -528,6 +565,13 @@ int run(int argc, char** argv) {
                 << std::setw(8) << ms(r.comm) << "ms" << std::setw(8) << ms(r.pair) << "ms" << std::setw(8)
                 << ms(r.blocking) << "ms" << std::setw(8) << fixed(r.e, 2) << std::setw(11) << fixed(r.pair_over_max, 3)
                 << std::setw(11) << fixed(r.comm / r.compute, 2) << "\n";
+    std::cout << "Where the overlapped pair's time goes (per-rank medians, max over ranks):\n"
+              << std::left << std::setw(54) << "pair" << std::right << std::setw(10) << "launch" << std::setw(12)
+              << "compute" << std::setw(10) << "wait" << std::setw(18) << "compute/alone\n";
+    for (const Phases& p : phases)
+      std::cout << std::left << std::setw(54) << p.label << std::right << std::setw(8) << ms(p.launch) << "ms"
+                << std::setw(10) << ms(p.compute) << "ms" << std::setw(8) << ms(p.wait) << "ms" << std::setw(17)
+                << fixed(p.compute / p.compute_alone, 3) << "\n";
     if (!sweep_lines.empty()) {
       std::cout << "E by OverlapPolicy::panels (1 = one GEMM call, no polling inside it):\n";
       for (const auto& l : sweep_lines) std::cout << l << "\n";
