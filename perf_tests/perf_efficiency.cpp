@@ -8,6 +8,9 @@
 //   Exchange efficiency: launch_all_to_all + wait (pack kernel, MPI_Ialltoall, MPI_Wait, unpack kernel) against a raw
 //     MPI_Alltoall of pre-packed contiguous buffers of the same bytes. Efficiency = T_raw / T_library (target >= 0.85).
 //     The library's time is also split into launch (allocation, pack, MPI start) and wait (transfer, unpack).
+//   Reduce-scatter: launch_reduce_scatter + wait along the tokens of [1, S, C] with the mesh's two algorithms
+//     (pairwise: MPI_Ialltoall + rank-ordered sum, the default; mpi: MPI_Ireduce_scatter_block) against a raw
+//     MPI_Reduce_scatter_block of the same buffer.
 //
 //   mpirun -n 2 mlacp-perf-efficiency [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
 #include <mpi.h>
@@ -26,6 +29,7 @@ using Mem = Space::memory_space;
 using T = double;
 using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 using Tensor4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
+using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
 
 const char* usage =
     "usage: mlacp-perf-efficiency [--quick] [--json FILE] [--repeats N] [--warmup N] [--transport-label STR]\n"
@@ -192,6 +196,42 @@ int run(int argc, char** argv) {
   doc.raw("exchange_efficiency", jlist(exchange_docs));
   doc.num("exchange_efficiency_worst", worst_exchange);
 
+  // ---- reduce-scatter algorithms ----------------------------------------------------------------------------------
+  std::vector<std::string> rs_docs, rs_lines;
+  {
+    Region region("reduce-scatter algorithms");
+    const int rows = o.quick ? 1024 : 8192, C = 128;
+    Tensor3 view("reduce-scatter in", 1, rows, C);
+    mlacp::synthetic::fill(view, 52, 1.0);
+    const std::size_t total = view.size(), count = total / static_cast<std::size_t>(P);
+    std::vector<T> send(total, 1.0), recv(count, 0.0);
+    mlacp::Mesh library_mesh(comm, mlacp::Mesh::Ownership::borrow);
+    library_mesh.set_checked(false);
+    library_mesh.set_reduce_scatter_algorithm(mlacp::ReduceScatterAlgorithm::mpi);
+    const auto samples = measure_interleaved(
+        comm, warmup, repeats,
+        {[&]() { mlacp::launch_reduce_scatter(space, view, 1, mesh, "pairwise").wait(); },
+         [&]() { mlacp::launch_reduce_scatter(space, view, 1, library_mesh, "mpi").wait(); },
+         [&]() {
+           MPI_Reduce_scatter_block(send.data(), recv.data(), static_cast<int>(count), MPI_DOUBLE, MPI_SUM, comm);
+         }});
+    const double tp = samples[0].median(), tm = samples[1].median(), tr = samples[2].median();
+    rs_docs.push_back(JsonObject()
+                          .num("S", rows)
+                          .num("C", C)
+                          .num("bytes_per_rank", 8.0 * static_cast<double>(total))
+                          .samples("library_pairwise", samples[0])
+                          .samples("library_mpi", samples[1])
+                          .samples("raw_mpi_reduce_scatter_block", samples[2])
+                          .num("raw_over_pairwise", tr / tp)
+                          .num("raw_over_library_mpi", tr / tm)
+                          .text());
+    rs_lines.push_back("  " + fixed(8.0 * static_cast<double>(total) / 1048576.0, 1) + " MiB/rank: pairwise " + ms(tp) +
+                       "ms, library with MPI_Ireduce_scatter_block " + ms(tm) + "ms, raw MPI_Reduce_scatter_block " +
+                       ms(tr) + "ms: raw/pairwise " + fixed(tr / tp, 2) + ", raw/library-mpi " + fixed(tr / tm, 2));
+  }
+  doc.raw("reduce_scatter", jlist(rs_docs));
+
   if (rank == 0) {
     std::cout << "mlacp-perf-efficiency: P=" << P << " transport=" << o.transport << " rate=" << o.rate
               << " repeats=" << repeats << " (median of max over ranks)\n";
@@ -203,6 +243,8 @@ int run(int argc, char** argv) {
     std::cout << "exchange efficiency (raw MPI_Alltoall of pre-packed buffers / launch_all_to_all + wait):\n";
     for (const auto& l : exchange_lines) std::cout << l << "\n";
     std::cout << "  worst: " << fixed(worst_exchange, 3) << " (target >= 0.85)\n";
+    std::cout << "reduce-scatter along the tokens (library algorithms against the raw blocking call):\n";
+    for (const auto& l : rs_lines) std::cout << l << "\n";
     write_json(o.json, doc.text());
   }
   return 0;

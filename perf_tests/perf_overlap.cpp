@@ -35,6 +35,7 @@ using Mem = Space::memory_space;
 using T = double;
 using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
 using Tensor4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
+using Tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, Mem>;
 using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 using Vector = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
 using Waiter = std::function<void()>;
@@ -141,13 +142,14 @@ void with_progress_thread(int interval_us, const std::function<void()>& fn) {
 
 // ---- the three pairs --------------------------------------------------------------------------------------------
 
-// (1) dO all-to-all [1, s, H, dv] (token-local -> head-local) with dw_o [D, H*dv] += dy[s, D]^T o[s, H*dv].
+// (1) dO all-to-all (token-local -> head-local) with dw_o [D, H*dv] += dy[s, D]^T o[s, H*dv]. As the layer launches
+// it: dO [1, s, H, dv] written by its dgrad in per-rank head blocks [P, 1, s, h, dv], block j sent to rank j.
 PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
   const int P = mesh.size();
   const int H = 8 * P, dv = 128 / H > 0 ? std::max(1, 128 / H) : 1;
   return {"dO a2a + w_o wgrad", 128, [&mesh, rows, H, dv, P](int D) {
             const Space space;
-            Tensor4 grad_local("dO local", 1, rows, H, dv);
+            Tensor5 grad_local("dO blocks", P, 1, rows, H / P, dv);
             Matrix dy("dy", rows, D), o("o", rows, H * dv), dw("dw_o", D, H * dv);
             mlacp::synthetic::fill(grad_local, 11, 1.0);
             mlacp::synthetic::fill(dy, 12, 1.0);
@@ -161,7 +163,7 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
               mlacp::detail::linear_wgrad(space, dy, o, dw);
             };
             p.launch = [space, grad_local, &mesh]() {
-              return waiter(mlacp::launch_all_to_all(space, grad_local, 1, 2, mesh, "dO a2a"));
+              return waiter(mlacp::launch_all_to_all(space, grad_local, 2, 0, mesh, "dO a2a"));
             };
             p.launch_raw = raw_launcher(false, grad_local.size(), mesh.comm(), P);
             p.sizes = [=]() {
@@ -179,7 +181,8 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
           }};
 }
 
-// (2) dQ inverse all-to-all [1, S, h, dqk] (head-local -> token-local) with the KV backward of the latent strategy:
+// (2) dQ inverse all-to-all [1, S, h, dqk] (head-local -> token-local, received as the layer does: the P head blocks
+// [P, 1, s, h, dqk] that the Q branch consumes without an unpack) with the KV backward of the latent strategy:
 // disassemble dK/dV, w_kvb dgrad, the payload gradient's columns, w_kvb wgrad, then the payload backward of the local
 // rows (RoPE and RMSNorm backward, w_kva wgrad and dgrad). The latent reduce-scatter, which the layer launches inside
 // the KV backward, is pair (3) and is left out here (the local rows of the payload gradient stand for its result).
@@ -190,7 +193,8 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
             const Space space;
             const int S = rows, s = S / P, D = R, width = h * (dn + dv);
             const std::int64_t offset = static_cast<std::int64_t>(mesh.rank()) * s;
-            Tensor4 dq("dq", 1, S, h, dqk), dk("dk", 1, S, h, dqk), dvv("dv", 1, S, h, dv);
+            Tensor5 dq("dq", 1, 1, S, h, dqk);
+            Tensor4 dk("dk", 1, S, h, dqk), dvv("dv", 1, S, h, dv);
             Tensor3 latent("latent", 1, S, R), kv_a("kv_a", 1, s, R + dr), x("x", 1, s, D);
             Matrix w_sel("w_sel", width, R), w_kva("w_kva", R + dr, D);
             Matrix dw_sel("dw_sel", width, R), dw_kva("dw_kva", R + dr, D);
@@ -247,7 +251,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               compute_steps([](const char*) { mlacp::progress(); });
             };
             p.launch = [space, dq, &mesh]() {
-              return waiter(mlacp::launch_all_to_all(space, dq, 2, 1, mesh, "dQ a2a"));
+              return waiter(mlacp::launch_all_to_all(space, dq, 0, 2, mesh, "dQ a2a"));
             };
             p.breakdown = [space, compute_steps, &mesh]() {
               // One pass with a fence after each step, max over ranks: how long each stretch runs, and which of

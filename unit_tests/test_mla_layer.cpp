@@ -18,8 +18,8 @@ using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
 
 // Heads, sequence and head dimensions all different, dn != dv (MLA_SPEC's test dimensions).
-mlacp::MlaConfig small_config(mlacp::MlaStrategy strategy, bool bias) {
-  return mlacp::test::make_config(2, 32, 48, 4, 8, 4, 6, 12, bias, strategy);
+mlacp::MlaConfig small_config(mlacp::MlaStrategy strategy, bool bias, int batch = 2) {
+  return mlacp::test::make_config(batch, 32, 48, 4, 8, 4, 6, 12, bias, strategy);
 }
 
 struct Case {
@@ -28,11 +28,14 @@ struct Case {
   std::string flags_name;
   mlacp::MlaRequiresGrad flags;
   bool overlap = true;
+  // Batch 1 takes the collectives' copy-free paths (token blocks sent as they are, received blocks in place); batch 2
+  // packs and unpacks.
+  int batch = 2;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias_" : "_nobias_") +
-         info.param.flags_name + (info.param.overlap ? "" : "_blocking");
+         info.param.flags_name + (info.param.overlap ? "" : "_blocking") + (info.param.batch == 1 ? "_batch1" : "");
 }
 
 template <class T>
@@ -59,7 +62,7 @@ class MlaLayer : public ::testing::TestWithParam<Case> {};
 template <class T>
 void check_against_single_rank(const Case& c) {
   const double tolerance = std::is_same_v<T, double> ? 1e-10 : 1e-4;
-  const auto config = small_config(c.strategy, c.bias);
+  const auto config = small_config(c.strategy, c.bias, c.batch);
   const auto weights = mlacp::test::make_weights<T, Mem>(config, 42);
   Tensor3<T> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
   mlacp::test::fill(x, 100, 1.0);
@@ -146,6 +149,8 @@ std::vector<Case> all_cases() {
     cases.push_back({strategy, true, "only_kv", only_kv()});
     cases.push_back({strategy, true, "only_q", only_q()});
     cases.push_back({strategy, true, "all", {}, false});  // the blocking baseline computes the same numbers
+    cases.push_back({strategy, true, "all", {}, true, 1});
+    cases.push_back({strategy, false, "only_q", only_q(), false, 1});
   }
   return cases;
 }

@@ -218,14 +218,15 @@ TEST(MlaMisuse, PairedConsumerThatNeverLaunchedItsInverse) {
   Kokkos::View<double****, Kokkos::LayoutRight, Mem> q("q", 1, 2, 2 * mesh.size(), 3);
   pair.launch_forward(Space(), q, true);
   auto heads = pair.wait_forward();
-  expect_error<mlacp::UsageError>([&] { pair.wait_backward(); }, "MLA input consumer did not submit its inverse A2A");
+  expect_error<mlacp::UsageError>([&] { pair.wait_backward(Space()); },
+                                  "MLA input consumer did not submit its inverse A2A");
   pair.launch_backward(Space(), heads);
-  EXPECT_EQ(pair.wait_backward().extent(1), 2u);
+  EXPECT_EQ(pair.wait_backward(Space()).extent(1), 2u);
   // A pair whose input needs no gradient launches nothing and returns an empty View.
   mlacp::InputA2APair<double, Space> frozen(mesh, "K");
   frozen.launch_forward(Space(), q, false);
   frozen.launch_backward(Space(), frozen.wait_forward());
-  EXPECT_EQ(frozen.wait_backward().data(), nullptr);
+  EXPECT_EQ(frozen.wait_backward(Space()).data(), nullptr);
 }
 
 TEST(MlaMisuse, AbandonedBackwardLeaksNoRequest) {

@@ -16,6 +16,7 @@ class InputA2APair {
  public:
   using memory_space = typename ExecSpace::memory_space;
   using tensor4 = detail::Tensor4<T, memory_space>;
+  using tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, memory_space>;
 
   InputA2APair() = default;
   /// `name` names the collectives: "<name> a2a" forward, "d<name> a2a" backward (e.g. "Q" -> "Q a2a", "dQ a2a").
@@ -40,22 +41,47 @@ class InputA2APair {
   bool needs_send_grad() const noexcept { return needs_send_grad_; }
 
   /// Launches the head-to-token inverse all-to-all of the gradient [B, S, h, d] when the input needs its gradient;
-  /// otherwise nothing is launched.
+  /// otherwise nothing is launched. The gradient is read until the wait (the pair keeps it alive): with B == 1 its
+  /// token blocks are sent as they are, and the rank-ordered head blocks are received as they arrive (no pack, no
+  /// unpack; see wait_backward_blocks).
   void launch_backward(const ExecSpace& space, const tensor4& head_local_grad) {
     require_mesh();
     if (!needs_send_grad_) return;
     if (backward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': backward launched twice");
-    backward_ = launch_all_to_all(space, head_local_grad, 2, 1, *mesh_, "d" + name_ + " a2a");
+    backward_input_ = head_local_grad;
+    // [1, B, S, h, d]: scattering the tokens (dim 2) and gathering a new leading dim of the P head blocks (dim 0).
+    const tensor5 view(head_local_grad.data(), 1, head_local_grad.extent(0), head_local_grad.extent(1),
+                       head_local_grad.extent(2), head_local_grad.extent(3));
+    backward_ = launch_all_to_all(space, view, 0, 2, *mesh_, "d" + name_ + " a2a");
   }
 
-  /// The token-local gradient [B, s, H, d] (exactly once), or an empty View when the input needs no gradient.
+  /// The token-local gradient as the P head blocks [P, B, s, h, d] received from the ranks (block r holds heads
+  /// [r*h, (r+1)*h) of the token-local [B, s, H, d]), exactly once; an empty View when the input needs no gradient.
   /// Throws UsageError "MLA input consumer did not submit its inverse A2A" when the gradient is needed and the
   /// consumer never launched it.
-  tensor4 wait_backward() {
-    if (!needs_send_grad_) return tensor4();
+  tensor5 wait_backward_blocks() {
+    if (!needs_send_grad_) return tensor5();
     if (!backward_.launched())
       throw UsageError("mlacp::InputA2APair '" + name_ + "': MLA input consumer did not submit its inverse A2A");
-    return backward_.wait();
+    tensor5 blocks = backward_.wait();
+    if (blocks.data() != backward_input_.data()) backward_input_ = tensor4();  // P == 1: blocks alias the input
+    return blocks;
+  }
+
+  /// The token-local gradient [B, s, H, d] (wait_backward_blocks, with the head blocks unpacked on `space`).
+  tensor4 wait_backward(const ExecSpace& space) {
+    const tensor5 blocks = wait_backward_blocks();
+    if (blocks.data() == nullptr) return tensor4();
+    const auto parts = static_cast<int>(blocks.extent(0));
+    const auto B = blocks.extent(1), s = blocks.extent(2), h = blocks.extent(3), d = blocks.extent(4);
+    if (parts == 1) return Kokkos::subview(blocks, 0, Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL());
+    tensor4 local(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d" + name_ + " local"), B, s, h * parts, d);
+    detail::AroundDim block;
+    block.outer = static_cast<std::int64_t>(B * s);
+    block.mid = static_cast<std::int64_t>(h);
+    block.inner = static_cast<std::int64_t>(d);
+    detail::unpack_blocks(space, blocks.data(), local.data(), block, parts, "d" + name_ + " a2a unpack");
+    return local;
   }
 
  private:
@@ -67,7 +93,8 @@ class InputA2APair {
   std::string name_;
   bool needs_send_grad_ = false;
   AsyncCollective<tensor4> forward_;
-  AsyncCollective<tensor4> backward_;
+  tensor4 backward_input_;
+  AsyncCollective<tensor5> backward_;
 };
 
 }  // namespace mlacp

@@ -49,6 +49,7 @@ class MlaAttention {
   using memory_space = typename ExecSpace::memory_space;
   using tensor3 = detail::Tensor3<T, memory_space>;
   using tensor4 = detail::Tensor4<T, memory_space>;
+  using tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, memory_space>;
   using weights_type = MlaWeights<T, memory_space>;
   using gradients_type = MlaGradients<T, memory_space>;
 
@@ -321,16 +322,28 @@ class MlaAttention {
     return true;
   }
 
-  // dq_local [B, s, H, dqk] (token-local) -> w_q / b_q gradients and dx += dq w_q.
-  void q_branch_backward(const ExecSpace& space, Forward& f, const tensor4& dq_local, gradients_type& g) const {
-    const int B = config_.batch, s = local_seq(), D = config_.hidden, H = config_.heads, dqk = config_.qk_dim();
+  // The token-local dq as the P head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads
+  // [r*h, (r+1)*h)) -> w_q / b_q gradients and dx += dq w_q, one GEMM per block on w_q's rows of its heads (no unpack).
+  void q_branch_backward(const ExecSpace& space, Forward& f, const tensor5& dq_blocks, gradients_type& g) const {
+    const int B = config_.batch, s = local_seq(), D = config_.hidden, dqk = config_.qk_dim();
+    const auto parts = static_cast<std::int64_t>(dq_blocks.extent(0)),
+               h = static_cast<std::int64_t>(dq_blocks.extent(3));
+    const std::int64_t rows = static_cast<std::int64_t>(B) * s, width = h * dqk;
     detail::ComputePhase<ExecSpace> phase(space, "q backward");
-    rope_backward(space, dq_local, config_.nope, config_.rope, position_offset(), config_.rope_base);
-    const auto dq2 = detail::as_matrix(dq_local, B * s, H * dqk);
-    const auto x2 = detail::as_matrix(f.x_, B * s, D);
-    if (f.flags_.w_q) detail::linear_wgrad(space, dq2, x2, g.w_q);
-    if (f.flags_.b_q && config_.bias) detail::bias_grad(space, dq2, g.b_q);
-    if (f.flags_.x) detail::linear_dgrad(space, dq2, weights_.w_q, T(1), detail::as_matrix(g.dx, B * s, D));
+    // RoPE acts per token and head: the blocks are P*B batches of [s, h, dqk] with the same positions.
+    rope_backward(space, tensor4(dq_blocks.data(), parts * B, s, h, dqk), config_.nope, config_.rope, position_offset(),
+                  config_.rope_base);
+    const auto x2 = detail::as_matrix(f.x_, rows, D);
+    for (std::int64_t r = 0; r < parts; ++r) {
+      const detail::Matrix<T, memory_space> block(dq_blocks.data() + r * rows * width, static_cast<std::size_t>(rows),
+                                                  static_cast<std::size_t>(width));
+      const auto heads = std::make_pair(static_cast<std::size_t>(r * width), static_cast<std::size_t>((r + 1) * width));
+      if (f.flags_.w_q) detail::linear_wgrad(space, block, x2, Kokkos::subview(g.w_q, heads, Kokkos::ALL()));
+      if (f.flags_.b_q && config_.bias) detail::bias_grad(space, block, Kokkos::subview(g.b_q, heads));
+      if (f.flags_.x)
+        detail::linear_dgrad(space, block, Kokkos::subview(weights_.w_q, heads, Kokkos::ALL()), T(1),
+                             detail::as_matrix(g.dx, rows, D));
+    }
   }
 
   // The local payload gradient [B, s, R+dr] -> g_kv / w_kva gradients and dx += d(kv_a) w_kva.
@@ -354,8 +367,8 @@ class MlaAttention {
     if (!output_and_attention_backward(space, f, dy, g, dq, dk, dvv)) return;
     // The inverse all-to-all of dQ is launched first; the KV path's backward runs while it is in flight.
     f.q_pair_->launch_backward(space, dq);
-    tensor4 dq_local;
-    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward();
+    tensor5 dq_local;
+    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward_blocks();
     if (needs_kv(r)) {
       detail::ComputePhase<ExecSpace> phase(space, "kv backward");
       tensor3 dkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d kv"), B, S, h * (dn + dv));
@@ -366,7 +379,7 @@ class MlaAttention {
                                  r.b_kvb && config_.bias ? part_of(g.b_kvb) : vector_part(), config_.overlap);
       if (needs_payload(r)) payload_backward(space, f, d_payload, g);
     }
-    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward() : dq_local, g);
+    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward_blocks() : dq_local, g);
   }
 
   void backward_expanded(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& g) const {
@@ -376,24 +389,25 @@ class MlaAttention {
     tensor4 dq, dk, dvv;
     if (!output_and_attention_backward(space, f, dy, g, dq, dk, dvv)) return;
     // All three inverses are launched at once; dQ is waited first and the Q branch runs while dK, dV are in flight.
-    tensor4 dq_local, dk_local, dv_local;
+    tensor5 dq_local;
+    tensor4 dk_local, dv_local;
     f.q_pair_->launch_backward(space, dq);
-    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward();
+    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward_blocks();
     f.k_pair_->launch_backward(space, dk);
-    if (!config_.overlap && needs_kv(r)) dk_local = f.k_pair_->wait_backward();
+    if (!config_.overlap && needs_kv(r)) dk_local = f.k_pair_->wait_backward(space);
     f.v_pair_->launch_backward(space, dvv);
-    if (!config_.overlap && needs_kv(r)) dv_local = f.v_pair_->wait_backward();
-    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward() : dq_local, g);
+    if (!config_.overlap && needs_kv(r)) dv_local = f.v_pair_->wait_backward(space);
+    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward_blocks() : dq_local, g);
     if (!needs_kv(r)) return;
     tensor4 dkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d kv"), B, s, H, dn + dv);
     tensor3 dkpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d k_pe"), B, s, dr);
     {
-      if (config_.overlap) dk_local = f.k_pair_->wait_backward();  // dK before the K branch
+      if (config_.overlap) dk_local = f.k_pair_->wait_backward(space);  // dK before the K branch
       detail::ComputePhase<ExecSpace> phase(space, "k backward");
       detail::disassemble_kv_grad(space, dk_local, tensor4(), dkv, dkpe, dn);
     }
     {
-      if (config_.overlap) dv_local = f.v_pair_->wait_backward();  // dV before the V branch
+      if (config_.overlap) dv_local = f.v_pair_->wait_backward(space);  // dV before the V branch
       detail::ComputePhase<ExecSpace> phase(space, "v backward");
       detail::write_v_grad(space, dv_local, dkv, dn);
     }

@@ -17,6 +17,7 @@ class OutputProjection {
   using memory_space = typename ExecSpace::memory_space;
   using tensor3 = detail::Tensor3<T, memory_space>;
   using tensor4 = detail::Tensor4<T, memory_space>;
+  using tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, memory_space>;
   using matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
   using vector = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
 
@@ -42,10 +43,10 @@ class OutputProjection {
   }
 
   /// dy [B, s, D] -> the head-local gradient of the attention output [B, S, h, dv] (empty when not
-  /// `needs_attention_grad`). Order: dgrad (dy w_o), launch the token-to-head all-to-all of it ("dO a2a"), the weight
-  /// gradient dw_o += dy^T o (progressing the all-to-all between panels, see progress.hpp) and db_o += column sums of
-  /// dy while it is in flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap` false: wait right after
-  /// the launch.
+  /// `needs_attention_grad`). Order: dgrad (dy w_o, written per destination rank), launch the token-to-head all-to-all
+  /// of it ("dO a2a"), the weight gradient dw_o += dy^T o (progressing the all-to-all between panels, see progress.hpp)
+  /// and db_o += column sums of dy while it is in flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap`
+  /// false: wait right after the launch.
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const matrix& dw_o,
                    const vector& db_o, bool overlap = true) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
@@ -56,16 +57,27 @@ class OutputProjection {
     const auto H = static_cast<std::int64_t>(local_output_.extent(2)),
                dv = static_cast<std::int64_t>(local_output_.extent(3));
     const auto dy2 = detail::as_matrix(dy, B * s, D);
-    AsyncCollective<tensor4> grad_a2a;
+    AsyncCollective<tensor5> grad_a2a;
     if (needs_attention_grad) {
-      tensor4 grad_local(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO local"), B, s, H, dv);
+      // dO is written directly in the all-to-all's send layout, [P, B, s, h, dv]: block j (rank j's heads) is the dgrad
+      // through w_o's columns of those heads, so no pack runs between the dgrad and the launch. Scattering dim 0 sends
+      // each block as it is; gathering the tokens (dim 2) receives in place when B == 1.
+      const auto P = static_cast<std::int64_t>(mesh_->size()), h = H / P;
+      tensor5 blocks(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO blocks"), P, B, s, h, dv);
       {
         detail::ComputePhase<ExecSpace> phase(space, "w_o dgrad");
-        detail::linear_dgrad(space, dy2, w_o_, T(0), detail::as_matrix(grad_local, B * s, H * dv));
+        for (std::int64_t j = 0; j < P; ++j) {
+          const auto columns =
+              std::make_pair(static_cast<std::size_t>(j * h * dv), static_cast<std::size_t>((j + 1) * h * dv));
+          detail::linear_dgrad(
+              space, dy2, Kokkos::subview(w_o_, Kokkos::ALL(), columns), T(0),
+              detail::Matrix<T, memory_space>(blocks.data() + j * B * s * h * dv, static_cast<std::size_t>(B * s),
+                                              static_cast<std::size_t>(h * dv)));
+        }
       }
-      grad_a2a = launch_all_to_all(space, grad_local, 1, 2, *mesh_, "dO a2a");
+      grad_a2a = launch_all_to_all(space, blocks, 2, 0, *mesh_, "dO a2a");
     }
-    tensor4 result;
+    tensor5 result;
     if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
     if (dw_o.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "w_o wgrad");
@@ -76,7 +88,9 @@ class OutputProjection {
       detail::bias_grad(space, dy2, db_o);
     }
     local_output_ = tensor4();  // released: the saved operand is not needed any more
-    return grad_a2a.pending() ? grad_a2a.wait() : result;
+    if (grad_a2a.pending()) result = grad_a2a.wait();
+    if (result.data() == nullptr) return tensor4();
+    return Kokkos::subview(result, 0, Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL());  // [B, S, h, dv]
   }
 
  private:
