@@ -11,6 +11,11 @@
 //   Reduce-scatter: launch_reduce_scatter + wait along the tokens of [1, S, C] with the mesh's two algorithms
 //     (pairwise: MPI_Ialltoall + rank-ordered sum, the default; mpi: MPI_Ireduce_scatter_block) against a raw
 //     MPI_Reduce_scatter_block of the same buffer.
+//   Transfer CPU cost: what an 8 MiB-per-rank all-to-all costs the CPUs while nobody computes: launched, then
+//     tested every 1 ms (sleeping in between, as often as the panelled GEMMs poll) until done, many times back to
+//     back; reports this thread's CPU time and the machine's busy time (/proc/stat, every process and the kernel's
+//     network work) per transfer. On a loopback "link" the kernel's TCP stack runs on the compute cores, so this is
+//     what the overlapped compute loses.
 //
 //   mpirun -n 2 mlacp-perf-efficiency [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
 #include <mpi.h>
@@ -18,6 +23,10 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/linear.hpp>
 #include <mlacp/mla/synthetic.hpp>
+
+#include <ctime>
+#include <fstream>
+#include <thread>
 
 #include "perf_common.hpp"
 
@@ -30,6 +39,24 @@ using T = double;
 using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 using Tensor4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
 using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+
+// Busy time of the whole machine so far, in seconds, from /proc/stat (user, nice, system, irq, softirq, steal);
+// NAN where there is no /proc/stat.
+double machine_busy_s() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (!(stat >> cpu) || cpu != "cpu") return NAN;
+  for (double& x : v) stat >> x;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / ticks;
+}
+
+double thread_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 const char* usage =
     "usage: mlacp-perf-efficiency [--quick] [--json FILE] [--repeats N] [--warmup N] [--transport-label STR]\n"
@@ -232,6 +259,46 @@ int run(int argc, char** argv) {
   }
   doc.raw("reduce_scatter", jlist(rs_docs));
 
+  // ---- transfer CPU cost ------------------------------------------------------------------------------------------
+  std::string cpu_line;
+  {
+    Region region("transfer cpu cost");
+    const int rows = o.quick ? 1024 : 8192, H = 8 * P, d = std::max(1, 128 / H);
+    const int transfers = o.quick ? 4 : 24;
+    Kokkos::View<T*****, Kokkos::LayoutRight, Mem> blocks("cpu cost in", P, 1, rows, H / P, d);  // sent as it is
+    mlacp::synthetic::fill(blocks, 53, 1.0);
+    auto one = [&]() {
+      auto handle = mlacp::launch_all_to_all(space, blocks, 2, 0, mesh, "cpu cost");
+      while (!handle.test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // test() polls MPI
+      handle.wait();
+    };
+    one();
+    MPI_Barrier(comm);
+    const double busy0 = machine_busy_s(), cpu0 = thread_cpu_s(), t0 = now();
+    for (int i = 0; i < transfers; ++i) one();
+    double cpu = (thread_cpu_s() - cpu0) / transfers;
+    MPI_Barrier(comm);
+    const double wall = (now() - t0) / transfers, busy = (machine_busy_s() - busy0) / transfers;
+    MPI_Allreduce(MPI_IN_PLACE, &cpu, 1, MPI_DOUBLE, MPI_MAX, comm);
+    const double bytes = 8.0 * static_cast<double>(blocks.size());
+    doc.obj("transfer_cpu_cost",
+            JsonObject()
+                .str("what",
+                     "all-to-all sent from per-rank blocks, polled every 1 ms, nobody "
+                     "computing; per transfer")
+                .num("bytes_per_rank", bytes)
+                .num("transfers", transfers)
+                .num("wall_s", wall)
+                .num("thread_cpu_s_max_over_ranks", cpu)
+                .num("machine_busy_s", busy)
+                .num("hardware_concurrency", static_cast<double>(std::thread::hardware_concurrency()))
+                .num("machine_busy_per_rank_over_wall", busy / P / wall));
+    cpu_line = "  " + fixed(bytes / 1048576.0, 1) + " MiB/rank all-to-all, polled every 1 ms: wall " + ms(wall) +
+               "ms; CPU in this rank's MPI calls " + ms(cpu) + "ms (max over ranks); machine busy " + ms(busy) +
+               "ms (" + ms(busy / P) + "ms per rank: " + fixed(100.0 * busy / P / wall, 1) +
+               "% of the transfer's time)";
+  }
+
   if (rank == 0) {
     std::cout << "mlacp-perf-efficiency: P=" << P << " transport=" << o.transport << " rate=" << o.rate
               << " repeats=" << repeats << " (median of max over ranks)\n";
@@ -245,6 +312,8 @@ int run(int argc, char** argv) {
     std::cout << "  worst: " << fixed(worst_exchange, 3) << " (target >= 0.85)\n";
     std::cout << "reduce-scatter along the tokens (library algorithms against the raw blocking call):\n";
     for (const auto& l : rs_lines) std::cout << l << "\n";
+    std::cout << "transfer CPU cost (the machine's busy time while only the transfer runs; all ranks share it):\n"
+              << cpu_line << "\n";
     write_json(o.json, doc.text());
   }
   return 0;
