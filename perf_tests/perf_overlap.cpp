@@ -8,7 +8,8 @@
 // through the library's GEMM path, which calls mlacp::progress() between panels, wait) and the blocking sequence
 // (launch, wait, compute). E = (T_compute + T_comm - T_pair) / min(T_compute, T_comm) (1 = all of the shorter one
 // hidden) and T_pair / max(T_compute, T_comm). The compute's free dimension is calibrated so that T_compute matches
-// T_comm on the link in use. Also sweeps OverlapPolicy::panels (1 = unpanelled: no polling during the GEMM).
+// T_comm on the link in use. Also sweeps OverlapPolicy::panels (1 = unpanelled: no polling during the GEMM) and, for
+// the library pairs, the balance: E with the compute calibrated 1.5x longer and 1.5x shorter than the collective.
 //
 //   mpirun -n 2 mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
 //                                  [--rows N] [--progress-thread] [--no-sweep]
@@ -362,6 +363,7 @@ int run(int argc, char** argv) {
   if (rows % (P * P) != 0) throw std::invalid_argument("--rows must be divisible by P*P");
   const int repeats = o.repeats_or(3, 11), warmup = o.warmup;
   const bool sweep = o.extra.count("no-sweep") == 0;
+  const bool ratio_sweep = sweep && !o.quick;
   const bool thread_experiment = o.extra.count("progress-thread") != 0;
   const MPI_Comm comm = mesh.comm();
   auto& policy = mlacp::overlap_policy();
@@ -376,6 +378,7 @@ int run(int argc, char** argv) {
   std::vector<Row> table;
   std::vector<Phases> phases;
   std::vector<std::string> sweep_lines;
+  std::vector<std::string> balance_lines;
 
   // Mode 0: the library's collectives (the figures of record). Mode 1 (unless --no-transfer-only): the same bytes as
   // raw MPI requests on pre-packed buffers in mlacp's progress registry, calibrated again: how well the panelled
@@ -386,26 +389,29 @@ int run(int argc, char** argv) {
       const bool raw = mode == 1;
       const std::string label = spec.name + (raw ? " [transfer only]" : "");
       Region region(label);
-      // Calibration: the collective alone, then the compute's free dimension scaled until T_compute ~ T_comm.
-      int dim = spec.initial_dim;
-      Pair pair = spec.make(dim);
+      // Calibration: the collective alone, then the compute's free dimension scaled until T_comm / T_compute is
+      // within 10% of `target` (1 for the figures of record).
+      Pair pair;
       auto go = [&]() { return raw ? pair.launch_raw() : pair.launch(); };
       double t_comm = 0, t_compute = 0;
-      {
+      auto calibrate = [&](double target, int dim) {
         Region r("calibrate");
+        pair = spec.make(dim);
         for (int step = 0; step < (o.quick ? 2 : 4); ++step) {
           const auto cal =
               measure_interleaved(comm, 1, o.quick ? 1 : 3, {[&]() { go()(); }, [&]() { pair.compute(); }});
           t_comm = cal[0].median();
           t_compute = cal[1].median();
-          const double ratio = t_comm / t_compute;
-          if (step > 0 && ratio > 0.9 && ratio < 1.1) break;
-          const int next = std::clamp(static_cast<int>(std::lround(dim * std::pow(ratio, 0.9) / 8.0)) * 8, 8, 4096);
+          const double off = t_comm / t_compute / target;
+          if (step > 0 && off > 0.9 && off < 1.1) break;
+          const int next = std::clamp(static_cast<int>(std::lround(dim * std::pow(off, 0.9) / 8.0)) * 8, 8, 4096);
           if (next == dim) break;
           dim = next;
           pair = spec.make(dim);
         }
-      }
+        return dim;
+      };
+      const int dim = calibrate(1.0, spec.initial_dim);
       // Everything measured together, interleaved round by round (see measure_interleaved): the compute alone, the
       // collective alone, the pair, the blocking sequence, and the pair at each panel count of the sweep.
       // The overlapped pair, also timed per phase on each rank: the launch (pack, MPI start), the compute with the
@@ -552,6 +558,31 @@ int run(int argc, char** argv) {
         sweep_lines.push_back(line);
         pd.raw("progress_thread", jlist(docs));
       }
+      // The balance sweep (library pairs only): E at the edges of the 1.5x band, compute longer (comm/compute 0.67)
+      // and compute shorter (1.5), each calibrated and measured as above with its own compute and collective alone.
+      if (ratio_sweep && !raw) {
+        Region r("balance sweep");
+        std::vector<std::string> docs;
+        std::string line = "  " + label + ":  1.00:" + fixed(row.e, 2);
+        for (const double target : {1.0 / 1.5, 1.5}) {
+          calibrate(target, dim);
+          const auto ts = measure_interleaved(comm, warmup, repeats,
+                                              {pair.compute, [&]() { go()(); }, [&]() { overlapped_body(false); }});
+          const double c = ts[0].median(), m = ts[1].median(), pt = ts[2].median();
+          docs.push_back(JsonObject()
+                             .num("target_comm_over_compute", target)
+                             .num("comm_over_compute", m / c)
+                             .samples("compute_alone", ts[0])
+                             .samples("collective_alone", ts[1])
+                             .samples("overlapped_pair", ts[2])
+                             .num("E", overlap_e(c, m, pt))
+                             .num("pair_over_max", pt / std::max(c, m))
+                             .text());
+          line += "  " + fixed(m / c, 2) + ":" + fixed(overlap_e(c, m, pt), 2);
+        }
+        balance_lines.push_back(line);
+        pd.raw("balance_sweep", jlist(docs));
+      }
       pair_docs.push_back(pd.text());
     }
   doc.raw("pairs", jlist(pair_docs));
@@ -579,6 +610,10 @@ int run(int argc, char** argv) {
     if (!sweep_lines.empty()) {
       std::cout << "E by OverlapPolicy::panels (1 = one GEMM call, no polling inside it):\n";
       for (const auto& l : sweep_lines) std::cout << l << "\n";
+    }
+    if (!balance_lines.empty()) {
+      std::cout << "E by comm/compute (measured ratio:E; the band of the targets is 0.67..1.5):\n";
+      for (const auto& l : balance_lines) std::cout << l << "\n";
     }
     write_json(o.json, doc.text());
   }
