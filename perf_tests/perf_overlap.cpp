@@ -84,17 +84,15 @@ class RawRequest final : public mlacp::detail::PendingTransport {
   MPI_Request request_;
 };
 
-// Pre-packed buffers of `elements` doubles per rank and a launcher of the raw collective on them.
-std::function<Waiter()> raw_launcher(bool reduce_scatter, std::size_t elements, MPI_Comm comm, int P) {
+// Pre-packed buffers of `elements` doubles per rank and a launcher of a raw MPI_Ialltoall on them (every pair's
+// collective moves its bytes as an all-to-all; the reduce-scatter's is the pairwise exchange).
+std::function<Waiter()> raw_launcher(std::size_t elements, MPI_Comm comm, int P) {
   auto send = std::make_shared<std::vector<T>>(elements, 1.0);
-  auto recv = std::make_shared<std::vector<T>>(reduce_scatter ? elements / P : elements, 0.0);
+  auto recv = std::make_shared<std::vector<T>>(elements, 0.0);
   return [=]() -> Waiter {
     MPI_Request request = MPI_REQUEST_NULL;
     const int count = static_cast<int>(elements / static_cast<std::size_t>(P));
-    if (reduce_scatter)
-      MPI_Ireduce_scatter_block(send->data(), recv->data(), count, MPI_DOUBLE, MPI_SUM, comm, &request);
-    else
-      MPI_Ialltoall(send->data(), count, MPI_DOUBLE, recv->data(), count, MPI_DOUBLE, comm, &request);
+    MPI_Ialltoall(send->data(), count, MPI_DOUBLE, recv->data(), count, MPI_DOUBLE, comm, &request);
     auto held = std::make_shared<RawRequest>(request);
     return [held, send, recv]() { held->wait(); };
   };
@@ -166,7 +164,7 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
             p.launch = [space, grad_local, &mesh]() {
               return waiter(mlacp::launch_all_to_all(space, grad_local, 2, 0, mesh, "dO a2a"));
             };
-            p.launch_raw = raw_launcher(false, grad_local.size(), mesh.comm(), P);
+            p.launch_raw = raw_launcher(grad_local.size(), mesh.comm(), P);
             p.sizes = [=]() {
               return JsonObject()
                   .num("s", rows)
@@ -273,7 +271,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               }
               return o;
             };
-            p.launch_raw = raw_launcher(false, dq.size(), mesh.comm(), P);
+            p.launch_raw = raw_launcher(dq.size(), mesh.comm(), P);
             p.sizes = [=]() {
               return JsonObject()
                   .num("S", S)
@@ -317,7 +315,7 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows) {
             p.launch = [space, grad_payload, &mesh]() {
               return waiter(mlacp::launch_reduce_scatter(space, grad_payload, 1, mesh, "latent reduce-scatter"));
             };
-            p.launch_raw = raw_launcher(true, grad_payload.size(), mesh.comm(), P);
+            p.launch_raw = raw_launcher(grad_payload.size(), mesh.comm(), P);
             p.sizes = [=]() {
               return JsonObject()
                   .num("S", S)

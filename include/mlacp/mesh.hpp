@@ -15,9 +15,10 @@ struct NcclContext;
 
 /// How launch_reduce_scatter moves data over MPI (NCCL always uses ncclReduceScatter).
 enum class ReduceScatterAlgorithm {
-  /// MPI_Ialltoall of the P blocks (block j to rank j), then each rank sums the P blocks it received, in rank order,
-  /// at wait(). Every rank sends and receives (P-1)/P of the buffer once, at the same time, and no reduction runs
-  /// inside MPI's progress (that is, inside the overlapped compute). The default: Open MPI's nonblocking
+  /// MPI_Ialltoallv of the blocks (block j to rank j; a rank's own block is not copied), then each rank sums the P
+  /// blocks, in rank order, at wait(). Every rank sends and receives (P-1)/P of the buffer once, at the same time, and
+  /// no reduction runs inside MPI's progress (that is, inside the overlapped compute). The default: Open MPI's
+  /// nonblocking
   /// reduce-scatter (coll/libnbc) reduces the whole buffer onto rank 0 and scatters it from there.
   pairwise,
   /// MPI_Ireduce_scatter_block: the MPI library's own algorithm.

@@ -5,14 +5,18 @@
 #include <mlacp/detail/block_layout.hpp>
 #include <mlacp/detail/launch.hpp>
 
+#include <memory>
+#include <vector>
+
 namespace mlacp {
 
 /// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
 /// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
-/// mesh's reduce_scatter_algorithm(): pairwise (default: MPI_Ialltoall of the blocks, then the P received blocks are
-/// summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL, ncclReduceScatter. As for
-/// launch_all_to_all, `view` must not be written until wait() (where its blocks are contiguous MPI reads it directly).
-/// Requirements and errors as launch_all_to_all (extent(dim) must be divisible by P). P == 1 returns `view`.
+/// mesh's reduce_scatter_algorithm(): pairwise (default: the blocks exchanged with MPI_Ialltoallv, this rank's own
+/// not copied, then the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL,
+/// ncclReduceScatter. As for launch_all_to_all, `view` must not be written until wait() (where its blocks are
+/// contiguous MPI reads it directly). Requirements and errors as launch_all_to_all (extent(dim) must be divisible by
+/// P). P == 1 returns `view`.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
                                                                      int dim, const Mesh& mesh,
@@ -44,16 +48,25 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
         space, mesh, call, name, sent.buffer, result_buffer, [sent, view] {}, static_cast<std::size_t>(count), result,
         start, nothing);
   }
+  // Pairwise: every block but this rank's own travels (MPI_Ialltoallv with a zero count to itself, so that MPI copies
+  // nothing locally); the sum reads the own block where it is sent from. The count arrays live until the wait.
+  const int me = mesh.rank();
+  auto counts = std::make_shared<std::vector<int>>(static_cast<std::size_t>(parts), count);
+  auto displacements = std::make_shared<std::vector<int>>(static_cast<std::size_t>(parts), 0);
+  (*counts)[static_cast<std::size_t>(me)] = 0;
+  for (int r = 0; r < parts; ++r) (*displacements)[static_cast<std::size_t>(r)] = r * count;
   const auto received = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
-  auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
-    return MPI_Ialltoall(s, count, mpi::datatype<T>(), r, count, mpi::datatype<T>(), comm, request);
+  auto start = [counts, displacements, comm](const T* s, T* r, MPI_Request* request) {
+    return MPI_Ialltoallv(s, counts->data(), displacements->data(), mpi::datatype<T>(), r, counts->data(),
+                          displacements->data(), mpi::datatype<T>(), comm, request);
   };
-  auto sum = [space, result_buffer, count, parts, name](const detail::Buffer<T, MemSpace>& r) {
-    detail::sum_blocks(space, r.data(), result_buffer.data(), count, parts, name + " sum");
+  const T* own = sent.buffer.data() + static_cast<std::ptrdiff_t>(me) * count;
+  auto sum = [space, result_buffer, own, me, count, parts, name](const detail::Buffer<T, MemSpace>& r) {
+    detail::sum_blocks(space, r.data(), own, me, result_buffer.data(), count, parts, name + " sum");
   };
   return detail::launch_transport(
-      space, mesh, call, name, sent.buffer, received.view, [sent, received, view] {}, static_cast<std::size_t>(count),
-      result, start, sum);
+      space, mesh, call, name, sent.buffer, received.view, [sent, received, view, counts, displacements] {},
+      static_cast<std::size_t>(count), result, start, sum);
 }
 
 }  // namespace mlacp

@@ -69,16 +69,17 @@ void unpack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int
       });
 }
 
-/// out[i] = in[i] + in[n + i] + ... + in[(parts-1)*n + i]: the sum of `parts` contiguous blocks of n values, added in
-/// block (rank) order, so that every rank computes its part of a reduce-scatter with the same association whatever
-/// the MPI library.
+/// out[i] = the sum over r = 0..parts-1, in that order, of block r's value i, where block r is received[r*n + i] for
+/// r != self_index and own[i] for r == self_index (this rank's own block, read where it already is). The fixed order
+/// gives every rank's part of a reduce-scatter the same association whatever the MPI library.
 template <class ExecSpace, class T>
-void sum_blocks(const ExecSpace& space, const T* in, T* out, std::int64_t n, int parts, const std::string& label) {
+void sum_blocks(const ExecSpace& space, const T* received, const T* own, int self_index, T* out, std::int64_t n,
+                int parts, const std::string& label) {
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
       KOKKOS_LAMBDA(const std::int64_t i) {
-        T sum = in[i];
-        for (int r = 1; r < parts; ++r) sum += in[r * n + i];
+        T sum = self_index == 0 ? own[i] : received[i];
+        for (int r = 1; r < parts; ++r) sum += r == self_index ? own[i] : received[r * n + i];
         out[i] = sum;
       });
 }
