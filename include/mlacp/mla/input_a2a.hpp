@@ -16,7 +16,7 @@ class InputA2APair {
  public:
   using memory_space = typename ExecSpace::memory_space;
   using tensor4 = detail::Tensor4<T, memory_space>;
-  using tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, memory_space>;
+  using tensor5 = detail::Tensor5<T, memory_space>;
 
   InputA2APair() = default;
   /// `name` names the collectives: "<name> a2a" forward, "d<name> a2a" backward (e.g. "Q" -> "Q a2a", "dQ a2a").

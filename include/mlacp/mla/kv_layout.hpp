@@ -12,6 +12,9 @@ template <class T, class MemSpace>
 using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, MemSpace>;
 template <class T, class MemSpace>
 using Tensor4 = Kokkos::View<T****, Kokkos::LayoutRight, MemSpace>;
+/// P per-rank blocks of a rank-4 tensor, [P, ...] (the backward all-to-alls' send and receive layout).
+template <class T, class MemSpace>
+using Tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, MemSpace>;
 
 /// kv [B, n, h, dn+dv] (head i: dn key columns then dv value columns) and the shared rotary key kpe [B, n, dr] ->
 /// k [B, n, h, dn+dr] = [k_nope_i, k_pe] and v [B, n, h, dv]. One work item per (b, t, head) row.

@@ -49,7 +49,7 @@ class MlaAttention {
   using memory_space = typename ExecSpace::memory_space;
   using tensor3 = detail::Tensor3<T, memory_space>;
   using tensor4 = detail::Tensor4<T, memory_space>;
-  using tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, memory_space>;
+  using tensor5 = detail::Tensor5<T, memory_space>;
   using weights_type = MlaWeights<T, memory_space>;
   using gradients_type = MlaGradients<T, memory_space>;
 

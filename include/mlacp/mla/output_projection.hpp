@@ -17,7 +17,7 @@ class OutputProjection {
   using memory_space = typename ExecSpace::memory_space;
   using tensor3 = detail::Tensor3<T, memory_space>;
   using tensor4 = detail::Tensor4<T, memory_space>;
-  using tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, memory_space>;
+  using tensor5 = detail::Tensor5<T, memory_space>;
   using matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
   using vector = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
 
