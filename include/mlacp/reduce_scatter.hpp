@@ -49,16 +49,24 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
         start, nothing);
   }
   // Pairwise: every block but this rank's own travels (MPI_Ialltoallv with a zero count to itself, so that MPI copies
-  // nothing locally); the sum reads the own block where it is sent from. The count arrays live until the wait.
+  // nothing locally); the sum reads the own block where it is sent from. Counts and displacements are in blocks (a
+  // contiguous type of `count` values), so that only the per-block count has to fit an int, as validated; the arrays
+  // live until the wait.
   const int me = mesh.rank();
-  auto counts = std::make_shared<std::vector<int>>(static_cast<std::size_t>(parts), count);
+  auto counts = std::make_shared<std::vector<int>>(static_cast<std::size_t>(parts), 1);
   auto displacements = std::make_shared<std::vector<int>>(static_cast<std::size_t>(parts), 0);
   (*counts)[static_cast<std::size_t>(me)] = 0;
-  for (int r = 0; r < parts; ++r) (*displacements)[static_cast<std::size_t>(r)] = r * count;
+  for (int r = 0; r < parts; ++r) (*displacements)[static_cast<std::size_t>(r)] = r;
   const auto received = detail::allocate_buffer<T, MemSpace>(name + " recv", n);
-  auto start = [counts, displacements, comm](const T* s, T* r, MPI_Request* request) {
-    return MPI_Ialltoallv(s, counts->data(), displacements->data(), mpi::datatype<T>(), r, counts->data(),
-                          displacements->data(), mpi::datatype<T>(), comm, request);
+  auto start = [counts, displacements, count, comm](const T* s, T* r, MPI_Request* request) {
+    MPI_Datatype block = MPI_DATATYPE_NULL;
+    int rc = MPI_Type_contiguous(count, mpi::datatype<T>(), &block);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&block);
+    if (rc == MPI_SUCCESS)
+      rc = MPI_Ialltoallv(s, counts->data(), displacements->data(), block, r, counts->data(), displacements->data(),
+                          block, comm, request);
+    if (block != MPI_DATATYPE_NULL) MPI_Type_free(&block);  // freed once the pending exchange no longer needs it
+    return rc;
   };
   const T* own = sent.buffer.data() + static_cast<std::ptrdiff_t>(me) * count;
   auto sum = [space, result_buffer, own, me, count, parts, name](const detail::Buffer<T, MemSpace>& r) {
