@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// The default attention core of the MLA layer: tiled causal attention in the flash-attention style (MLA_SPEC step 6).
+// The forward walks key tiles per query tile with an online softmax and saves only O and the row log-sum-exp; the
+// backward recomputes the score tiles from lse, computes D_i = rowsum(dO_i o O_i) once, accumulates dK/dV per key
+// tile and dQ per query tile. Tiles above the diagonal are skipped and the diagonal tiles masked. Memory is O(S) (the
+// row term) plus O(tile) scratch, never S x S. Softmax statistics (running max, running sum, D) are double.
+//
+// Two implementations (FlashAttentionPath): the BLAS path for host execution spaces (tile products are Kokkos Kernels
+// GEMMs, the BLAS TPL on host builds: flash_attention_blas.hpp) and the team path for any execution space
+// (KokkosBatched team GEMMs with tiles in team scratch: flash_attention_team.hpp). Both compute the same numbers to
+// rounding.
+//
+// The core owns its scratch (allocated at the first call of a configuration, reused after), so calls through one core
+// object must be ordered: one execution-space instance, or fences between instances. Copies of a core do not share
+// scratch.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <mlacp/mla/attention_core.hpp>
+#include <mlacp/mla/flash_attention_blas.hpp>
+#include <mlacp/mla/flash_attention_options.hpp>
+#include <mlacp/mla/flash_attention_scratch.hpp>
+#include <mlacp/mla/flash_attention_team.hpp>
+
+#include <memory>
+#include <typeinfo>
+
+namespace mlacp {
+
+class FlashAttentionCore {
+ public:
+  FlashAttentionCore() = default;
+  explicit FlashAttentionCore(const FlashAttentionOptions& options) : options_(options) {}
+  FlashAttentionCore(const FlashAttentionCore& other) : options_(other.options_) {}
+  FlashAttentionCore& operator=(const FlashAttentionCore& other) {
+    options_ = other.options_;
+    scratch_.reset();
+    return *this;
+  }
+  FlashAttentionCore(FlashAttentionCore&&) noexcept = default;
+  FlashAttentionCore& operator=(FlashAttentionCore&&) noexcept = default;
+  ~FlashAttentionCore() = default;
+
+  const FlashAttentionOptions& options() const { return options_; }
+
+  /// True when `path` would run the BLAS path on ExecSpace (automatic: wherever host memory is reachable).
+  template <class ExecSpace>
+  static constexpr bool runs_blas(FlashAttentionPath path) {
+    constexpr bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+    return host && path != FlashAttentionPath::team;
+  }
+
+  /// o [B, S, h, dv] and lse [B, h, S] from q, k [B, S, h, dqk] and v [B, S, h, dv]. Asynchronous on `space`.
+  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
+  void forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+               const LseView& lse) const {
+    check_common<ExecSpace, QView, KView, VView, OView, LseView>();
+    detail::attention_check("FlashAttentionCore::forward", q, k, v, o, lse);
+    if (q.extent(0) * q.extent(1) * q.extent(2) == 0) return;
+    using T = typename OView::non_const_value_type;
+    using Mem = typename ExecSpace::memory_space;
+    const bool blas = use_blas<ExecSpace>();
+    const auto [tq, tk] = detail::flash_tiles(options_, blas);
+    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+      if (blas) {
+        detail::flash_forward_blas(space, q, k, v, o, lse, tq, tk, scratch<T, Mem>());
+        return;
+      }
+    }
+    detail::flash_forward_team(space, q, k, v, o, lse, tq, tk);
+  }
+
+  /// dq, dk, dv (each may be empty: not needed) from the forward's q, k, v, o, lse and d_o [B, S, h, dv]; overwritten.
+  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
+            class DqView, class DkView, class DvView>
+  void backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+                const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv) const {
+    check_common<ExecSpace, QView, KView, VView, OView, LseView>();
+    static_assert_accessible<ExecSpace, DoView>();
+    static_assert_accessible<ExecSpace, DqView>();
+    static_assert_accessible<ExecSpace, DkView>();
+    static_assert_accessible<ExecSpace, DvView>();
+    const char* who = "FlashAttentionCore::backward";
+    detail::attention_check(who, q, k, v, o, lse);
+    const std::size_t nb = q.extent(0), ns = q.extent(1), nh = q.extent(2), nqk = q.extent(3), nv = v.extent(3);
+    detail::check_extents<DoView, 4>(who, "d_o", d_o, {nb, ns, nh, nv});
+    const bool do_dq = !view_is_empty(dq), do_dk = !view_is_empty(dk), do_dv = !view_is_empty(dv);
+    if (do_dq) detail::check_extents<DqView, 4>(who, "dq", dq, {nb, ns, nh, nqk});
+    if (do_dk) detail::check_extents<DkView, 4>(who, "dk", dk, {nb, ns, nh, nqk});
+    if (do_dv) detail::check_extents<DvView, 4>(who, "dv", dv, {nb, ns, nh, nv});
+    if (nb * ns * nh == 0 || !(do_dq || do_dk || do_dv)) return;
+    using T = typename DoView::non_const_value_type;
+    using Mem = typename ExecSpace::memory_space;
+    const bool blas = use_blas<ExecSpace>();
+    const auto [tq, tk] = detail::flash_tiles(options_, blas);
+    auto& ws = scratch<T, Mem>();
+    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+      if (blas) {
+        detail::flash_backward_blas(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, tq, tk, ws);
+        return;
+      }
+    }
+    ws.reserve(0, 0, (do_dq || do_dk) ? static_cast<std::int64_t>(nb * nh * ns) : 0);
+    detail::flash_backward_team(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, tq, tk, ws.row_term);
+  }
+
+ private:
+  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
+  static constexpr void check_common() {
+    static_assert(compat::view_rank_v<QView> == 4, "mlacp::FlashAttentionCore: q must be rank-4 [B, S, h, dqk]");
+    static_assert(compat::view_rank_v<VView> == 4, "mlacp::FlashAttentionCore: v must be rank-4 [B, S, h, dv]");
+    static_assert_accessible<ExecSpace, QView>();
+    static_assert_accessible<ExecSpace, KView>();
+    static_assert_accessible<ExecSpace, VView>();
+    static_assert_accessible<ExecSpace, OView>();
+    static_assert_accessible<ExecSpace, LseView>();
+  }
+
+  template <class ExecSpace>
+  bool use_blas() const {
+    if (options_.path == FlashAttentionPath::blas && !runs_blas<ExecSpace>(FlashAttentionPath::blas))
+      throw InvalidArgument(
+          "mlacp::FlashAttentionCore: path = blas on an execution space that cannot reach host memory; expected "
+          "team or automatic");
+    return runs_blas<ExecSpace>(options_.path);
+  }
+
+  struct ScratchBase {
+    virtual ~ScratchBase() = default;
+  };
+  template <class T, class Mem>
+  struct Scratch final : ScratchBase {
+    detail::FlashScratch<T, Mem> views;
+  };
+  template <class T, class Mem>
+  detail::FlashScratch<T, Mem>& scratch() const {
+    auto* s = dynamic_cast<Scratch<T, Mem>*>(scratch_.get());
+    if (s == nullptr) {
+      scratch_ = std::make_unique<Scratch<T, Mem>>();
+      s = static_cast<Scratch<T, Mem>*>(scratch_.get());
+    }
+    return s->views;
+  }
+
+  FlashAttentionOptions options_;
+  mutable std::unique_ptr<ScratchBase> scratch_;
+};
+
+}  // namespace mlacp

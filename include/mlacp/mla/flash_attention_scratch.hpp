@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// The scratch the tiled attention core owns (allocated once per configuration, reused by every call) and the row term
+// D_i = rowsum(dO_i o O_i) of the backward that both of its paths read from it.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace mlacp::detail {
+
+/// Integer min / max usable in kernels (Kokkos::min / max are 3.7 and later).
+KOKKOS_INLINE_FUNCTION std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+KOKKOS_INLINE_FUNCTION std::int64_t imax(std::int64_t a, std::int64_t b) { return a < b ? b : a; }
+
+/// What the core keeps between calls, grown once per configuration so that the steady state allocates nothing: the
+/// host path's score tiles and row statistics, and the backward's row term D of both paths.
+template <class T, class MemSpace>
+struct FlashScratch {
+  Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> scores, grads;  // [query_tile, key_tile]
+  Kokkos::View<double*, MemSpace> row_max, row_sum;                // [query_tile]
+  Kokkos::View<double*, MemSpace> row_term;                        // D [B * h * S]
+
+  void reserve(std::int64_t tq, std::int64_t tk, std::int64_t rows) {
+    if (scores.extent(0) != static_cast<std::size_t>(tq) || scores.extent(1) != static_cast<std::size_t>(tk)) {
+      scores = decltype(scores)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash scores"), tq, tk);
+      grads = decltype(grads)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash dS"), tq, tk);
+      row_max = decltype(row_max)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash m"), tq);
+      row_sum = decltype(row_sum)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash l"), tq);
+    }
+    if (rows > 0 && row_term.extent(0) < static_cast<std::size_t>(rows))
+      row_term = decltype(row_term)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash D"), rows);
+  }
+};
+
+/// D_i = rowsum(dO_i o O_i) for every (b, head, query) into ws.row_term[(b*h + head)*S + i], accumulated in double.
+template <class ExecSpace, class O, class DO>
+void flash_row_term(const ExecSpace& space, const O& o, const DO& d_o,
+                    const Kokkos::View<double*, typename ExecSpace::memory_space>& row_term) {
+  const auto n_s = static_cast<std::int64_t>(o.extent(1)), n_h = static_cast<std::int64_t>(o.extent(2));
+  const auto d_v = static_cast<std::int64_t>(o.extent(3));
+  const std::int64_t rows = static_cast<std::int64_t>(o.extent(0)) * n_s;
+  Kokkos::parallel_for(
+      "mlacp::flash_row_term", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows),
+      KOKKOS_LAMBDA(const std::int64_t row) {
+        const std::int64_t b = row / n_s, i = row % n_s;
+        for (std::int64_t hd = 0; hd < n_h; ++hd) {
+          double sum = 0;
+          for (std::int64_t c = 0; c < d_v; ++c)
+            sum += static_cast<double>(d_o(b, i, hd, c)) * static_cast<double>(o(b, i, hd, c));
+          row_term((b * n_h + hd) * n_s + i) = sum;
+        }
+      });
+}
+
+}  // namespace mlacp::detail

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// The portable path of the tiled causal attention core (any execution space: Serial, OpenMP, CUDA, HIP): one team per
+// (batch, head, tile), the tile products as KokkosBatched team GEMMs reading q, k, v, dO in place, the score tile and
+// the accumulators in team scratch memory (level 0 where they fit, else level 1). The mathematics is that of
+// flash_attention_blas.hpp:
+//   forward, one team per query tile: online softmax over the key tiles up to the diagonal;
+//   backward, two kernels without atomics: one team per key tile accumulates dK and dV over the query tiles at or
+//   below the diagonal, one team per query tile accumulates dQ over the key tiles up to it (P recomputed from lse).
+#pragma once
+
+#include <KokkosBatched_Gemm_Decl.hpp>
+#include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/mla/flash_attention_scratch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+namespace mlacp::detail {
+
+template <class ExecSpace>
+struct FlashTeam {
+  using policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  using member = typename policy::member_type;
+  template <class T>
+  using matrix = Kokkos::View<T**, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
+                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  template <class T>
+  using vector = Kokkos::View<T*, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
+                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using NT = KokkosBatched::Trans::NoTranspose;
+  using TR = KokkosBatched::Trans::Transpose;
+  using Algo = KokkosBatched::Algo::Gemm::Unblocked;
+
+  /// A team policy over `league` teams with `bytes` of scratch per team, at level 0 where it fits.
+  static policy make(const ExecSpace& space, std::int64_t league, std::size_t bytes) {
+    policy p(space, league, Kokkos::AUTO);
+    const int level = bytes <= static_cast<std::size_t>(policy::scratch_size_max(0)) ? 0 : 1;
+    return p.set_scratch_size(level, Kokkos::PerTeam(bytes));
+  }
+  static int level(std::size_t bytes) { return bytes <= static_cast<std::size_t>(policy::scratch_size_max(0)) ? 0 : 1; }
+};
+
+/// Rows [row0, row0 + n) of head `hd` of batch `b` of a [B, S, h, d] View as an [n, d] subview (any layout).
+template <class View4>
+KOKKOS_INLINE_FUNCTION auto head_block(const View4& t, std::int64_t b, std::int64_t hd, std::int64_t row0,
+                                       std::int64_t n) {
+  return Kokkos::subview(t, b, Kokkos::make_pair(row0, row0 + n), hd, Kokkos::ALL());
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+void flash_forward_team(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                        std::int64_t tile_q, std::int64_t tile_k) {
+  using T = typename O::non_const_value_type;
+  using team = FlashTeam<ExecSpace>;
+  using mat = typename team::template matrix<T>;
+  using vec = typename team::template vector<double>;
+  using lse_type = typename Lse::non_const_value_type;
+  const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_s = static_cast<std::int64_t>(q.extent(1));
+  const auto n_h = static_cast<std::int64_t>(q.extent(2)), d_v = static_cast<std::int64_t>(v.extent(3));
+  const double scale = 1.0 / compat::math::sqrt(static_cast<double>(q.extent(3)));
+  tile_q = std::min(tile_q, n_s);
+  tile_k = std::min(tile_k, n_s);
+  const std::int64_t n_tiles = (n_s + tile_q - 1) / tile_q;
+  const std::size_t bytes =
+      mat::shmem_size(tile_q, tile_k) + mat::shmem_size(tile_q, d_v) + 2 * vec::shmem_size(tile_q);
+  const int level = team::level(bytes);
+  Kokkos::parallel_for(
+      "mlacp::flash_forward_team", team::make(space, n_b * n_h * n_tiles, bytes),
+      KOKKOS_LAMBDA(const typename team::member& t) {
+        const std::int64_t tile = t.league_rank() % n_tiles, hd = (t.league_rank() / n_tiles) % n_h;
+        const std::int64_t b = t.league_rank() / (n_tiles * n_h);
+        const std::int64_t i0 = tile * tile_q, nq = imin(tile_q, n_s - i0);
+        mat s_all(t.team_scratch(level), tile_q, tile_k), acc_all(t.team_scratch(level), tile_q, d_v);
+        vec m(t.team_scratch(level), tile_q), l(t.team_scratch(level), tile_q);
+        const auto acc = Kokkos::subview(acc_all, Kokkos::make_pair<std::int64_t>(0, nq), Kokkos::ALL());
+        const auto q_i = head_block(q, b, hd, i0, nq);
+        for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile_k) {
+          const std::int64_t nk = imin(tile_k, i0 + nq - j0);
+          const bool first = j0 == 0, masked = j0 + nk - 1 > i0;
+          const auto s =
+              Kokkos::subview(s_all, Kokkos::make_pair<std::int64_t>(0, nq), Kokkos::make_pair<std::int64_t>(0, nk));
+          KokkosBatched::TeamGemm<typename team::member, typename team::NT, typename team::TR,
+                                  typename team::Algo>::invoke(t, T(1), q_i, head_block(k, b, hd, j0, nk), T(0), s);
+          t.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
+            const std::int64_t last = masked ? imin(nk - 1, i0 + r - j0) : nk - 1;
+            if (last < 0) {
+              for (std::int64_t c = 0; c < nk; ++c) s(r, c) = T(0);
+              if (first) l(r) = 0;
+              return;
+            }
+            double mx = static_cast<double>(s(r, 0));
+            for (std::int64_t c = 1; c <= last; ++c) mx = compat::math::fmax(mx, static_cast<double>(s(r, c)));
+            mx *= scale;
+            const double m_new = first ? mx : compat::math::fmax(m(r), mx);
+            double sum = 0;
+            for (std::int64_t c = 0; c <= last; ++c) {
+              const T p = static_cast<T>(compat::math::exp(static_cast<double>(s(r, c)) * scale - m_new));
+              s(r, c) = p;
+              sum += static_cast<double>(p);
+            }
+            for (std::int64_t c = last + 1; c < nk; ++c) s(r, c) = T(0);
+            if (first) {
+              l(r) = sum;
+            } else {
+              const double alpha = compat::math::exp(m(r) - m_new);
+              l(r) = l(r) * alpha + sum;
+              for (std::int64_t c = 0; c < d_v; ++c) acc(r, c) *= static_cast<T>(alpha);
+            }
+            m(r) = m_new;
+          });
+          t.team_barrier();
+          KokkosBatched::TeamGemm<typename team::member, typename team::NT, typename team::NT,
+                                  typename team::Algo>::invoke(t, T(1), s, head_block(v, b, hd, j0, nk),
+                                                               first ? T(0) : T(1), acc);
+          t.team_barrier();
+        }
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
+          const T inv = static_cast<T>(1.0 / l(r));
+          for (std::int64_t c = 0; c < d_v; ++c) o(b, i0 + r, hd, c) = acc(r, c) * inv;
+          lse(b, hd, i0 + r) = static_cast<lse_type>(m(r) + compat::math::log(l(r)));
+        });
+      });
+}
+
+/// In scratch `p` [nq, nk]: P = exp(scale * Q_i K_j^T - lse_i), zero above the diagonal; then, when `ds` is not
+/// null, dS = scale * P o (dO_i V_j^T - D_i). Used by both backward kernels of the team path.
+template <class Team, class T, class Q, class K, class V, class Lse, class DO, class RowTerm, class Mat>
+KOKKOS_INLINE_FUNCTION void flash_team_probabilities(const typename Team::member& t, const Q& q, const K& k, const V& v,
+                                                     const Lse& lse, const DO& d_o, const RowTerm& row_term,
+                                                     std::int64_t b, std::int64_t hd, std::int64_t n_h,
+                                                     std::int64_t n_s, std::int64_t i0, std::int64_t nq,
+                                                     std::int64_t j0, std::int64_t nk, double scale, const Mat& p,
+                                                     const Mat& ds, bool want_ds) {
+  KokkosBatched::TeamGemm<typename Team::member, typename Team::NT, typename Team::TR, typename Team::Algo>::invoke(
+      t, T(1), head_block(q, b, hd, i0, nq), head_block(k, b, hd, j0, nk), T(0), p);
+  if (want_ds)
+    KokkosBatched::TeamGemm<typename Team::member, typename Team::NT, typename Team::TR, typename Team::Algo>::invoke(
+        t, T(1), head_block(d_o, b, hd, i0, nq), head_block(v, b, hd, j0, nk), T(0), ds);
+  t.team_barrier();
+  const bool masked = j0 + nk - 1 > i0;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
+    const std::int64_t last = masked ? imin(nk - 1, i0 + r - j0) : nk - 1;
+    const double lse_r = static_cast<double>(lse(b, hd, i0 + r));
+    const double d_r = want_ds ? row_term((b * n_h + hd) * n_s + i0 + r) : 0.0;
+    for (std::int64_t c = 0; c < nk; ++c) {
+      const double pr = c <= last ? compat::math::exp(static_cast<double>(p(r, c)) * scale - lse_r) : 0.0;
+      p(r, c) = static_cast<T>(pr);
+      if (want_ds) ds(r, c) = static_cast<T>(scale * pr * (static_cast<double>(ds(r, c)) - d_r));
+    }
+  });
+  t.team_barrier();
+}
+
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                         const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
+                         std::int64_t tile_q, std::int64_t tile_k,
+                         const Kokkos::View<double*, typename ExecSpace::memory_space>& row_term) {
+  using T = typename DO::non_const_value_type;
+  using team = FlashTeam<ExecSpace>;
+  using mat = typename team::template matrix<T>;
+  const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_s = static_cast<std::int64_t>(q.extent(1));
+  const auto n_h = static_cast<std::int64_t>(q.extent(2)), d_qk = static_cast<std::int64_t>(q.extent(3));
+  const auto d_v = static_cast<std::int64_t>(v.extent(3));
+  const double scale = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
+  tile_q = std::min(tile_q, n_s);
+  tile_k = std::min(tile_k, n_s);
+  const bool need_ds = do_dq || do_dk;
+  if (need_ds) flash_row_term(space, o, d_o, row_term);
+  using NT = typename team::NT;
+  using TR = typename team::TR;
+  using Algo = typename team::Algo;
+  using member = typename team::member;
+
+  if (do_dk || do_dv) {
+    const std::int64_t n_tiles = (n_s + tile_k - 1) / tile_k;
+    const std::size_t bytes =
+        2 * mat::shmem_size(tile_q, tile_k) + mat::shmem_size(tile_k, d_qk) + mat::shmem_size(tile_k, d_v);
+    const int level = team::level(bytes);
+    Kokkos::parallel_for(
+        "mlacp::flash_backward_dkdv_team", team::make(space, n_b * n_h * n_tiles, bytes),
+        KOKKOS_LAMBDA(const member& t) {
+          const std::int64_t tile = t.league_rank() % n_tiles, hd = (t.league_rank() / n_tiles) % n_h;
+          const std::int64_t b = t.league_rank() / (n_tiles * n_h);
+          const std::int64_t j0 = tile * tile_k, nk = imin(tile_k, n_s - j0);
+          mat p_all(t.team_scratch(level), tile_q, tile_k), ds_all(t.team_scratch(level), tile_q, tile_k);
+          mat dk_all(t.team_scratch(level), tile_k, d_qk), dv_all(t.team_scratch(level), tile_k, d_v);
+          const auto keys = Kokkos::make_pair<std::int64_t>(0, nk);
+          const auto dk_acc = Kokkos::subview(dk_all, keys, Kokkos::ALL());
+          const auto dv_acc = Kokkos::subview(dv_all, keys, Kokkos::ALL());
+          bool first = true;
+          for (std::int64_t i0 = (j0 / tile_q) * tile_q; i0 < n_s; i0 += tile_q) {
+            const std::int64_t nq = imin(tile_q, n_s - i0);
+            const auto rows = Kokkos::make_pair<std::int64_t>(0, nq);
+            const auto p = Kokkos::subview(p_all, rows, keys), ds = Kokkos::subview(ds_all, rows, keys);
+            flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, b, hd, n_h, n_s, i0, nq, j0, nk, scale, p,
+                                              ds, do_dk);
+            if (do_dv)
+              KokkosBatched::TeamGemm<member, TR, NT, Algo>::invoke(t, T(1), p, head_block(d_o, b, hd, i0, nq),
+                                                                    first ? T(0) : T(1), dv_acc);
+            if (do_dk)
+              KokkosBatched::TeamGemm<member, TR, NT, Algo>::invoke(t, T(1), ds, head_block(q, b, hd, i0, nq),
+                                                                    first ? T(0) : T(1), dk_acc);
+            t.team_barrier();
+            first = false;
+          }
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nk), [&](const std::int64_t r) {
+            if (do_dk)
+              for (std::int64_t c = 0; c < d_qk; ++c) dk(b, j0 + r, hd, c) = dk_acc(r, c);
+            if (do_dv)
+              for (std::int64_t c = 0; c < d_v; ++c) dv(b, j0 + r, hd, c) = dv_acc(r, c);
+          });
+        });
+  }
+
+  if (do_dq) {
+    const std::int64_t n_tiles = (n_s + tile_q - 1) / tile_q;
+    const std::size_t bytes = 2 * mat::shmem_size(tile_q, tile_k) + mat::shmem_size(tile_q, d_qk);
+    const int level = team::level(bytes);
+    Kokkos::parallel_for(
+        "mlacp::flash_backward_dq_team", team::make(space, n_b * n_h * n_tiles, bytes), KOKKOS_LAMBDA(const member& t) {
+          const std::int64_t tile = t.league_rank() % n_tiles, hd = (t.league_rank() / n_tiles) % n_h;
+          const std::int64_t b = t.league_rank() / (n_tiles * n_h);
+          const std::int64_t i0 = tile * tile_q, nq = imin(tile_q, n_s - i0);
+          mat p_all(t.team_scratch(level), tile_q, tile_k), ds_all(t.team_scratch(level), tile_q, tile_k);
+          mat dq_all(t.team_scratch(level), tile_q, d_qk);
+          const auto rows = Kokkos::make_pair<std::int64_t>(0, nq);
+          const auto dq_acc = Kokkos::subview(dq_all, rows, Kokkos::ALL());
+          for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile_k) {
+            const std::int64_t nk = imin(tile_k, i0 + nq - j0);
+            const auto keys = Kokkos::make_pair<std::int64_t>(0, nk);
+            const auto p = Kokkos::subview(p_all, rows, keys), ds = Kokkos::subview(ds_all, rows, keys);
+            flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, b, hd, n_h, n_s, i0, nq, j0, nk, scale, p,
+                                              ds, true);
+            KokkosBatched::TeamGemm<member, NT, NT, Algo>::invoke(t, T(1), ds, head_block(k, b, hd, j0, nk),
+                                                                  j0 == 0 ? T(0) : T(1), dq_acc);
+            t.team_barrier();
+          }
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
+            for (std::int64_t c = 0; c < d_qk; ++c) dq(b, i0 + r, hd, c) = dq_acc(r, c);
+          });
+        });
+  }
+}
+
+}  // namespace mlacp::detail
