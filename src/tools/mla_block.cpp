@@ -4,8 +4,17 @@
 // on rank 0 with P = 1, prints the relative error of the output and of every gradient and PASS or FAIL (exit code 0
 // or 1), and with --dump DIR writes the tensors as .npy files (MLA_SPEC "Dump format"). Run it with mpirun or srun
 // to check an installation: `srun -n 4 mlacp-mla-block --strategy latent --dtype double`.
+//
+// It is also the timing tool the PyTorch peer (perf_tests/peers/) is compared with: --no-reference skips the P = 1
+// reference (which does not fit at large S), --warmup N untimed iterations come first, and every run reports the
+// median time (barrier, forward + backward, fence, max over ranks), the peak resident memory (max over ranks) and a
+// roofline line: the layer's FLOPs per rank (mlacp/mla/flop_count.hpp) against the rate of one GEMM of the layer's
+// q_proj shape measured in the same run, as the fraction of that rate the measured time corresponds to.
 #include <mpi.h>
+#include <sys/resource.h>
 #include <mlacp/collectives.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/mla/flop_count.hpp>
 #include <mlacp/mla/mla_attention.hpp>
 #include <mlacp/mla/synthetic.hpp>
 #include <mlacp/version.hpp>
@@ -21,6 +30,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,15 +46,20 @@ struct Options {
   std::string dtype = "double";
   std::uint64_t seed = 1;
   int iters = 1;
+  int warmup = 0;  // untimed iterations before the `iters` timed ones
+  bool reference = true;
   std::string dump;
+  std::string json;       // "" = no JSON report
   double tolerance = -1;  // < 0: MLA_SPEC's (1e-10 double, 1e-4 float)
 };
 
 const char* usage =
     "usage: mlacp-mla-block [--batch B] [--seq S] [--hidden D] [--heads H] [--nope dn] [--rope dr] [--vdim dv]\n"
     "                       [--latent R] [--strategy latent|expanded] [--dtype float|double] [--bias] [--seed N]\n"
-    "                       [--iters N] [--dump DIR] [--tolerance X] [--blocking]\n"
-    "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration.\n";
+    "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
+    "                       [--no-reference]\n"
+    "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
+    "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -58,9 +73,10 @@ Options parse(int argc, char** argv) {
   c.rope = 4;
   c.vdim = 6;
   c.latent = 12;
-  const std::map<std::string, int*> ints = {{"--batch", &c.batch}, {"--seq", &c.seq},       {"--hidden", &c.hidden},
-                                            {"--heads", &c.heads}, {"--nope", &c.nope},     {"--rope", &c.rope},
-                                            {"--vdim", &c.vdim},   {"--latent", &c.latent}, {"--iters", &o.iters}};
+  const std::map<std::string, int*> ints = {{"--batch", &c.batch},  {"--seq", &c.seq},       {"--hidden", &c.hidden},
+                                            {"--heads", &c.heads},  {"--nope", &c.nope},     {"--rope", &c.rope},
+                                            {"--vdim", &c.vdim},    {"--latent", &c.latent}, {"--iters", &o.iters},
+                                            {"--warmup", &o.warmup}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--bias") {
@@ -69,6 +85,10 @@ Options parse(int argc, char** argv) {
     }
     if (flag == "--blocking") {
       c.overlap = false;
+      continue;
+    }
+    if (flag == "--no-reference") {
+      o.reference = false;
       continue;
     }
     if (flag == "--help" || flag == "-h") throw std::invalid_argument("");
@@ -88,6 +108,8 @@ Options parse(int argc, char** argv) {
         o.seed = std::stoull(value);
       } else if (flag == "--dump") {
         o.dump = value;
+      } else if (flag == "--json") {
+        o.json = value;
       } else if (flag == "--tolerance") {
         o.tolerance = std::stod(value);
       } else {
@@ -102,6 +124,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.iters < 1) throw std::invalid_argument("--iters " + std::to_string(o.iters) + ": expected at least 1");
+  if (o.warmup < 0) throw std::invalid_argument("--warmup " + std::to_string(o.warmup) + ": expected at least 0");
   return o;
 }
 
@@ -153,6 +176,60 @@ void dump(const std::string& dir, const std::string& name, const std::vector<dou
   mlacp::tools::write_npy(dir + "/" + name + ".npy", data, shape);
 }
 
+// Peak resident set size of this process in bytes (getrusage's high-water mark, KiB on Linux), max over the ranks.
+double peak_rss_bytes(MPI_Comm comm) {
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  double bytes = static_cast<double>(self.ru_maxrss) * 1024.0;
+  MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return bytes;
+}
+
+// The machine's GEMM rate for this layer: one compat::gemm of q_proj's forward shape, [B*s, D] x [D, H*dqk] (x w_q^T),
+// in T, on every rank at once (each rank has its core, as in the layer). Each repeat starts after a barrier and its
+// time is the maximum over the ranks; the rate is the FLOPs over the median time, after one untimed call.
+struct GemmRate {
+  double flops_per_s = 0;
+  std::string shape;
+  int repeats = 0;
+};
+
+template <class T>
+GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, MPI_Comm comm) {
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+  const int m = c.batch * s, k = c.hidden, n = c.heads * c.qk_dim();
+  Matrix a("gemm a", m, k), b("gemm b", n, k), out("gemm c", m, n);
+  mlacp::synthetic::fill(a, 11, 1.0);
+  mlacp::synthetic::fill(b, 12, 1.0);
+  const Space space;
+  GemmRate rate;
+  rate.repeats = 5;
+  std::vector<double> times;
+  for (int it = 0; it <= rate.repeats; ++it) {
+    Kokkos::fence();
+    MPI_Barrier(comm);
+    const auto start = std::chrono::steady_clock::now();
+    mlacp::compat::gemm(space, "N", "T", T(1), a, b, T(0), out);
+    Kokkos::fence();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+    if (it > 0) times.push_back(seconds);
+  }
+  std::sort(times.begin(), times.end());
+  rate.flops_per_s = 2.0 * m * k * n / times[times.size() / 2];
+  rate.shape = "[" + std::to_string(m) + " x " + std::to_string(k) + "] x [" + std::to_string(k) + " x " +
+               std::to_string(n) + "]";
+  return rate;
+}
+
+// A JSON number (null when not finite).
+std::string jnum(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream out;
+  out << std::setprecision(9) << v;
+  return out.str();
+}
+
 template <class T>
 int run(const Options& o, const mlacp::Mesh& mesh) {
   const auto& c = o.config;
@@ -165,21 +242,29 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   const auto weights = mlacp::synthetic::weights<T, Mem>(c, o.seed);
   mlacp::MlaAttention<T> layer(c, weights, mesh);
   const int s = layer.local_seq();
-  Tensor3 x_full("x", c.batch, c.seq, c.hidden), dy_full("dy", c.batch, c.seq, c.hidden);
-  mlacp::synthetic::fill(x_full, o.seed + 100, 1.0);
-  mlacp::synthetic::fill(dy_full, o.seed + 200, 1.0);
-  const auto shard = [&](const Tensor3& full) {
-    Tensor3 local("shard", c.batch, s, c.hidden);
+  // The full x and dy only when the reference or the dump needs them: at large S they would count in the peak
+  // memory of every rank, which is reported next to the peer's (which holds only its shard).
+  const bool need_full = o.reference || !o.dump.empty();
+  Tensor3 x_full, dy_full, x("x", c.batch, s, c.hidden), dy("dy", c.batch, s, c.hidden);
+  if (need_full) {
+    x_full = Tensor3("x", c.batch, c.seq, c.hidden);
+    dy_full = Tensor3("dy", c.batch, c.seq, c.hidden);
+    mlacp::synthetic::fill(x_full, o.seed + 100, 1.0);
+    mlacp::synthetic::fill(dy_full, o.seed + 200, 1.0);
     const auto begin = static_cast<std::size_t>(rank * s);
-    Kokkos::deep_copy(local, Kokkos::subview(full, Kokkos::ALL(), std::make_pair(begin, begin + s), Kokkos::ALL()));
-    return local;
-  };
-  const Tensor3 x = shard(x_full), dy = shard(dy_full);
+    const auto tokens = std::make_pair(begin, begin + static_cast<std::size_t>(s));
+    Kokkos::deep_copy(x, Kokkos::subview(x_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
+    Kokkos::deep_copy(dy, Kokkos::subview(dy_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
+  } else {
+    mlacp::synthetic::fill(x, o.seed + 100 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
+    mlacp::synthetic::fill(dy, o.seed + 200 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
+  }
 
+  const GemmRate gemm = gemm_rate<T>(c, s, mesh.comm());
   std::vector<double> times;
   typename mlacp::MlaAttention<T>::gradients_type grads;
   Tensor3 y;
-  for (int it = 0; it < o.iters; ++it) {
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
     MPI_Barrier(mesh.comm());
     const auto start = std::chrono::steady_clock::now();
     auto forward = layer.forward(space, x);
@@ -187,50 +272,72 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     Kokkos::fence();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, mesh.comm());
-    times.push_back(seconds);
+    if (it >= o.warmup) times.push_back(seconds);
     y = forward.output();
   }
   std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  // Before the reference runs on rank 0: the distributed layer's own high-water mark.
+  const double peak_rss = peak_rss_bytes(mesh.comm());
+  const mlacp::MlaFlops flops = mlacp::mla_flops(c, P);
+  const double fraction = flops.total() / gemm.flops_per_s / median;
 
   // Distributed results, assembled on rank 0 in global order; weight gradients summed over ranks.
   std::vector<std::pair<std::string, std::vector<double>>> got;
-  got.emplace_back("y", gather_tokens(to_host(y), c.batch, s, c.hidden, mesh));
-  got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, s, c.hidden, mesh));
-  const std::vector<std::pair<std::string, std::vector<double>>> local_weight_grads = {
-      {"dw_q", to_host(grads.w_q)},   {"db_q", to_host(grads.b_q)},     {"dw_kva", to_host(grads.w_kva)},
-      {"dg_kv", to_host(grads.g_kv)}, {"dw_kvb", to_host(grads.w_kvb)}, {"db_kvb", to_host(grads.b_kvb)},
-      {"dw_o", to_host(grads.w_o)},   {"db_o", to_host(grads.b_o)}};
-  for (const auto& [name, values] : local_weight_grads)
-    if (!values.empty()) got.emplace_back(name, sum_to_root(values, mesh));
+  if (need_full) {
+    got.emplace_back("y", gather_tokens(to_host(y), c.batch, s, c.hidden, mesh));
+    got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, s, c.hidden, mesh));
+    const std::vector<std::pair<std::string, std::vector<double>>> local_weight_grads = {
+        {"dw_q", to_host(grads.w_q)},   {"db_q", to_host(grads.b_q)},     {"dw_kva", to_host(grads.w_kva)},
+        {"dg_kv", to_host(grads.g_kv)}, {"dw_kvb", to_host(grads.w_kvb)}, {"db_kvb", to_host(grads.b_kvb)},
+        {"dw_o", to_host(grads.w_o)},   {"db_o", to_host(grads.b_o)}};
+    for (const auto& [name, values] : local_weight_grads)
+      if (!values.empty()) got.emplace_back(name, sum_to_root(values, mesh));
+  }
 
   int verdict = 0;
   if (rank == 0) {
-    // The reference: the same layer on the full sequence, one rank, P = 1.
-    mlacp::Mesh self(MPI_COMM_SELF);
-    mlacp::MlaAttention<T> reference(c, weights, self);
-    auto ref_forward = reference.forward(space, x_full);
-    const auto ref = reference.backward(space, ref_forward, dy_full);
-    const std::map<std::string, std::vector<double>> want = {
-        {"y", to_host(ref_forward.output())}, {"dx", to_host(ref.dx)},
-        {"dw_q", to_host(ref.w_q)},           {"db_q", to_host(ref.b_q)},
-        {"dw_kva", to_host(ref.w_kva)},       {"dg_kv", to_host(ref.g_kv)},
-        {"dw_kvb", to_host(ref.w_kvb)},       {"db_kvb", to_host(ref.b_kvb)},
-        {"dw_o", to_host(ref.w_o)},           {"db_o", to_host(ref.b_o)}};
     std::cout << "mlacp-mla-block: " << c.describe() << " dtype=" << o.dtype << " P=" << P << " seed=" << o.seed
               << (c.overlap ? "" : " (blocking collectives)") << "\n";
-    std::cout << "  iteration time (max over ranks): median " << std::setprecision(4) << times[times.size() / 2] * 1e3
-              << " ms, min " << times.front() * 1e3 << " ms over " << o.iters << " iteration(s)\n";
-    std::cout << "  relative error vs single-rank full-sequence reference (tolerance " << tolerance << "):\n";
-    double worst = 0;
-    for (const auto& [name, values] : got) {
-      const double e = relative_error(values, want.at(name));
-      worst = std::max(worst, e);
-      std::cout << "    " << std::left << std::setw(7) << name << std::scientific << std::setprecision(3) << e
-                << (e <= tolerance ? "" : "   <-- above tolerance") << std::defaultfloat << "\n";
+    std::cout << "  iteration time (max over ranks): median " << std::setprecision(4) << median * 1e3 << " ms, min "
+              << times.front() * 1e3 << " ms over " << o.iters << " iteration(s) after " << o.warmup << " warm-up\n";
+    std::cout << "  peak resident memory (max over ranks): " << std::setprecision(4) << peak_rss / (1 << 20)
+              << " MiB\n";
+    std::cout << "  roofline per rank: forward " << std::setprecision(4) << flops.forward * 1e-9
+              << " GFLOP (attention core " << flops.attention_forward * 1e-9 << "), backward " << flops.backward * 1e-9
+              << " GFLOP (attention core " << flops.attention_backward * 1e-9 << "); GEMM rate "
+              << gemm.flops_per_s * 1e-9 << " GFLOP/s (" << gemm.shape << ", " << o.dtype << ", median of "
+              << gemm.repeats << "); fraction of the machine's GEMM rate " << std::fixed << std::setprecision(3)
+              << fraction << std::defaultfloat << "\n";
+    std::string reference_status = "skipped";
+    double worst = NAN;
+    if (o.reference) {
+      // The reference: the same layer on the full sequence, one rank, P = 1.
+      mlacp::Mesh self(MPI_COMM_SELF);
+      mlacp::MlaAttention<T> reference(c, weights, self);
+      auto ref_forward = reference.forward(space, x_full);
+      const auto ref = reference.backward(space, ref_forward, dy_full);
+      const std::map<std::string, std::vector<double>> want = {
+          {"y", to_host(ref_forward.output())}, {"dx", to_host(ref.dx)},
+          {"dw_q", to_host(ref.w_q)},           {"db_q", to_host(ref.b_q)},
+          {"dw_kva", to_host(ref.w_kva)},       {"dg_kv", to_host(ref.g_kv)},
+          {"dw_kvb", to_host(ref.w_kvb)},       {"db_kvb", to_host(ref.b_kvb)},
+          {"dw_o", to_host(ref.w_o)},           {"db_o", to_host(ref.b_o)}};
+      std::cout << "  relative error vs single-rank full-sequence reference (tolerance " << tolerance << "):\n";
+      worst = 0;
+      for (const auto& [name, values] : got) {
+        const double e = relative_error(values, want.at(name));
+        worst = std::max(worst, e);
+        std::cout << "    " << std::left << std::setw(7) << name << std::scientific << std::setprecision(3) << e
+                  << (e <= tolerance ? "" : "   <-- above tolerance") << std::defaultfloat << "\n";
+      }
+      verdict = worst <= tolerance ? 0 : 1;
+      reference_status = verdict == 0 ? "PASS" : "FAIL";
+      std::cout << reference_status << " (max relative error " << std::scientific << worst << ")\n"
+                << std::defaultfloat;
+    } else {
+      std::cout << "  reference: skipped (--no-reference), no PASS/FAIL verdict\n";
     }
-    verdict = worst <= tolerance ? 0 : 1;
-    std::cout << (verdict == 0 ? "PASS" : "FAIL") << " (max relative error " << std::scientific << worst << ")\n"
-              << std::defaultfloat;
 
     if (!o.dump.empty()) {
       std::filesystem::create_directories(o.dump);
@@ -268,6 +375,34 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << "\",\n  \"seed\": " << o.seed << ",\n  \"ranks\": " << P
            << ",\n  \"overlap\": " << (c.overlap ? "true" : "false") << "\n}\n";
       std::cout << "  dumped " << got.size() + 2 + params.size() << " .npy files and config.json to " << o.dump << "\n";
+    }
+
+    if (!o.json.empty()) {
+      std::ofstream json(o.json);
+      if (!json) throw std::runtime_error("cannot write " + o.json);
+      std::string list;
+      for (const double t : times) list += (list.empty() ? "" : ", ") + jnum(t);
+      json << "{\"tool\": \"mlacp-mla-block\", \"status\": \"ok\", \"config\": {\"B\": " << c.batch
+           << ", \"S\": " << c.seq << ", \"D\": " << c.hidden << ", \"H\": " << c.heads << ", \"dn\": " << c.nope
+           << ", \"dr\": " << c.rope << ", \"dv\": " << c.vdim << ", \"R\": " << c.latent
+           << ", \"bias\": " << (c.bias ? "true" : "false") << "}, \"P\": " << P << ", \"dtype\": \"" << o.dtype
+           << "\", \"strategy\": \"" << mlacp::to_string(c.strategy)
+           << "\", \"overlap\": " << (c.overlap ? "true" : "false") << ", \"warmup\": " << o.warmup
+           << ", \"iters\": " << o.iters
+           << ", \"protocol\": \"per iteration: barrier, forward + backward, fence, time = max over ranks; median\""
+           << ", \"time_median_s\": " << jnum(median) << ", \"time_min_s\": " << jnum(times.front())
+           << ", \"times_s\": [" << list << "], \"peak_rss_bytes\": " << jnum(peak_rss)
+           << ", \"roofline\": {\"forward_flops\": " << jnum(flops.forward)
+           << ", \"backward_flops\": " << jnum(flops.backward)
+           << ", \"attention_forward_flops\": " << jnum(flops.attention_forward)
+           << ", \"attention_backward_flops\": " << jnum(flops.attention_backward)
+           << ", \"projections_forward_flops\": " << jnum(flops.projections_forward)
+           << ", \"projections_backward_flops\": " << jnum(flops.projections_backward)
+           << ", \"total_flops\": " << jnum(flops.total()) << ", \"gemm_rate_flops_per_s\": " << jnum(gemm.flops_per_s)
+           << ", \"gemm_shape\": \"" << gemm.shape << "\", \"flop_rate_per_s\": " << jnum(flops.total() / median)
+           << ", \"fraction_of_gemm_rate\": " << jnum(fraction) << "}, \"reference\": \"" << reference_status
+           << "\", \"max_relative_error\": " << jnum(worst) << "}\n";
+      std::cout << "  wrote " << o.json << "\n";
     }
   }
   MPI_Bcast(&verdict, 1, MPI_INT, 0, mesh.comm());
