@@ -10,6 +10,10 @@
 // the median over the repeats. The ideal overlapped time is max(T_compute, T_comm); the report gives
 // T_overlapped / max(T_compute, T_comm) (target <= 1.10) and T_overlapped / T_blocking.
 //
+// Every report also has a roofline line: the backward's FLOPs per rank (mlacp/mla/flop_count.hpp) against the rate of
+// one GEMM of the layer's q_proj shape measured at the start of the same run, as the fraction of that rate the
+// overlapped backward's time corresponds to.
+//
 // --timeline FILE writes the events of one overlapped backward per strategy, all ranks gathered on rank 0, for
 // scripts/plot_timeline.py.
 //
@@ -182,6 +186,9 @@ int run(int argc, char** argv) {
   c.latent = o.get_int("latent", o.quick ? 32 : 512);
   if (const std::string error = c.error(P); !error.empty()) throw std::invalid_argument(error);
   const std::string timeline_path = o.get("timeline", "");
+  // Before any layer runs: the machine's GEMM rate at q_proj's forward shape, [B*s, D] x [D, H*dqk].
+  const GemmRate gemm = measure_gemm_rate<T>(mesh.comm(), c.batch * c.seq / P, c.hidden, c.heads * c.qk_dim());
+  const mlacp::MlaFlops flops = mlacp::mla_flops(c, P);
 
   JsonObject doc = header("mlacp-perf-block", o, P, repeats);
   doc.obj("config", JsonObject()
@@ -212,6 +219,7 @@ int run(int argc, char** argv) {
                        .num("overlapped_over_blocking", tov / tb)
                        .num("comm_over_compute", tm / tc)
                        .num("hidden_fraction_of_comm", (tb - tov) / tm)
+                       .obj("roofline", roofline_json(flops, gemm, flops.backward, tov))
                        .text());
     if (!r.timeline.empty())
       timelines.push_back(
@@ -236,6 +244,14 @@ int run(int argc, char** argv) {
     }
     std::cout << "compute/comm from the blocking runs' event record (comm = sum of wait_end - launch); hidden = "
                  "(blocking - overlapped) / comm\n";
+    std::cout << "roofline per rank: backward " << fixed(flops.backward * 1e-9, 3) << " GFLOP (attention core "
+              << fixed(flops.attention_backward * 1e-9, 3) << "), forward " << fixed(flops.forward * 1e-9, 3)
+              << " GFLOP; GEMM rate " << fixed(gemm.flops_per_s * 1e-9, 2) << " GFLOP/s (" << gemm.shape
+              << ", double, median of " << gemm.repeats
+              << "); fraction of the machine's GEMM rate (overlapped backward):";
+    for (const Result& r : results)
+      std::cout << " " << r.strategy << " " << fixed(flops.backward / gemm.flops_per_s / r.overlapped.median(), 3);
+    std::cout << "\n";
     write_json(o.json, doc.text());
     if (!timeline_path.empty()) {
       JsonObject t = header("mlacp-perf-block timeline", o, P, 1);

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // Shared by the perf_tests: command line, the timing protocol (warm-up, repeats, per-iteration time = max over ranks,
-// median), a minimal JSON writer and machine facts.
+// median), the GEMM rate a roofline is measured against, a minimal JSON writer and machine facts.
 #pragma once
 
 #include <mpi.h>
 #include <unistd.h>
+
+#include <mlacp/compat.hpp>
+#include <mlacp/mla/flop_count.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -147,6 +150,31 @@ inline std::vector<Samples> measure_interleaved(MPI_Comm comm, int warmup, int r
   return out;
 }
 
+// The machine's GEMM rate for a roofline: one compat::gemm C[m, n] = A[m, k] B[n, k]^T (a projection's forward shape,
+// x W^T) on every rank at once, as the layer runs (one rank per core). `measure`'s protocol, one untimed call first;
+// the rate is 2*m*n*k over the median time. Call it before the layer runs, in the same process.
+struct GemmRate {
+  double flops_per_s = NAN;
+  std::string shape;
+  int repeats = 0;
+};
+
+template <class T>
+GemmRate measure_gemm_rate(MPI_Comm comm, int m, int k, int n, int repeats = 5) {
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space>;
+  Matrix a("gemm a", m, k), b("gemm b", n, k), c("gemm c", m, n);
+  Kokkos::deep_copy(a, T(0.5));
+  Kokkos::deep_copy(b, T(0.25));
+  const Kokkos::DefaultExecutionSpace space;
+  const Samples s = measure(comm, 1, repeats, [&] { mlacp::compat::gemm(space, "N", "T", T(1), a, b, T(0), c); });
+  GemmRate rate;
+  rate.flops_per_s = 2.0 * m * k * n / s.median();
+  rate.shape = "[" + std::to_string(m) + " x " + std::to_string(k) + "] x [" + std::to_string(k) + " x " +
+               std::to_string(n) + "]";
+  rate.repeats = repeats;
+  return rate;
+}
+
 // Kokkos Tools region for a scope (users' space-time-stack / NVTX connector show the benchmark's phases).
 class Region {
  public:
@@ -217,6 +245,24 @@ class JsonObject {
  private:
   std::vector<std::pair<std::string, std::string>> items_;
 };
+
+// The roofline fields of a report: the block's FLOPs per rank (mlacp/mla/flop_count.hpp), the GEMM rate, and for a
+// measured phase (`timed_flops` in `seconds`) its FLOP rate and the fraction of the GEMM rate it corresponds to,
+// (timed_flops / GEMM rate) / seconds.
+inline JsonObject roofline_json(const mlacp::MlaFlops& f, const GemmRate& gemm, double timed_flops, double seconds) {
+  return JsonObject()
+      .num("forward_flops", f.forward)
+      .num("backward_flops", f.backward)
+      .num("attention_forward_flops", f.attention_forward)
+      .num("attention_backward_flops", f.attention_backward)
+      .num("projections_forward_flops", f.projections_forward)
+      .num("projections_backward_flops", f.projections_backward)
+      .num("gemm_rate_flops_per_s", gemm.flops_per_s)
+      .str("gemm_shape", gemm.shape)
+      .num("timed_flops", timed_flops)
+      .num("flop_rate_per_s", timed_flops / seconds)
+      .num("fraction_of_gemm_rate", timed_flops / gemm.flops_per_s / seconds);
+}
 
 inline std::string hostname() {
   char name[256] = {};
