@@ -16,6 +16,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/mla/flash_attention_rows.hpp>
 #include <mlacp/mla/flash_attention_scratch.hpp>
 
 #include <algorithm>
@@ -75,34 +76,13 @@ void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V&
           const bool masked = j0 + nk - 1 > i0;  // some key of the tile lies after some query
           Kokkos::parallel_for(
               "mlacp::flash_forward_softmax", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
-                // Keys up to `last` (inclusive) are visible to query i0 + r.
-                const std::int64_t last = masked ? imin(nk - 1, i0 + r - j0) : nk - 1;
-                if (last < 0) {  // the whole row is masked in this tile (only for tile_k > tile_q)
-                  for (std::int64_t c = 0; c < nk; ++c) s(r, c) = T(0);
-                  return;
+                const std::int64_t last = masked ? last_visible(i0 + r, j0, nk) : nk - 1;
+                const double alpha = online_softmax_row(&s(r, 0), nk, last, scale, first, m(r), l(r));
+                if (!first && alpha != 1.0) {
+                  const auto a = static_cast<o_type>(alpha);
+                  o_type* out = &o_i(r, 0);
+                  for (std::int64_t c = 0; c < d_v; ++c) out[c] *= a;
                 }
-                double mx = static_cast<double>(s(r, 0));
-                for (std::int64_t c = 1; c <= last; ++c) mx = compat::math::fmax(mx, static_cast<double>(s(r, c)));
-                mx *= scale;
-                const double m_new = first ? mx : compat::math::fmax(m(r), mx);
-                double sum = 0;
-                for (std::int64_t c = 0; c <= last; ++c) {
-                  const T p = static_cast<T>(compat::math::exp(static_cast<double>(s(r, c)) * scale - m_new));
-                  s(r, c) = p;
-                  sum += static_cast<double>(p);
-                }
-                for (std::int64_t c = last + 1; c < nk; ++c) s(r, c) = T(0);
-                if (first) {
-                  l(r) = sum;
-                } else {
-                  const double alpha = compat::math::exp(m(r) - m_new);
-                  l(r) = l(r) * alpha + sum;
-                  if (alpha != 1.0) {
-                    const auto a = static_cast<o_type>(alpha);
-                    for (std::int64_t c = 0; c < d_v; ++c) o_i(r, c) *= a;
-                  }
-                }
-                m(r) = m_new;
               });
           compat::gemm(space, "N", "N", T(1), s, head_rows(v, b, hd, j0, nk), first ? T(0) : T(1), o_i);
         }
@@ -150,11 +130,8 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
           const bool masked = j0 + nk - 1 > i0;
           Kokkos::parallel_for(
               "mlacp::flash_backward_probabilities", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
-                const std::int64_t last = masked ? imin(nk - 1, i0 + r - j0) : nk - 1;
-                const double lse_r = static_cast<double>(lse(b, hd, i0 + r));
-                for (std::int64_t c = 0; c <= last; ++c)
-                  p(r, c) = static_cast<T>(compat::math::exp(static_cast<double>(p(r, c)) * scale - lse_r));
-                for (std::int64_t c = imax(last + 1, 0); c < nk; ++c) p(r, c) = T(0);
+                const std::int64_t last = masked ? last_visible(i0 + r, j0, nk) : nk - 1;
+                probabilities_row(&p(r, 0), nk, last, scale, static_cast<double>(lse(b, hd, i0 + r)));
               });
           if (do_dv) compat::gemm(space, "T", "N", T(1), p, do_i, first_i ? T(0) : T(1), head_rows(dv, b, hd, j0, nk));
           if (need_ds) {
@@ -163,10 +140,7 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
             const std::int64_t d0 = lse_row * n_s + i0;
             Kokkos::parallel_for(
                 "mlacp::flash_backward_ds", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
-                  const double d_r = row_term(d0 + r);
-                  for (std::int64_t c = 0; c < nk; ++c)
-                    ds(r, c) =
-                        static_cast<T>(scale * static_cast<double>(p(r, c)) * (static_cast<double>(ds(r, c)) - d_r));
+                  score_grad_row(&ds(r, 0), &p(r, 0), nk, scale, row_term(d0 + r));
                 });
             if (do_dk)
               compat::gemm(space, "T", "N", T(1), ds, q_i, first_i ? T(0) : T(1), head_rows(dk, b, hd, j0, nk));

@@ -27,11 +27,12 @@ struct FlashAttentionOptions {
   FlashAttentionPath path = FlashAttentionPath::automatic;
 };
 
-/// Default tiles of each path. Host (BLAS): measured at dqk = dv = 32 and at dqk = 192, dv = 128 on the CI machine
-/// (perf_tests/perf_attention.cpp); large key tiles make the score GEMMs efficient and leave the online softmax few
-/// rescales. Team: small enough that a score tile and the accumulators fit in a GPU's team scratch.
+/// Default tiles of each path. Host (BLAS): 128 x 128 was the best or within the noise of the best of 64x64, 128x128,
+/// 64x256 and 128x256 at dqk = dv = 32 and at dqk = 192, dv = 128, S = 512 and 2048, float and double
+/// (mlacp-perf-attention, README); longer key tiles lose in the backward, shorter ones to GEMM call overhead. Team:
+/// small enough that a score tile and the accumulators fit in a GPU's team scratch.
 inline constexpr int flash_default_query_tile_blas = 128;
-inline constexpr int flash_default_key_tile_blas = 256;
+inline constexpr int flash_default_key_tile_blas = 128;
 inline constexpr int flash_default_query_tile_team = 32;
 inline constexpr int flash_default_key_tile_team = 32;
 

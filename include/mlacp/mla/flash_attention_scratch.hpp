@@ -10,10 +10,6 @@
 
 namespace mlacp::detail {
 
-/// Integer min / max usable in kernels (Kokkos::min / max are 3.7 and later).
-KOKKOS_INLINE_FUNCTION std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
-KOKKOS_INLINE_FUNCTION std::int64_t imax(std::int64_t a, std::int64_t b) { return a < b ? b : a; }
-
 /// What the core keeps between calls, grown once per configuration so that the steady state allocates nothing: the
 /// host path's score tiles and row statistics, and the backward's row term D of both paths.
 template <class T, class MemSpace>

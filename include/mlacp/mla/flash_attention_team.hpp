@@ -12,6 +12,7 @@
 #include <KokkosBatched_Gemm_Decl.hpp>
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/mla/flash_attention_rows.hpp>
 #include <mlacp/mla/flash_attention_scratch.hpp>
 
 #include <algorithm>
@@ -86,31 +87,10 @@ void flash_forward_team(const ExecSpace& space, const Q& q, const K& k, const V&
                                   typename team::Algo>::invoke(t, T(1), q_i, head_block(k, b, hd, j0, nk), T(0), s);
           t.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
-            const std::int64_t last = masked ? imin(nk - 1, i0 + r - j0) : nk - 1;
-            if (last < 0) {
-              for (std::int64_t c = 0; c < nk; ++c) s(r, c) = T(0);
-              if (first) l(r) = 0;
-              return;
-            }
-            double mx = static_cast<double>(s(r, 0));
-            for (std::int64_t c = 1; c <= last; ++c) mx = compat::math::fmax(mx, static_cast<double>(s(r, c)));
-            mx *= scale;
-            const double m_new = first ? mx : compat::math::fmax(m(r), mx);
-            double sum = 0;
-            for (std::int64_t c = 0; c <= last; ++c) {
-              const T p = static_cast<T>(compat::math::exp(static_cast<double>(s(r, c)) * scale - m_new));
-              s(r, c) = p;
-              sum += static_cast<double>(p);
-            }
-            for (std::int64_t c = last + 1; c < nk; ++c) s(r, c) = T(0);
-            if (first) {
-              l(r) = sum;
-            } else {
-              const double alpha = compat::math::exp(m(r) - m_new);
-              l(r) = l(r) * alpha + sum;
+            const std::int64_t last = masked ? last_visible(i0 + r, j0, nk) : nk - 1;
+            const double alpha = online_softmax_row(&s(r, 0), nk, last, scale, first, m(r), l(r));
+            if (!first && alpha != 1.0)
               for (std::int64_t c = 0; c < d_v; ++c) acc(r, c) *= static_cast<T>(alpha);
-            }
-            m(r) = m_new;
           });
           t.team_barrier();
           KokkosBatched::TeamGemm<typename team::member, typename team::NT, typename team::NT,
@@ -143,14 +123,9 @@ KOKKOS_INLINE_FUNCTION void flash_team_probabilities(const typename Team::member
   t.team_barrier();
   const bool masked = j0 + nk - 1 > i0;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
-    const std::int64_t last = masked ? imin(nk - 1, i0 + r - j0) : nk - 1;
-    const double lse_r = static_cast<double>(lse(b, hd, i0 + r));
-    const double d_r = want_ds ? row_term((b * n_h + hd) * n_s + i0 + r) : 0.0;
-    for (std::int64_t c = 0; c < nk; ++c) {
-      const double pr = c <= last ? compat::math::exp(static_cast<double>(p(r, c)) * scale - lse_r) : 0.0;
-      p(r, c) = static_cast<T>(pr);
-      if (want_ds) ds(r, c) = static_cast<T>(scale * pr * (static_cast<double>(ds(r, c)) - d_r));
-    }
+    const std::int64_t last = masked ? last_visible(i0 + r, j0, nk) : nk - 1;
+    probabilities_row(&p(r, 0), nk, last, scale, static_cast<double>(lse(b, hd, i0 + r)));
+    if (want_ds) score_grad_row(&ds(r, 0), &p(r, 0), nk, scale, row_term((b * n_h + hd) * n_s + i0 + r));
   });
   t.team_barrier();
 }

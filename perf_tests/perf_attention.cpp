@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// mlacp-perf-attention: the attention core alone (forward + backward on head-local q, k, v), against the machine's
+// GEMM rate measured in the same run, for each tiling of the flash core (the measurement its default tiles come from),
+// and the reference core (one thread per row) where it is fast enough to time.
+//
+// FLOPs per (batch, head): E = S(S+1)/2 causal score elements; forward 2E(dqk+dv), backward 2E(3dqk+2dv) (score
+// recompute, dP, dV, dQ, dK). GEMM rate: a square n x n x n GEMM (n = 512) of the same value type through Kokkos
+// Kernels (the BLAS TPL on host builds), median of the repeats. "fraction" = (FLOPs / GEMM rate) / measured time.
+// Every rank runs the same work (P ranks load P cores, as the layer does); times are the max over ranks.
+//
+//   mpirun -n 2 mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--dtype float|double|both]
+//                                    [--seq S[,S...]] [--heads h] [--tiles QxK[,QxK...]] [--shapes small,deepseek]
+//                                    [--path blas|team]
+#include <mpi.h>
+#include <mlacp/compat.hpp>
+#include <mlacp/mla/attention_core.hpp>
+#include <mlacp/mla/flash_attention.hpp>
+
+#include <random>
+#include <sstream>
+
+#include "perf_common.hpp"
+
+namespace {
+
+using namespace mlacp::perf;
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+
+const char* usage =
+    "usage: mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--warmup N] [--dtype float|double|both]\n"
+    "                            [--seq S[,S...]] [--heads h] [--tiles QxK[,QxK...]] [--shapes small,deepseek]\n"
+    "                            [--path blas|team] [--reference-max-seq S]\n";
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+struct HeadShape {
+  std::string name;
+  int dqk, dv;
+};
+
+template <class T>
+double gemm_rate(MPI_Comm comm, int warmup, int repeats) {
+  const int n = 512;
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> a("a", n, n), b("b", n, n), c("c", n, n);
+  Kokkos::deep_copy(a, T(0.5));
+  Kokkos::deep_copy(b, T(0.25));
+  const Space space;
+  const Samples s = measure(comm, warmup, repeats, [&] { mlacp::compat::gemm(space, "N", "N", T(1), a, b, T(0), c); });
+  return 2.0 * n * n * n / s.median();
+}
+
+template <class T>
+struct Problem {
+  Kokkos::View<T****, Kokkos::LayoutRight, Mem> q, k, v, o, d_o, dq, dk, dv;
+  Kokkos::View<T***, Kokkos::LayoutRight, Mem> lse;
+  Problem(int s, int h, const HeadShape& hs)
+      : q("q", 1, s, h, hs.dqk),
+        k("k", 1, s, h, hs.dqk),
+        v("v", 1, s, h, hs.dv),
+        o("o", 1, s, h, hs.dv),
+        d_o("d_o", 1, s, h, hs.dv),
+        dq("dq", 1, s, h, hs.dqk),
+        dk("dk", 1, s, h, hs.dqk),
+        dv("dv", 1, s, h, hs.dv),
+        lse("lse", 1, h, s) {
+    std::mt19937 gen(7);
+    std::uniform_real_distribution<double> dist(-1.0, 1.0);
+    for (const auto& view : {q, k, v, d_o}) {
+      auto host = Kokkos::create_mirror_view(view);
+      for (std::size_t i = 0; i < host.span(); ++i) host.data()[i] = static_cast<T>(dist(gen));
+      Kokkos::deep_copy(view, host);
+    }
+  }
+};
+
+struct Row {
+  std::string dtype, shape, core;
+  int seq, heads, tq, tk;
+  double forward_s, backward_s, flops, rate;
+};
+
+template <class T, class Core>
+Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, int tk, int s, int h,
+              const HeadShape& hs, int warmup, int repeats, double rate) {
+  Problem<T> p(s, h, hs);
+  const Space space;
+  const auto fwd = [&] { core.forward(space, p.q, p.k, p.v, p.o, p.lse); };
+  const auto bwd = [&] { core.backward(space, p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv); };
+  const Samples f = measure(comm, warmup, repeats, fwd);
+  const Samples b = measure(comm, warmup, repeats, bwd);
+  const double e = static_cast<double>(h) * s * (s + 1.0) / 2.0;
+  return {std::is_same_v<T, double> ? "double" : "float",
+          hs.name,
+          name,
+          s,
+          h,
+          tq,
+          tk,
+          f.median(),
+          b.median(),
+          2.0 * e * (hs.dqk + hs.dv) + 2.0 * e * (3.0 * hs.dqk + 2.0 * hs.dv),
+          rate};
+}
+
+template <class T>
+void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows) {
+  const int repeats = o.repeats_or(2, 5), warmup = o.quick ? 1 : o.warmup;
+  const double rate = gemm_rate<T>(comm, warmup, std::max(repeats, 5));
+  const int h = o.get_int("heads", 4);
+  const std::vector<std::string> seqs = split(o.get("seq", o.quick ? "256" : "512,2048"), ',');
+  const std::vector<std::string> tiles = split(o.get("tiles", o.quick ? "0x0,32x64" : "0x0"), ',');
+  std::vector<HeadShape> shapes;
+  for (const auto& name : split(o.get("shapes", "small,deepseek"), ',')) {
+    if (name == "small")
+      shapes.push_back({"dqk=32 dv=32", 32, 32});
+    else if (name == "deepseek")
+      shapes.push_back({"dqk=192 dv=128", 192, 128});
+    else
+      throw std::invalid_argument("--shapes " + name + ": expected small or deepseek");
+  }
+  const std::string path = o.get("path", "blas");
+  const int reference_max = o.get_int("reference-max-seq", o.quick ? 256 : 512);
+  for (const auto& hs : shapes) {
+    for (const auto& seq : seqs) {
+      const int s = std::stoi(seq);
+      for (const auto& t : tiles) {
+        const auto x = t.find('x');
+        if (x == std::string::npos) throw std::invalid_argument("--tiles " + t + ": expected QxK");
+        mlacp::FlashAttentionOptions fo;
+        fo.query_tile = std::stoi(t.substr(0, x));
+        fo.key_tile = std::stoi(t.substr(x + 1));
+        fo.path = path == "team" ? mlacp::FlashAttentionPath::team : mlacp::FlashAttentionPath::blas;
+        const auto [tq, tk] = mlacp::detail::flash_tiles(fo, path != "team");
+        rows.push_back(time_core<T>(comm, mlacp::FlashAttentionCore(fo), "flash-" + path, tq, tk, s, h, hs, warmup,
+                                    repeats, rate));
+      }
+      if (s <= reference_max)
+        rows.push_back(time_core<T>(comm, mlacp::CausalAttentionCore{}, "reference", 0, 0, s, h, hs, warmup,
+                                    std::min(repeats, 3), rate));
+    }
+  }
+}
+
+int run(int argc, char** argv) {
+  const Options o = parse_options(
+      argc, argv, {"--dtype", "--seq", "--heads", "--tiles", "--shapes", "--path", "--reference-max-seq"});
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const std::string dtype = o.get("dtype", "both");
+  std::vector<Row> rows;
+  if (dtype == "double" || dtype == "both") run_dtype<double>(MPI_COMM_WORLD, o, rows);
+  if (dtype == "float" || dtype == "both") run_dtype<float>(MPI_COMM_WORLD, o, rows);
+  if (rank != 0) return 0;
+  std::cout << "mlacp-perf-attention: attention core forward + backward, B=1, per rank (P = " << size
+            << " ranks run the same work), median of max over ranks\n";
+  std::cout << std::left << std::setw(8) << "dtype" << std::setw(16) << "head shape" << std::setw(14) << "core"
+            << std::right << std::setw(7) << "S" << std::setw(4) << "h" << std::setw(10) << "tiles" << std::setw(11)
+            << "fwd ms" << std::setw(11) << "bwd ms" << std::setw(10) << "GFLOP/s" << std::setw(10) << "GEMM"
+            << std::setw(10) << "fraction\n";
+  std::vector<std::string> json_rows;
+  for (const auto& r : rows) {
+    const double total = r.forward_s + r.backward_s, achieved = r.flops / total;
+    const std::string tiles = r.tq ? std::to_string(r.tq) + "x" + std::to_string(r.tk) : "-";
+    std::cout << std::left << std::setw(8) << r.dtype << std::setw(16) << r.shape << std::setw(14) << r.core
+              << std::right << std::setw(7) << r.seq << std::setw(4) << r.heads << std::setw(10) << tiles
+              << std::setw(11) << ms(r.forward_s) << std::setw(11) << ms(r.backward_s) << std::setw(10)
+              << fixed(achieved / 1e9, 2) << std::setw(10) << fixed(r.rate / 1e9, 2) << std::setw(10)
+              << fixed(achieved / r.rate, 3) << "\n";
+    json_rows.push_back(JsonObject()
+                            .str("dtype", r.dtype)
+                            .str("head_shape", r.shape)
+                            .str("core", r.core)
+                            .num("seq", r.seq)
+                            .num("heads", r.heads)
+                            .num("query_tile", r.tq)
+                            .num("key_tile", r.tk)
+                            .num("forward_s", r.forward_s)
+                            .num("backward_s", r.backward_s)
+                            .num("flops", r.flops)
+                            .num("gemm_rate_flops", r.rate)
+                            .num("fraction_of_gemm_rate", achieved / r.rate)
+                            .text());
+  }
+  JsonObject doc = header("mlacp-perf-attention", o, size, o.repeats_or(2, 5));
+  doc.raw("results", jlist(json_rows));
+  write_json(o.json, doc.text());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_main(argc, argv, usage, run); }
