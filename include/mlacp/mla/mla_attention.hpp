@@ -8,7 +8,7 @@
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/detail/finite_check.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/attention_core.hpp>
+#include <mlacp/mla/flash_attention.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/input_a2a.hpp>
 #include <mlacp/mla/kv_layout.hpp>
@@ -36,12 +36,13 @@ namespace mlacp {
 /// (MLA_SPEC); sum them over the ranks as a data-parallel reduction would.
 ///
 /// Core: the attention core on head-local q [B,S,h,dqk], k [B,S,h,dqk], v [B,S,h,dv] -> o [B,S,h,dv] with a saved
-/// lse [B,h,S]; see CausalAttentionCore for the interface a user-supplied core provides.
+/// lse [B,h,S]; the default is the tiled FlashAttentionCore; see attention_core.hpp for the interface a user-supplied
+/// core provides (CausalAttentionCore there is the simple reference core).
 ///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
 /// rank: configuration (heads or seq not divisible by P, ...), weights whose shapes disagree with it, x or dy of the
 /// wrong shape or differing across ranks, backward before forward, a second backward of the same forward.
-template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace, class Core = CausalAttentionCore>
+template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace, class Core = FlashAttentionCore>
 class MlaAttention {
  public:
   using value_type = T;
