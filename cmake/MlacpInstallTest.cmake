@@ -19,7 +19,7 @@ set(prefix "${WORK_DIR}/prefix")
 run_step(${CMAKE_COMMAND} --install "${MLACP_BUILD_DIR}" --prefix "${prefix}")
 run_step(
   ${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${CMAKE_GENERATOR}"
-  -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} -DCMAKE_C_COMPILER=${CMAKE_C_COMPILER} "-DCMAKE_PREFIX_PATH=${prefix}"
+  -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} "-DCMAKE_PREFIX_PATH=${prefix}"
   -DCMAKE_BUILD_TYPE=Release)
 run_step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run_step("${WORK_DIR}/build/consumer")

@@ -12,10 +12,8 @@
 # is installed with mlacp so that downstream projects get the same targets from find_package(mlacp).
 include_guard(GLOBAL)
 
-# Kokkos builds without compiler extensions; say so first instead of letting its config override it with a warning.
-if(NOT DEFINED CMAKE_CXX_EXTENSIONS)
-  set(CMAKE_CXX_EXTENSIONS OFF)
-endif()
+# It sets no language variable (CMAKE_CXX_STANDARD, CMAKE_CXX_EXTENSIONS) in the including scope: in a consumer's
+# project those are the consumer's; mlacp's targets carry cxx_std_17 as a compile feature.
 find_package(Kokkos REQUIRED)
 find_package(KokkosKernels REQUIRED)
 
@@ -44,7 +42,4 @@ else()
   set(MLACP_KOKKOS_FLAVOR "Kokkos ${Kokkos_VERSION}, Kokkos Kernels ${KokkosKernels_VERSION}")
 endif()
 
-if(NOT CMAKE_CXX_STANDARD)
-  set(CMAKE_CXX_STANDARD 17)
-endif()
 message(STATUS "mlacp: using ${MLACP_KOKKOS_FLAVOR}")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds mlacp and runs every test:
 #   1. the format check (clang-format);
-#   2. build/ (RelWithDebInfo, warnings as errors) and all of ctest: MPI tests at 1, 2 and 4 ranks, the install test,
-#      the error catalogue and watchdog scenarios, the soak test, the perf tests in --quick mode, and the Slurm tests
+#   2. build/ (CMake preset dev: RelWithDebInfo, warnings as errors) and all of ctest: MPI tests at 1, 2 and 4 ranks,
+#      the install test, the error catalogue and watchdog scenarios, the soak test, the perf tests in --quick mode, and the Slurm tests
 #      (a local single-node Slurm is started and stopped by the tests themselves; needs root);
-#   3. build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer) and the MPI tests at 1 and 2 ranks.
+#   3. build-asan/ (preset asan: AddressSanitizer + UndefinedBehaviorSanitizer) and the MPI tests at 1 and 2 ranks.
 # Installs the Debian dependencies first when something is missing. Exits non-zero on any failure.
 #
 #   ./scripts/test.sh                       # everything
@@ -21,20 +21,22 @@ jobs=${BUILD_JOBS:-$(nproc)}
 
 "$root/scripts/check-format.sh"
 
-# Open MPI as root (CI runs as root), and one BLAS / OpenMP thread per rank.
+# This machine's launcher settings, passed to the build rather than built into it: Open MPI as root (CI runs as
+# root), 4 ranks on fewer cores (--oversubscribe), one BLAS / OpenMP thread per rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+preflags=()
+if mpirun --version 2>/dev/null | grep -q "Open MPI"; then preflags=(-DMPIEXEC_PREFLAGS=--oversubscribe); fi
 
-echo "== build and test ($build_dir)"
-cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLACP_ENABLE_WERROR=ON \
-  -DMLACP_ENABLE_TESTS=ON -DMLACP_ENABLE_PERF_TESTS=ON -DMLACP_ENABLE_SLURM_TESTS="${SLURM_TESTS:-ON}" ${CMAKE_ARGS:-}
+echo "== build and test ($build_dir, preset dev)"
+# shellcheck disable=SC2086
+cmake --preset dev -B "$build_dir" -DMLACP_ENABLE_SLURM_TESTS="${SLURM_TESTS:-ON}" "${preflags[@]}" ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j "$jobs"
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-1}" ${CTEST_ARGS:-}
 
 if [[ ${SANITIZERS:-ON} == ON ]]; then
-  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and MPI tests at 1 and 2 ranks ($asan_dir)"
-  cmake -S "$root" -B "$asan_dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMLACP_ENABLE_SANITIZERS="address;undefined" \
-    -DMLACP_ENABLE_WERROR=ON -DMLACP_ENABLE_TESTS=ON -DMLACP_ENABLE_PERF_TESTS=OFF -DMLACP_ENABLE_SLURM_TESTS=OFF
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and MPI tests at 1 and 2 ranks ($asan_dir, preset asan)"
+  cmake --preset asan -B "$asan_dir" "${preflags[@]}"
   cmake --build "$asan_dir" -j "$jobs"
   # Open MPI is not built with frame pointers: the slow unwinder gives full stacks, so that the suppressions (Open
   # MPI's own allocations only, see the file) can match them.
