@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds Release in build-release/, runs the perf suite at P = 2 on both
 # transports (shared memory: plain mpirun; a simulated 2 Gbit/s cluster link: scripts/netns-link.sh), prints the
-# tables, and leaves the JSON files and the timeline PNG in perf_results/.
+# tables, and leaves the JSON files and the timeline PNG in perf_results/. Then mlacp-mla-block against the PyTorch
+# peer (perf_tests/peers/, DeepSpeed-Ulysses style on gloo) side by side, and a scaling sweep over S.
 #
 #   ./scripts/bench.sh                  # P = 2, both transports (a few minutes on a 2-core machine)
 #   NP=4 ./scripts/bench.sh             # another group size (oversubscribes a small machine)
 #   RATE=10gbit ./scripts/bench.sh      # another link rate
 #   REPEATS=21 ./scripts/bench.sh       # more repeats per measurement
 #   SKIP_LINK=1 ./scripts/bench.sh      # shared memory only (no root needed for the run itself)
+#   SUITE=0 ./scripts/bench.sh          # skip the overlap suite above (only the peer comparison and sweep)
+#   PEER=0 ./scripts/bench.sh           # without the mlacp-vs-PyTorch-peer comparison (and sweep)
+#   SWEEP=0 ./scripts/bench.sh          # without the scaling sweep S = 512 ... 16384 (a few minutes)
+#   PEER_ITERS=9 PEER_WARMUP=2          # timed / untimed iterations of each comparison run (default 7 / 1)
+#   SWEEP_DTYPES=double                 # the sweep's dtypes (default "double float")
+#   SWEEP_SEQS="512 1024 2048"          # the sweep's sequence lengths
+#   PEER_MEM_GIB=10                     # per-rank address-space limit of the comparison runs (default: the smaller
+#                                       # of 10 GiB and 70% of the available memory / P)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -23,7 +32,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLACP_ENABLE_TESTS=OFF \
   -DMLACP_ENABLE_PERF_TESTS=ON ${CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "${BUILD_JOBS:-$(nproc)}" --target mlacp-perf-overlap mlacp-perf-block \
-  mlacp-perf-efficiency
+  mlacp-perf-efficiency mlacp-mla-block
 
 mkdir -p "$out"
 bin=$build_dir/perf_tests
@@ -47,10 +56,109 @@ run_suite() {  # <transport label> <rate label> <wrapper...>
   /usr/bin/python3 "$root/scripts/plot_timeline.py" "$out/block_timeline_$tag.json" "$out/block_timeline_$tag.png"
 }
 
-run_suite shm none
-if [[ -z ${SKIP_LINK:-} ]]; then
-  run_suite tcp-lo "$rate" "$root/scripts/netns-link.sh"
+if [[ ${SUITE:-1} != 0 ]]; then
+  run_suite shm none
+  if [[ -z ${SKIP_LINK:-} ]]; then
+    run_suite tcp-lo "$rate" "$root/scripts/netns-link.sh"
+  fi
+fi
+
+# ---- mlacp vs the PyTorch peer ---------------------------------------------------------------------------------------
+# Both tools time the same thing the same way (barrier, forward + backward, max over ranks, median after warm-up).
+# Each pair runs back to back, the order alternating from pair to pair, so that a load change on this shared machine
+# hits both alike. Every run has a per-rank address-space limit: the peer materialises S x S scores, and at large S
+# it must fail with "out of memory" (exit 3, JSON status) instead of taking the machine down.
+peer_script=$root/perf_tests/peers/ulysses_mla_torch.py
+block_bin=$build_dir/src/mlacp-mla-block
+runs=$out/peer_runs
+if [[ ${PEER:-1} != 0 ]] && ! /usr/bin/python3 -c 'import torch, mpi4py, numpy' 2>/dev/null; then
+  echo "bench: /usr/bin/python3 lacks torch, mpi4py or numpy: no PyTorch peer comparison"
+  PEER=0
+fi
+if [[ ${PEER:-1} != 0 ]]; then
+  rm -rf "$runs"
+  mkdir -p "$runs"
+  if [[ -n ${PEER_MEM_GIB:-} ]]; then
+    limit_bytes=$((PEER_MEM_GIB * 1024 * 1024 * 1024))
+  else
+    available_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+    limit_bytes=$((available_kib * 1024 / 10 * 7 / np))
+    if ((limit_bytes > 10 * 1024 * 1024 * 1024)); then limit_bytes=$((10 * 1024 * 1024 * 1024)); fi
+  fi
+  limit=()
+  if command -v prlimit >/dev/null; then limit=(prlimit --as="$limit_bytes"); fi
+  # gloo on the loopback interface: the only one inside netns-link.sh's namespace, and the same path on shm runs
+  # (gloo has no shared-memory transport; the peer's "shm" runs use TCP over an unlimited loopback).
+  export GLOO_SOCKET_IFNAME=lo
+  iters=(--warmup "${PEER_WARMUP:-1}" --iters "${PEER_ITERS:-7}")
+  shape_block=(--batch 1 --seq 512 --hidden 1024 --heads 8 --nope 16 --rope 16 --vdim 32 --latent 512)
+  shape_deepseek=(--batch 1 --seq 1024 --hidden 1024 --heads 8 --nope 128 --rope 64 --vdim 128 --latent 512)
+
+  on_transport() {  # <shm|tcp-lo> <command...>
+    local transport=$1
+    shift
+    if [[ $transport == shm ]]; then "$@"; else "$root/scripts/netns-link.sh" "$@"; fi
+  }
+  run_one() {  # <tool: mlacp|peer> <transport> <json> <args...>: one run, its output in <json>.log; never fails
+    local tool=$1 transport=$2 json=$3 rc=0
+    shift 3
+    if [[ $tool == mlacp ]]; then
+      on_transport "$transport" "${mpirun_cmd[@]}" "${limit[@]}" "$block_bin" --no-reference "$@" --json "$json" \
+        >"${json%.json}.log" 2>&1 || rc=$?
+    else
+      on_transport "$transport" "${mpirun_cmd[@]}" "${limit[@]}" /usr/bin/python3 "$peer_script" "$@" \
+        --transport-label "$transport" --json "$json" >"${json%.json}.log" 2>&1 || rc=$?
+    fi
+    local what="rc $rc"
+    if [[ -f $json ]]; then
+      what=$(/usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("%.1f ms" % (d["time_median_s"] * 1e3) if d["status"] == "ok" else d["status"])' "$json")
+    fi
+    printf '  %-60s %s\n' "$(basename "${json%.json}")" "$what"
+  }
+  pair=0
+  run_pair() {  # <json prefix> <transport> <args...>: mlacp and the peer back to back, alternating who goes first
+    local prefix=$1 transport=$2
+    shift 2
+    local order=(mlacp peer)
+    if ((pair++ % 2)); then order=(peer mlacp); fi
+    for tool in "${order[@]}"; do run_one "$tool" "$transport" "${prefix}_${tool}.json" "$@"; done
+  }
+
+  transports=(shm)
+  if [[ -z ${SKIP_LINK:-} ]]; then transports+=(tcp-lo); fi
+  echo
+  echo "==== mlacp vs the PyTorch peer, P = $np, ${PEER_ITERS:-7} iterations after ${PEER_WARMUP:-1} warm-up," \
+    "address-space limit $((limit_bytes >> 20)) MiB per rank ===="
+  for shape in block deepseek; do
+    declare -n dims="shape_$shape"
+    for strategy in latent expanded; do
+      for dtype in double float; do
+        for transport in "${transports[@]}"; do
+          run_pair "$runs/cmp_${shape}_${strategy}_${dtype}_${transport}" "$transport" "${dims[@]}" \
+            --strategy "$strategy" --dtype "$dtype" "${iters[@]}"
+        done
+      done
+    done
+    unset -n dims
+  done
+
+  # The scaling sweep: the perf_block shape at growing S, latent, shm. Fewer iterations where one takes seconds.
+  if [[ ${SWEEP:-1} != 0 ]]; then
+    echo
+    echo "==== scaling sweep, P = $np, latent, shm, dtypes: ${SWEEP_DTYPES:-double float} ===="
+    for seq in ${SWEEP_SEQS:-512 1024 2048 4096 8192 16384}; do
+      if ((seq <= 2048)); then sweep_iters=(--warmup 1 --iters 5); elif ((seq <= 4096)); then
+        sweep_iters=(--warmup 1 --iters 3)
+      else sweep_iters=(--warmup 0 --iters 1); fi  # one iteration of 5-30 s each: a single sample, noisier
+      for dtype in ${SWEEP_DTYPES:-double float}; do
+        run_pair "$runs/sweep_S${seq}_latent_${dtype}" shm "${shape_block[@]}" --seq "$seq" --strategy latent \
+          --dtype "$dtype" "${sweep_iters[@]}"
+      done
+    done
+  fi
+  /usr/bin/python3 "$root/perf_tests/peers/peer_report.py" "$runs" "$out"
 fi
 echo
-echo "bench: results in $out"
+echo "bench: results in $out ($((SECONDS / 60)) min $((SECONDS % 60)) s)"
 ls -1 "$out"
