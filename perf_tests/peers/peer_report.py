@@ -29,9 +29,12 @@ def ms(doc):
 
 
 def cell(value, fmt, doc=None, width=10):
+    """The formatted value; where there is none, the run's status (OOM, failed) when `doc` is given, else "-"."""
     if value is not None:
         return f"{value:{width}{fmt}}"
-    status = (doc or {}).get("status", "failed")
+    if doc is None:
+        return f"{'-':>{width}}"
+    status = doc.get("status", "failed")
     return f"{'OOM' if status == 'out of memory' else status:>{width}}"
 
 
@@ -52,7 +55,7 @@ def pairs(runs, pattern):
 def comparison(runs):
     rows = []
     for (shape, strategy, dtype, transport), docs in sorted(pairs(runs, r"cmp_(\w+?)_(latent|expanded)_(double|float)_"
-                                                                       r"(\w+?)_(mlacp|peer)\.json").items()):
+                                                                       r"([\w-]+?)_(mlacp|peer)\.json").items()):
         mlacp, peer = docs.get("mlacp", {"status": "failed"}), docs.get("peer", {"status": "failed"})
         t_m, t_p = ms(mlacp), ms(peer)
         rows.append({
@@ -98,8 +101,8 @@ def sweep(runs):
         rows.append(row)
     if not rows:
         return rows
-    print("\nscaling sweep, P = 2, latent, shm (per rank: FLOP rate = mla_flops / time; peak RSS max over ranks; "
-          "OOM = the peer's S x S scores did not fit the per-rank limit)")
+    print("\nscaling sweep, P = 2, latent, shm (per rank: FLOP rate = mla_flops / time; peak RSS max over ranks, for an "
+          "OOM run up to the failure;\nOOM = the peer's S x S scores did not fit the per-rank address-space limit)")
     print(f"{'S':>6s} {'dtype':7s}{'mlacp ms':>11s}{'GFLOP/s':>9s}{'RSS MiB':>9s}{'peer ms':>11s}{'GFLOP/s':>9s}"
           f"{'RSS MiB':>9s}{'iters':>7s}")
     for r in rows:

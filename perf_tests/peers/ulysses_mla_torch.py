@@ -309,9 +309,10 @@ class OutOfMemory(Exception):
     """An allocation failed on at least one rank (the message says where)."""
 
 
-def agree_on_failure(comm, failure, deadline_s):
+def agree_on_failure(comm, failure, deadline_s, on_abort=None):
     """All ranks learn whether any rank failed. A rank that failed may find the others stuck in a gloo collective it
-    will never join; it then waits at most `deadline_s` for them before ending the job with MPI_Abort."""
+    will never join; it then waits at most `deadline_s` for them, calls on_abort(failure) (the report) and ends the
+    job with MPI_Abort."""
     result = np.zeros(1, np.int32)
     request = comm.Iallreduce(np.array([1 if failure else 0], dtype=np.int32), result, op=MPI.MAX)
     start = time.monotonic()
@@ -319,13 +320,16 @@ def agree_on_failure(comm, failure, deadline_s):
         if failure and time.monotonic() - start > deadline_s:
             print(f"ulysses-mla-torch: rank {comm.rank}: out of memory ({failure}); the other ranks are stuck in a "
                   "collective, aborting the job", file=sys.stderr, flush=True)
+            if on_abort:
+                on_abort(failure)
             comm.Abort(EXIT_OOM)
         time.sleep(0.001)
     return bool(result[0])
 
 
-def run_step(comm, body, deadline_s):
-    """Runs body() on every rank; an allocation failure on any rank becomes OutOfMemory on every rank."""
+def run_step(comm, body, deadline_s, on_abort=None):
+    """Runs body() on every rank; an allocation failure on any rank becomes OutOfMemory on every rank (or, where the
+    other ranks cannot be reached, on_abort and MPI_Abort: see agree_on_failure)."""
     failure = None
     try:
         body()
@@ -333,7 +337,7 @@ def run_step(comm, body, deadline_s):
         if not is_out_of_memory(error):
             raise
         failure = str(error).splitlines()[0][:200]
-    if agree_on_failure(comm, failure, deadline_s):
+    if agree_on_failure(comm, failure, deadline_s, on_abort):
         messages = [m for m in comm.allgather(failure) if m]
         raise OutOfMemory(messages[0])
 
@@ -438,12 +442,12 @@ def gemm_rate(cfg, P, dtype, comm):
     """torch's rate for q_proj's forward GEMM ([B*s, D] x [D, H*dqk]), measured as mlacp-mla-block measures its own:
     every rank at once, barrier, max over ranks, median of 5 after one untimed call."""
     m, k, n = cfg["batch"] * cfg["seq"] // P, cfg["hidden"], cfg["heads"] * (cfg["nope"] + cfg["rope"])
-    a, b = torch.rand(m, k, dtype=dtype), torch.rand(n, k, dtype=dtype)
+    a, b, c = torch.rand(m, k, dtype=dtype), torch.rand(n, k, dtype=dtype), torch.empty(m, n, dtype=dtype)
     times = []
     for it in range(6):
         comm.Barrier()
         start = time.perf_counter()
-        F.linear(a, b)
+        torch.mm(a, b.t(), out=c)  # into a kept buffer: the GEMM, not a fresh allocation's page faults
         t = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
         if it:
             times.append(t)
@@ -485,10 +489,20 @@ def timing(args, comm):
         model(x).backward(state["dy"])
         state["t"] = time.perf_counter() - start
 
+    def report_alone(failure):
+        """The out-of-memory report of a rank that cannot reach the others (it is about to abort the job)."""
+        state.clear()
+        doc.update(status="out of memory", error=failure, peak_rss_bytes=peak_rss_bytes(),
+                   note=f"rank {rank} alone: the other ranks were stuck in a collective; its own peak memory")
+        print(f"RESULT tool=ulysses-mla-torch status=oom strategy={args.strategy} dtype={args.dtype} P={P} "
+              f"S={args.seq} peak_rss_mib={doc['peak_rss_bytes'] / 2**20:.1f}", flush=True)
+        if args.json:
+            write_json(args.json, doc)
+
     try:
-        run_step(comm, setup, args.oom_deadline)
+        run_step(comm, setup, args.oom_deadline, report_alone)
         for it in range(args.warmup + args.iters):
-            run_step(comm, iteration, args.oom_deadline)
+            run_step(comm, iteration, args.oom_deadline, report_alone)
             t = comm.allreduce(state["t"], op=MPI.MAX)
             if it >= args.warmup:
                 times.append(t)
@@ -510,7 +524,7 @@ def timing(args, comm):
             if args.json:
                 write_json(args.json, doc)
         return EXIT_OOM
-    median, fastest = float(np.median(times)), min(times)
+    median, fastest = sorted(times)[len(times) // 2], min(times)  # mlacp-mla-block's median (the upper one if even)
     fraction = flops["total_flops"] / gemm["rate"] / median
     doc.update(time_median_s=median, time_min_s=fastest, times_s=times,
                roofline=dict(flops, gemm_rate_flops_per_s=gemm["rate"], gemm_shape=gemm["shape"],
