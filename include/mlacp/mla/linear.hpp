@@ -105,17 +105,30 @@ void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char*
   progress();
 }
 
+/// y[n, :] += b for every row of the row-major y [N, out] (rows `y.stride(0)` apart): one work item per row, a
+/// contiguous inner loop (no divide per element).
+template <class ExecSpace, class YMat, class BVec>
+void add_bias(const ExecSpace& space, const YMat& y, const BVec& b) {
+  using T = typename YMat::non_const_value_type;
+  const auto cols = static_cast<std::int64_t>(y.extent(1)), row_stride = static_cast<std::int64_t>(y.stride(0));
+  T* data = y.data();
+  const auto* bias = b.data();
+  Kokkos::parallel_for(
+      "mlacp::add_bias",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(y.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t n) {
+        T* row = data + n * row_stride;
+        for (std::int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+      });
+}
+
 /// y[N, out] = x[N, in] W[out, in]^T (+ b[out] when b is not empty).
 template <class ExecSpace, class XMat, class WMat, class BVec, class YMat>
 void linear_forward(const ExecSpace& space, const XMat& x, const WMat& w, const BVec& b, const YMat& y) {
   using T = typename YMat::non_const_value_type;
   gemm_with_progress(space, "N", "T", T(1), x, w, T(0), y);
   if (b.data() == nullptr) return;
-  const auto cols = static_cast<std::int64_t>(y.extent(1));
-  const auto n = static_cast<std::int64_t>(y.extent(0)) * cols;
-  Kokkos::parallel_for(
-      "mlacp::add_bias", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
-      KOKKOS_LAMBDA(const std::int64_t i) { y(i / cols, i % cols) += b(i % cols); });
+  add_bias(space, y, b);
 }
 
 /// dx[N, in] = beta * dx + dy[N, out] W[out, in].

@@ -11,11 +11,13 @@
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/reductions.hpp>
 #include <mlacp/mla/view_utils.hpp>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace mlacp {
 
@@ -34,6 +36,13 @@ void rms_norm_check_rows(const char* who, const char* name, const RowView& v, st
                                  "], expected [" + std::to_string(n_b) + ", " + std::to_string(n_s) +
                                  ", W >= R = " + std::to_string(r) + "]");
   }
+}
+
+// The kernels walk rows through pointers: the token tensors must be LayoutRight (rows contiguous, one stride apart).
+template <class... Views>
+constexpr void rms_norm_check_layout() {
+  static_assert((std::is_same_v<typename Views::array_layout, Kokkos::LayoutRight> && ...),
+                "mlacp RMSNorm: the token tensors and the gain must be LayoutRight Views");
 }
 
 template <class RstdView>
@@ -57,6 +66,7 @@ void rms_norm_forward(const ExecSpace& space, const XView& x_in, const GainView&
   static_assert_accessible<ExecSpace, GainView>();
   static_assert_accessible<ExecSpace, YView>();
   static_assert_accessible<ExecSpace, RstdView>();
+  detail::rms_norm_check_layout<XView, YView, GainView>();
   using y_type = typename YView::non_const_value_type;
   using r_type = typename RstdView::non_const_value_type;
   const auto r = gain.extent(0);
@@ -67,30 +77,25 @@ void rms_norm_forward(const ExecSpace& space, const XView& x_in, const GainView&
   detail::rms_norm_check_rstd("rms_norm_forward", rstd_out, n_b * n_s);
   if (r == 0) throw mlacp::InvalidArgument("mlacp::rms_norm_forward: gain.extent(0) = 0, expected R > 0");
   const int n_cols = static_cast<int>(r);
-  const std::int64_t s_ct = static_cast<std::int64_t>(n_s);
   const auto n_tokens = static_cast<std::int64_t>(n_b * n_s);
   if (n_tokens == 0) return;
-  using policy_type = Kokkos::TeamPolicy<ExecSpace>;
-  using member_type = typename policy_type::member_type;
+  // One work item per token; its R values are contiguous (LayoutRight rows of stride W), read twice through pointers.
+  const auto* x_data = x_in.data();
+  y_type* y_data = y_out.data();
+  const auto* g_data = gain.data();
+  r_type* rstd_data = rstd_out.data();
+  const auto x_row = static_cast<std::int64_t>(x_in.stride(1)), y_row = static_cast<std::int64_t>(y_out.stride(1));
   Kokkos::parallel_for(
-      "mlacp::rms_norm_forward", policy_type(space, n_tokens, Kokkos::AUTO), KOKKOS_LAMBDA(const member_type& team) {
-        const std::int64_t tok = team.league_rank();
-        const std::int64_t b = tok / s_ct;
-        const std::int64_t t = tok % s_ct;
+      "mlacp::rms_norm_forward", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n_tokens),
+      KOKKOS_LAMBDA(const std::int64_t tok) {
+        const auto* x = x_data + tok * x_row;
+        y_type* y = y_data + tok * y_row;
         double sum_sq = 0.0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, n_cols),
-            [&](const int j, double& acc) {
-              const double v = static_cast<double>(x_in(b, t, j));
-              acc += v * v;
-            },
-            sum_sq);
+        for (int j = 0; j < n_cols; ++j) sum_sq += static_cast<double>(x[j]) * static_cast<double>(x[j]);
         const double rstd = 1.0 / compat::math::sqrt(sum_sq / static_cast<double>(n_cols) + eps);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n_cols), [&](const int j) {
-          y_out(b, t, j) =
-              static_cast<y_type>(static_cast<double>(x_in(b, t, j)) * rstd * static_cast<double>(gain(j)));
-        });
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { rstd_out(tok) = static_cast<r_type>(rstd); });
+        for (int j = 0; j < n_cols; ++j)
+          y[j] = static_cast<y_type>(static_cast<double>(x[j]) * rstd * static_cast<double>(g_data[j]));
+        rstd_data[tok] = static_cast<r_type>(rstd);
       });
 }
 
@@ -111,8 +116,8 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
   static_assert_accessible<ExecSpace, DyView>();
   static_assert_accessible<ExecSpace, DxView>();
   static_assert_accessible<ExecSpace, DgainView>();
+  detail::rms_norm_check_layout<XView, DyView, DxView>();
   using dx_type = typename DxView::non_const_value_type;
-  using dg_type = typename DgainView::non_const_value_type;
   const auto r = gain.extent(0);
   const auto n_b = x_in.extent(0);
   const auto n_s = x_in.extent(1);
@@ -128,50 +133,49 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
         ", expected R = " + std::to_string(r));
   }
   const int n_cols = static_cast<int>(r);
-  const std::int64_t s_ct = static_cast<std::int64_t>(n_s);
   const auto n_tokens = static_cast<std::int64_t>(n_b * n_s);
   if (n_tokens == 0 || n_cols == 0) return;
+  const auto* x_data = x_in.data();
+  const auto* g_data = gain.data();
+  const auto* rstd_data = rstd.data();
+  const auto* dy_data = dy.data();
+  const auto x_row = static_cast<std::int64_t>(x_in.stride(1)), dy_row = static_cast<std::int64_t>(dy.stride(1));
 
   if (do_dx) {
-    using policy_type = Kokkos::TeamPolicy<ExecSpace>;
-    using member_type = typename policy_type::member_type;
-    // dx_k = rstd * g_k * dy_k - x_k * rstd^3 / R * sum_j(dy_j * g_j * x_j)
+    dx_type* dx_data = dx_out.data();
+    const auto dx_row = static_cast<std::int64_t>(dx_out.stride(1));
+    // dx_k = rstd * g_k * dy_k - x_k * rstd^3 / R * sum_j(dy_j * g_j * x_j); one work item per token.
     Kokkos::parallel_for(
-        "mlacp::rms_norm_backward_dx", policy_type(space, n_tokens, Kokkos::AUTO),
-        KOKKOS_LAMBDA(const member_type& team) {
-          const std::int64_t tok = team.league_rank();
-          const std::int64_t b = tok / s_ct;
-          const std::int64_t t = tok % s_ct;
+        "mlacp::rms_norm_backward_dx",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n_tokens),
+        KOKKOS_LAMBDA(const std::int64_t tok) {
+          const auto* x = x_data + tok * x_row;
+          const auto* d = dy_data + tok * dy_row;
+          dx_type* out = dx_data + tok * dx_row;
           double dot = 0.0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, n_cols),
-              [&](const int j, double& acc) {
-                acc += static_cast<double>(dy(b, t, j)) * static_cast<double>(gain(j)) *
-                       static_cast<double>(x_in(b, t, j));
-              },
-              dot);
-          const double rs = static_cast<double>(rstd(tok));
+          for (int j = 0; j < n_cols; ++j)
+            dot += static_cast<double>(d[j]) * static_cast<double>(g_data[j]) * static_cast<double>(x[j]);
+          const double rs = static_cast<double>(rstd_data[tok]);
           const double coef = rs * rs * rs * dot / static_cast<double>(n_cols);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n_cols), [&](const int j) {
-            dx_out(b, t, j) =
-                static_cast<dx_type>(rs * static_cast<double>(gain(j)) * static_cast<double>(dy(b, t, j)) -
-                                     static_cast<double>(x_in(b, t, j)) * coef);
-          });
+          for (int j = 0; j < n_cols; ++j)
+            out[j] = static_cast<dx_type>(rs * static_cast<double>(g_data[j]) * static_cast<double>(d[j]) -
+                                          static_cast<double>(x[j]) * coef);
         });
   }
   if (do_dg) {
-    // One thread per column, looping over the tokens: adjacent threads read adjacent columns.
-    Kokkos::parallel_for(
-        "mlacp::rms_norm_backward_dgain", Kokkos::RangePolicy<ExecSpace>(space, 0, n_cols), KOKKOS_LAMBDA(const int j) {
-          double acc = 0.0;
-          for (std::int64_t tok = 0; tok < n_tokens; ++tok) {
-            const std::int64_t b = tok / s_ct;
-            const std::int64_t t = tok % s_ct;
-            acc +=
-                static_cast<double>(dy(b, t, j)) * static_cast<double>(x_in(b, t, j)) * static_cast<double>(rstd(tok));
-          }
-          dgain_accumulate(j) = static_cast<dg_type>(static_cast<double>(dgain_accumulate(j)) + acc);
-        });
+    // dg_j += sum over tokens of dy_j * x_j * rstd: a column sum (detail::accumulate_column_sums picks the loop order).
+    struct Term {
+      decltype(x_data) x;
+      decltype(dy_data) d;
+      decltype(rstd_data) rs;
+      std::int64_t x_row, dy_row;
+      KOKKOS_INLINE_FUNCTION double operator()(std::int64_t tok, std::int64_t j) const {
+        return static_cast<double>(d[tok * dy_row + j]) * static_cast<double>(x[tok * x_row + j]) *
+               static_cast<double>(rs[tok]);
+      }
+    };
+    detail::accumulate_column_sums(space, "mlacp::rms_norm_backward_dgain", n_tokens, static_cast<std::int64_t>(n_cols),
+                                   dgain_accumulate, Term{x_data, dy_data, rstd_data, x_row, dy_row});
   }
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace mlacp {
 namespace detail {
@@ -39,63 +40,111 @@ void rope_validate(const char* who, const View4& x, int first_column, int width)
   }
 }
 
-/// sin_sign = +1: the rotation; -1: its transpose (= inverse).
-template <class ExecSpace, class View4>
-void rope_apply(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
-                double base, double sin_sign) {
-  static_assert_accessible<ExecSpace, View4>();
-  using value_type = typename View4::non_const_value_type;
-  const std::int64_t n_b = static_cast<std::int64_t>(x.extent(0));
-  const std::int64_t n_s = static_cast<std::int64_t>(x.extent(1));
-  const std::int64_t n_h = static_cast<std::int64_t>(x.extent(2));
+/// The cos/sin table of RoPE for `positions` consecutive positions starting at `position_offset`: [positions,
+/// width/2] each, in double whatever the value type. The angles depend on the position and the frequency only, so a
+/// layer whose token positions are fixed (a rank's shard) builds it once and every rotation reads it instead of
+/// calling transcendental functions.
+template <class MemSpace>
+struct RopeTable {
+  Kokkos::View<double**, Kokkos::LayoutRight, MemSpace> cos, sin;
+  std::int64_t position_offset = 0;
+  int width = 0;
+  double base = 0;
+
+  bool matches(std::int64_t positions, std::int64_t offset, int w, double b) const {
+    return cos.data() != nullptr && static_cast<std::int64_t>(cos.extent(0)) == positions &&
+           position_offset == offset && width == w && base == b;
+  }
+};
+
+/// Builds (allocates and fills, asynchronously on `space`) the table of `positions` positions from `position_offset`.
+template <class ExecSpace>
+RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& space, std::int64_t positions,
+                                                            std::int64_t position_offset, int width, double base) {
+  RopeTable<typename ExecSpace::memory_space> table;
   const std::int64_t half = width / 2;
-  const std::int64_t total = n_b * n_s * n_h * half;
+  table.cos = decltype(table.cos)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), positions, half);
+  table.sin = decltype(table.sin)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), positions, half);
+  table.position_offset = position_offset;
+  table.width = width;
+  table.base = base;
+  const auto cos_table = table.cos;
+  const auto sin_table = table.sin;
   const double width_double = static_cast<double>(width);
-  if (total == 0) return;
-  // The angles depend on (t, j) only: one cos/sin table of [s, width/2] instead of transcendental calls per element.
-  using table_type = Kokkos::View<double**, Kokkos::LayoutRight, typename View4::memory_space>;
-  table_type cos_table(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), n_s, half);
-  table_type sin_table(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), n_s, half);
   Kokkos::parallel_for(
-      "mlacp::rope_table", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n_s * half),
-      KOKKOS_LAMBDA(const std::int64_t idx) {
-        const std::int64_t j = idx % half;
-        const std::int64_t t = idx / half;
-        const double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
-        const double angle = static_cast<double>(position_offset + t) * inv_freq;
-        cos_table(t, j) = compat::math::cos(angle);
-        sin_table(t, j) = sin_sign * compat::math::sin(angle);
-      });
-  // One work item per (b, t, n) row.
-  Kokkos::parallel_for(
-      "mlacp::rope", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n_b * n_s * n_h),
-      KOKKOS_LAMBDA(const std::int64_t row) {
-        const std::int64_t n = row % n_h;
-        const std::int64_t t = (row / n_h) % n_s;
-        const std::int64_t b = row / (n_h * n_s);
+      "mlacp::rope_table", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, positions),
+      KOKKOS_LAMBDA(const std::int64_t t) {
         for (std::int64_t j = 0; j < half; ++j) {
-          const double c = cos_table(t, j);
-          const double s = sin_table(t, j);
-          const int col1 = first_column + static_cast<int>(j);
-          const int col2 = col1 + static_cast<int>(half);
-          const double x1 = static_cast<double>(x(b, t, n, col1));
-          const double x2 = static_cast<double>(x(b, t, n, col2));
-          x(b, t, n, col1) = static_cast<value_type>(x1 * c - x2 * s);
-          x(b, t, n, col2) = static_cast<value_type>(x2 * c + x1 * s);
+          const double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
+          const double angle = static_cast<double>(position_offset + t) * inv_freq;
+          cos_table(t, j) = compat::math::cos(angle);
+          sin_table(t, j) = compat::math::sin(angle);
         }
       });
+  return table;
+}
+
+/// Rotates columns [src_first, src_first + width) of every (b, t, n) row of the contiguous LayoutRight rank-4 `src`
+/// [B, s, n, d] into columns [dst_first, dst_first + width) of `dst` [B, s, n, d'] (may be `src`: in place), row t at
+/// table position t. sin_sign = +1: the rotation; -1: its transpose (= inverse). One work item per row; the inner loop
+/// runs over the contiguous pairs with the row's table entries (no divide, no transcendental call per element).
+template <class ExecSpace, class Src, class Dst, class MemSpace>
+void rope_rotate(const ExecSpace& space, const Src& src, int src_first, const Dst& dst, int dst_first,
+                 const RopeTable<MemSpace>& table, double sin_sign) {
+  static_assert_accessible<ExecSpace, Src>();
+  static_assert_accessible<ExecSpace, Dst>();
+  using value_type = typename Dst::non_const_value_type;
+  const std::int64_t n_s = static_cast<std::int64_t>(src.extent(1)), n_h = static_cast<std::int64_t>(src.extent(2));
+  const std::int64_t rows = static_cast<std::int64_t>(src.extent(0)) * n_s * n_h;
+  const std::int64_t half = table.width / 2;
+  if (rows == 0 || half == 0) return;
+  const std::int64_t src_width = static_cast<std::int64_t>(src.extent(3)),
+                     dst_width = static_cast<std::int64_t>(dst.extent(3));
+  const auto* from = src.data() + src_first;
+  value_type* to = dst.data() + dst_first;
+  const double* cos_data = table.cos.data();
+  const double* sin_data = table.sin.data();
+  Kokkos::parallel_for(
+      "mlacp::rope", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows),
+      KOKKOS_LAMBDA(const std::int64_t row) {
+        const std::int64_t t = (row / n_h) % n_s;
+        const double* c = cos_data + t * half;
+        const double* s = sin_data + t * half;
+        const auto* x = from + row * src_width;
+        value_type* y = to + row * dst_width;
+        for (std::int64_t j = 0; j < half; ++j) {
+          const double x1 = static_cast<double>(x[j]), x2 = static_cast<double>(x[j + half]);
+          const double sn = sin_sign * s[j];
+          y[j] = static_cast<value_type>(x1 * c[j] - x2 * sn);
+          y[j + half] = static_cast<value_type>(x2 * c[j] + x1 * sn);
+        }
+      });
+}
+
+template <class View4>
+void rope_check_contiguous(const char* who, const View4& x) {
+  static_assert(std::is_same_v<typename View4::array_layout, Kokkos::LayoutRight>,
+                "mlacp RoPE: expects a LayoutRight View");
+  if (x.size() != 0 && !x.span_is_contiguous())
+    throw mlacp::InvalidArgument(std::string("mlacp::") + who + ": the View (label '" + x.label() +
+                                 "') is not contiguous; expected a contiguous LayoutRight View");
 }
 
 }  // namespace detail
 
 /// Rotates, in place, columns [first_column, first_column + width) of every (b, t, n) row of the rank-4 View
 /// x `[B, s, n, d]`, row t being at global position position_offset + t. Throws mlacp::InvalidArgument unless width is
-/// even and > 0, first_column >= 0 and first_column + width <= x.extent(3). Asynchronous on `space`.
+/// even and > 0, first_column >= 0 and first_column + width <= x.extent(3). Asynchronous on `space`. Builds its cos/sin
+/// table per call; code that rotates the same positions repeatedly builds a RopeTable once (make_rope_table) and
+/// passes it instead.
 template <class ExecSpace, class View4>
 void rope_forward(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
                   double base = 10000.0) {
   detail::rope_validate("rope_forward", x, first_column, width);
-  detail::rope_apply(space, x, first_column, width, position_offset, base, 1.0);
+  detail::rope_check_contiguous("rope_forward", x);
+  const auto table =
+      detail::make_rope_table(space, static_cast<std::int64_t>(x.extent(1)), position_offset, width, base);
+  detail::rope_rotate(space, x, first_column, x, first_column, table, 1.0);
 }
 
 /// The transpose (= inverse) of rope_forward, in place: maps the gradient with respect to the rotated values to the
@@ -104,7 +153,30 @@ template <class ExecSpace, class View4>
 void rope_backward(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
                    double base = 10000.0) {
   detail::rope_validate("rope_backward", x, first_column, width);
-  detail::rope_apply(space, x, first_column, width, position_offset, base, -1.0);
+  detail::rope_check_contiguous("rope_backward", x);
+  const auto table =
+      detail::make_rope_table(space, static_cast<std::int64_t>(x.extent(1)), position_offset, width, base);
+  detail::rope_rotate(space, x, first_column, x, first_column, table, -1.0);
+}
+
+/// rope_forward with a prebuilt table (table.width columns rotated; x.extent(1) <= the table's positions), from
+/// columns [src_first, ...) of `src` into columns [dst_first, ...) of `dst` (`dst` may be `src`). Both contiguous
+/// LayoutRight [B, s, n, d] / [B, s, n, d'], same B, s, n. Asynchronous on `space`.
+template <class ExecSpace, class Src, class Dst, class MemSpace>
+void rope_forward(const ExecSpace& space, const Src& src, int src_first, const Dst& dst, int dst_first,
+                  const detail::RopeTable<MemSpace>& table) {
+  detail::rope_validate("rope_forward", src, src_first, table.width);
+  detail::rope_validate("rope_forward", dst, dst_first, table.width);
+  detail::rope_rotate(space, src, src_first, dst, dst_first, table, 1.0);
+}
+
+/// The transpose of the table rope_forward (same arguments).
+template <class ExecSpace, class Src, class Dst, class MemSpace>
+void rope_backward(const ExecSpace& space, const Src& src, int src_first, const Dst& dst, int dst_first,
+                   const detail::RopeTable<MemSpace>& table) {
+  detail::rope_validate("rope_backward", src, src_first, table.width);
+  detail::rope_validate("rope_backward", dst, dst_first, table.width);
+  detail::rope_rotate(space, src, src_first, dst, dst_first, table, -1.0);
 }
 
 }  // namespace mlacp
