@@ -68,14 +68,18 @@ class InputA2APair {
     return blocks;
   }
 
-  /// The token-local gradient [B, s, H, d] (wait_backward_blocks, with the head blocks unpacked on `space`).
-  tensor4 wait_backward(const ExecSpace& space) {
+  /// The token-local gradient [B, s, H, d] (wait_backward_blocks, with the head blocks unpacked on `space` into
+  /// `destination` when given, e.g. a layer's workspace, else into a new View).
+  tensor4 wait_backward(const ExecSpace& space, tensor4 destination = {}) {
     const tensor5 blocks = wait_backward_blocks();
     if (blocks.data() == nullptr) return tensor4();
     const auto parts = static_cast<int>(blocks.extent(0));
     const auto B = blocks.extent(1), s = blocks.extent(2), h = blocks.extent(3), d = blocks.extent(4);
     if (parts == 1) return Kokkos::subview(blocks, 0, Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL());
-    tensor4 local(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d" + name_ + " local"), B, s, h * parts, d);
+    tensor4 local = destination.data() != nullptr
+                        ? destination
+                        : tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d" + name_ + " local"), B, s,
+                                  h * parts, d);
     detail::AroundDim block;
     block.outer = static_cast<std::int64_t>(B * s);
     block.mid = static_cast<std::int64_t>(h);

@@ -20,18 +20,22 @@ class LatentKVLinear {
   using weight_rows = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
   /// gathered [B, S, R+dr] (a completed all-gather of [c, k_pe]), w_sel [h*(dn+dv), R] and b_sel (the rank's head
-  /// rows of w_kvb / b_kvb; b_sel may be empty) -> kv_out [B, S, h*(dn+dv)] and the shared key kpe_out [B, S, dr].
+  /// rows of w_kvb / b_kvb; b_sel may be empty) -> kv_out [B, S, h*(dn+dv)] and the shared key kpe_out [B, S, dr]
+  /// (empty: not copied, e.g. when the caller reads it from `gathered`'s last dr columns). `latent_storage` [B, S, R]:
+  /// where the latent saved for backward is kept (a layer's workspace); empty: allocated.
   void forward(
       const ExecSpace& space, const tensor3& gathered, const weight_rows& w_sel,
       const Kokkos::View<T*, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& b_sel,
-      const Mesh& mesh, const tensor3& kv_out, const tensor3& kpe_out) {
+      const Mesh& mesh, const tensor3& kv_out, const tensor3& kpe_out, tensor3 latent_storage = {}) {
     if (forwarded_) throw UsageError("mlacp::LatentKVLinear: forward called twice on the same invocation");
     const auto B = static_cast<std::int64_t>(gathered.extent(0)), S = static_cast<std::int64_t>(gathered.extent(1));
     const auto R = static_cast<int>(w_sel.extent(1));
     const auto dr = static_cast<int>(gathered.extent(2)) - R;
-    latent_ = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::latent"), B, S, R);
+    latent_ = latent_storage.data() != nullptr
+                  ? latent_storage
+                  : tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::latent"), B, S, R);
     detail::copy_columns(space, gathered, 0, latent_, 0, R);
-    detail::copy_columns(space, gathered, R, kpe_out, 0, dr);
+    if (kpe_out.data() != nullptr) detail::copy_columns(space, gathered, R, kpe_out, 0, dr);
     {
       detail::ComputePhase<ExecSpace> phase(space, "w_kvb fprop");
       detail::linear_forward(space, detail::as_matrix(latent_, B * S, R), w_sel, b_sel,
@@ -46,11 +50,13 @@ class LatentKVLinear {
   /// not `needs_payload_grad`). Order: dgrad of the latent (grad_kv w_sel), concatenated with grad_shared and
   /// launched as a SUM reduce-scatter along the sequence ("latent reduce-scatter"); dw_sel += grad_kv^T latent and
   /// db_sel while it is in flight (empty: skipped); then wait. `overlap` false: wait right after the launch.
+  /// `grad_payload` [B, S, R+dr] (the reduce-scatter's input, read until the wait) and `grad_latent` [B, S, R]: scratch
+  /// (a layer's workspace); empty: allocated.
   tensor3 backward(
       const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared, bool needs_payload_grad,
       const weight_rows& dw_sel,
       const Kokkos::View<T*, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& db_sel,
-      bool overlap = true) {
+      bool overlap = true, tensor3 grad_payload = {}, tensor3 grad_latent = {}) {
     if (!forwarded_) throw UsageError("mlacp::LatentKVLinear: backward before forward");
     if (backwarded_) throw UsageError("mlacp::LatentKVLinear: a second backward of the same forward");
     backwarded_ = true;
@@ -60,13 +66,14 @@ class LatentKVLinear {
     const auto g2 = detail::as_matrix(grad_kv, B * S, width);
     AsyncCollective<tensor3> reduce;
     if (needs_payload_grad) {
-      tensor3 grad_payload(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
+      if (grad_payload.data() == nullptr)
+        grad_payload = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
       {
         detail::ComputePhase<ExecSpace> phase(space, "w_kvb dgrad");
-        tensor3 grad_latent(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d latent"), B, S, R);
+        if (grad_latent.data() == nullptr)
+          grad_latent = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d latent"), B, S, R);
         detail::linear_dgrad(space, g2, w_sel_, T(0), detail::as_matrix(grad_latent, B * S, R));
-        detail::copy_columns(space, grad_latent, 0, grad_payload, 0, static_cast<int>(R));
-        detail::copy_columns(space, grad_shared, 0, grad_payload, static_cast<int>(R), static_cast<int>(dr));
+        detail::join_columns(space, grad_latent, grad_shared, grad_payload);
       }
       reduce = launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter");
     }

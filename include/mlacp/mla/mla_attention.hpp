@@ -8,12 +8,13 @@
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/detail/finite_check.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/flash_attention.hpp>
 #include <mlacp/mla/config.hpp>
+#include <mlacp/mla/flash_attention.hpp>
 #include <mlacp/mla/input_a2a.hpp>
 #include <mlacp/mla/kv_layout.hpp>
 #include <mlacp/mla/latent_kv_linear.hpp>
 #include <mlacp/mla/linear.hpp>
+#include <mlacp/mla/mla_workspace.hpp>
 #include <mlacp/mla/output_projection.hpp>
 #include <mlacp/mla/rms_norm.hpp>
 #include <mlacp/mla/rope.hpp>
@@ -23,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 namespace mlacp {
 
@@ -38,6 +40,13 @@ namespace mlacp {
 /// Core: the attention core on head-local q [B,S,h,dqk], k [B,S,h,dqk], v [B,S,h,dv] -> o [B,S,h,dv] with a saved
 /// lse [B,h,S]; the default is the tiled FlashAttentionCore; see attention_core.hpp for the interface a user-supplied
 /// core provides (CausalAttentionCore there is the simple reference core).
+///
+/// Memory: the layer owns its activations and scratch per configuration (mla_workspace.hpp). A Forward borrows a
+/// per-forward workspace from the layer's pool and gives it back when backward consumes it or when it is destroyed;
+/// several Forwards may be pending at once (gradient accumulation). After the first iteration of a loop, forward and
+/// backward into caller-provided gradients allocate no View (collective results excepted, see README). y stays valid
+/// for as long as the caller holds it: a workspace whose output is still referenced is not reused. A layer is used from
+/// one host thread at a time.
 ///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
 /// rank: configuration (heads or seq not divisible by P, ...), weights whose shapes disagree with it, x or dy of the
@@ -58,28 +67,45 @@ class MlaAttention {
   class Forward {
    public:
     Forward() = default;
-    Forward(Forward&&) noexcept = default;
-    Forward& operator=(Forward&&) noexcept = default;
     Forward(const Forward&) = delete;
     Forward& operator=(const Forward&) = delete;
 
-    /// The layer's output y [B, s, D].
+    Forward(Forward&& other) noexcept = default;
+    Forward& operator=(Forward&& other) noexcept {
+      if (this != &other) {
+        give_back();
+        owner_ = other.owner_;
+        backward_done_ = other.backward_done_;
+        flags_ = other.flags_;
+        y_ = std::move(other.y_);
+        x_ = std::move(other.x_);
+        ws_ = std::move(other.ws_);
+      }
+      return *this;
+    }
+    ~Forward() { give_back(); }
+
+    /// The layer's output y [B, s, D] (valid as long as it is held, also after backward).
     const tensor3& output() const { return y_; }
     bool has_forward() const { return owner_ != nullptr; }
     bool backward_done() const { return backward_done_; }
+    /// Whether this Forward still holds a workspace of its layer (from forward until backward consumes it).
+    bool holds_workspace() const { return ws_ != nullptr; }
 
    private:
     friend class MlaAttention;
+    // Gives the workspace back to the layer's pool, dropping what it references beyond its own buffers.
+    void give_back() noexcept {
+      if (ws_) ws_->release();
+      ws_.reset();
+      x_ = tensor3();
+    }
+
     const MlaAttention* owner_ = nullptr;
     bool backward_done_ = false;
     MlaRequiresGrad flags_;
-    tensor3 y_, x_, kv_a_, c_;
-    Kokkos::View<T*, Kokkos::LayoutRight, memory_space> rstd_;
-    tensor4 q_, k_, v_, o_;
-    Kokkos::View<T***, Kokkos::LayoutRight, memory_space> lse_;
-    std::unique_ptr<OutputProjection<T, ExecSpace>> out_proj_;
-    std::unique_ptr<LatentKVLinear<T, ExecSpace>> latent_kv_;
-    std::unique_ptr<InputA2APair<T, ExecSpace>> q_pair_, k_pair_, v_pair_;
+    tensor3 y_, x_;
+    std::shared_ptr<detail::ForwardWorkspace<T, ExecSpace>> ws_;
   };
 
   /// Collective over the mesh (checks the configuration and weights on every rank). The mesh must outlive the layer;
@@ -97,6 +123,10 @@ class MlaAttention {
   int local_seq() const { return config_.seq / mesh_->size(); }
   int local_heads() const { return config_.heads / mesh_->size(); }
 
+  /// Per-forward workspaces the layer owns, and how many of them a pending Forward (or a held output) uses.
+  std::size_t forward_workspaces() const { return memory_.pool.size(); }
+  std::size_t forward_workspaces_in_use() const { return memory_.pool.in_use(); }
+
   /// x [B, s, D] -> Forward (y and saved state). `requires_grad` says which gradients backward will produce; it must
   /// be the same on every rank.
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad = {}) const {
@@ -106,10 +136,11 @@ class MlaAttention {
     f.owner_ = this;
     f.flags_ = requires_grad;
     f.x_ = x;
+    f.ws_ = memory_.pool.acquire();
     if (config_.strategy == MlaStrategy::latent)
-      forward_latent(space, f);
+      forward_latent(space, f, *f.ws_);
     else
-      forward_expanded(space, f);
+      forward_expanded(space, f, *f.ws_);
     return f;
   }
 
@@ -120,7 +151,9 @@ class MlaAttention {
     return g;
   }
 
-  /// Accumulates (+=) the gradients into `grads`; a View that is empty and needed is allocated (zeroed) first.
+  /// Accumulates (+=) the gradients into `grads`; a View that is empty and needed is allocated (zeroed) first. Views
+  /// the caller provides are used as they are (no temporary of a weight's size): with all of them provided, a steady
+  /// loop allocates nothing.
   void backward(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& grads) const {
     // Misuse and dy's shape are checked together, so that every rank takes part in the same agreement (checked mode)
     // and raises the same error, whichever rank misused the layer.
@@ -137,10 +170,10 @@ class MlaAttention {
     compat::ScopedRegion region("mlacp::MlaAttention::backward");
     allocate_missing(grads, f.flags_);
     if (config_.strategy == MlaStrategy::latent)
-      backward_latent(space, f, dy, grads);
+      backward_latent(space, f, *f.ws_, dy, grads);
     else
-      backward_expanded(space, f, dy, grads);
-    release(f);
+      backward_expanded(space, f, *f.ws_, dy, grads);
+    f.give_back();
   }
 
  private:
@@ -212,114 +245,133 @@ class MlaAttention {
     return vector_part(v.data() + begin, end - begin);
   }
 
-  // Shared by both strategies: q = RoPE(x w_q^T + b_q) [B, s, H, dqk]; kv_a = x w_kva^T [B, s, R+dr];
-  // payload = [RMSNorm(c), RoPE(k_pe)] [B, s, R+dr].
-  tensor4 project_q(const ExecSpace& space, Forward& f) const {
+  using forward_workspace = detail::ForwardWorkspace<T, ExecSpace>;
+  using scratch_type = detail::LayerScratch<T, ExecSpace>;
+
+  // The RoPE table of this rank's token positions (fixed per rank and configuration): built on first use, read by
+  // every rotation of q, k_pe and their gradients.
+  const detail::RopeTable<memory_space>& rope_table(const ExecSpace& space) const {
+    auto& table = memory_.scratch.rope;
+    if (!table.matches(local_seq(), position_offset(), config_.rope, config_.rope_base))
+      table = detail::make_rope_table(space, local_seq(), position_offset(), config_.rope, config_.rope_base);
+    return table;
+  }
+
+  // q = RoPE(x w_q^T + b_q) [B, s, H, dqk], in the workspace.
+  tensor4 project_q(const ExecSpace& space, Forward& f, forward_workspace& w) const {
     const int B = config_.batch, s = local_seq(), D = config_.hidden, H = config_.heads, dqk = config_.qk_dim();
-    tensor4 q(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::q"), B, s, H, dqk);
+    const tensor4& q = detail::ensure(w.q_local, "mlacp::q", B, s, H, dqk);
     detail::ComputePhase<ExecSpace> phase(space, "w_q fprop");
     detail::linear_forward(space, detail::as_matrix(f.x_, B * s, D), weights_.w_q, weights_.b_q,
                            detail::as_matrix(q, B * s, H * dqk));
-    rope_forward(space, q, config_.nope, config_.rope, position_offset(), config_.rope_base);
+    rope_forward(space, q, config_.nope, q, config_.nope, rope_table(space));
     return q;
   }
 
-  tensor3 project_payload(const ExecSpace& space, Forward& f) const {
+  // kv_a = x w_kva^T [B, s, R+dr] (saved for the RMSNorm backward), then RMSNorm(c) into columns [0, R) of
+  // `latent_out` and RoPE(k_pe) into columns [rope_first, rope_first + dr) of `rope_out`: each kernel writes straight
+  // where its result is used (the payload in the latent strategy, c and k_pe in the expanded one), no copies.
+  void project_kv_a(const ExecSpace& space, Forward& f, forward_workspace& w, const tensor3& latent_out,
+                    const tensor3& rope_out, int rope_first) const {
     const int B = config_.batch, s = local_seq(), D = config_.hidden, R = config_.latent, dr = config_.rope;
     detail::ComputePhase<ExecSpace> phase(space, "w_kva fprop");
-    f.kv_a_ = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::kv_a"), B, s, R + dr);
+    const tensor3& kv_a = detail::ensure(w.kv_a, "mlacp::kv_a", B, s, R + dr);
     detail::linear_forward(space, detail::as_matrix(f.x_, B * s, D), weights_.w_kva, vector_part(),
-                           detail::as_matrix(f.kv_a_, B * s, R + dr));
-    tensor3 payload(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::payload"), B, s, R + dr);
-    f.rstd_ = decltype(f.rstd_)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rstd"),
-                                static_cast<std::size_t>(B) * static_cast<std::size_t>(s));
-    rms_norm_forward(space, f.kv_a_, weights_.g_kv, payload, f.rstd_, config_.rms_eps);
-    detail::copy_columns(space, f.kv_a_, R, payload, R, dr);
-    rope_forward(space, as_rank4(payload), R, dr, position_offset(), config_.rope_base);
-    return payload;
+                           detail::as_matrix(kv_a, B * s, R + dr));
+    rms_norm_forward(space, kv_a, weights_.g_kv, latent_out, detail::ensure(w.rstd, "mlacp::rstd", B * s),
+                     config_.rms_eps);
+    rope_forward(space, as_rank4(kv_a), R, as_rank4(rope_out), rope_first, rope_table(space));
   }
 
-  void attend_and_project(const ExecSpace& space, Forward& f) const {
-    const int B = config_.batch, S = config_.seq, h = local_heads();
-    f.o_ = tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::o"), B, S, h, config_.vdim);
-    f.lse_ = decltype(f.lse_)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::lse"), B, h, S);
+  void attend_and_project(const ExecSpace& space, Forward& f, forward_workspace& w) const {
+    const int B = config_.batch, S = config_.seq, s = local_seq(), h = local_heads();
+    detail::ensure(w.o, "mlacp::o", B, S, h, config_.vdim);
+    detail::ensure(w.lse, "mlacp::lse", B, h, S);
     {
       detail::ComputePhase<ExecSpace> phase(space, "attention fprop");
-      core_.forward(space, f.q_, f.k_, f.v_, f.o_, f.lse_);
+      core_.forward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
     }
-    f.out_proj_ = std::make_unique<OutputProjection<T, ExecSpace>>();
-    f.y_ = f.out_proj_->forward(space, f.o_, weights_.w_o, weights_.b_o, *mesh_);
+    f.y_ = w.out_proj.forward(space, w.o, weights_.w_o, weights_.b_o, *mesh_,
+                              detail::ensure(w.y, "mlacp::y", B, s, config_.hidden));
   }
 
-  void forward_latent(const ExecSpace& space, Forward& f) const {
-    const int B = config_.batch, S = config_.seq, h = local_heads(), dn = config_.nope, dv = config_.vdim;
-    const int dr = config_.rope;
-    tensor4 q = project_q(space, f);
+  void forward_latent(const ExecSpace& space, Forward& f, forward_workspace& w) const {
+    const int B = config_.batch, S = config_.seq, s = local_seq(), h = local_heads(), dn = config_.nope;
+    const int dv = config_.vdim, dr = config_.rope, R = config_.latent;
+    scratch_type& scratch = memory_.scratch;
+    tensor4 q = project_q(space, f, w);
     // The Q all-to-all is launched before the independent KV expansion and waited after it.
-    f.q_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "Q");
-    f.q_pair_->launch_forward(space, q, needs_q(f.flags_));
-    tensor3 payload = project_payload(space, f);
+    w.q_pair = InputA2APair<T, ExecSpace>(*mesh_, "Q");
+    w.q_pair.launch_forward(space, q, needs_q(f.flags_));
+    const tensor3& payload = detail::ensure(scratch.payload, "mlacp::payload", B, s, R + dr);
+    project_kv_a(space, f, w, payload, payload, R);
     tensor3 gathered = launch_all_gather(space, payload, 1, *mesh_, "payload all-gather").wait();
-    tensor3 kv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::kv"), B, S, h * (dn + dv));
-    tensor3 kpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::k_pe"), B, S, dr);
-    f.latent_kv_ = std::make_unique<LatentKVLinear<T, ExecSpace>>();
-    f.latent_kv_->forward(space, gathered, rows_of(weights_.w_kvb), part_of(weights_.b_kvb), *mesh_, kv, kpe);
-    f.q_ = f.q_pair_->wait_forward();
-    f.k_ = tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::k"), B, S, h, dn + dr);
-    f.v_ = tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::v"), B, S, h, dv);
-    detail::assemble_kv(space, tensor4(kv.data(), B, S, h, dn + dv), kpe, f.k_, f.v_, dn);
-    attend_and_project(space, f);
+    const tensor3& kv = detail::ensure(scratch.kv, "mlacp::kv", B, S, h * (dn + dv));
+    // The shared key is read from the gathered payload by assemble_kv: no k_pe copy.
+    w.latent_kv.forward(space, gathered, rows_of(weights_.w_kvb), part_of(weights_.b_kvb), *mesh_, kv, tensor3(),
+                        detail::ensure(w.latent, "mlacp::latent", B, S, R));
+    w.q_saved = w.q_pair.wait_forward();
+    detail::assemble_kv(space, tensor4(kv.data(), B, S, h, dn + dv), gathered,
+                        detail::ensure(w.k, "mlacp::k", B, S, h, dn + dr), detail::ensure(w.v, "mlacp::v", B, S, h, dv),
+                        dn, R);
+    w.k_saved = w.k;
+    w.v_saved = w.v;
+    attend_and_project(space, f, w);
   }
 
-  void forward_expanded(const ExecSpace& space, Forward& f) const {
+  void forward_expanded(const ExecSpace& space, Forward& f, forward_workspace& w) const {
     const int B = config_.batch, s = local_seq(), H = config_.heads, dn = config_.nope, dv = config_.vdim;
     const int dr = config_.rope, R = config_.latent;
-    tensor3 payload = project_payload(space, f);
-    f.c_ = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::c"), B, s, R);
-    tensor3 kpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::k_pe"), B, s, dr);
-    detail::copy_columns(space, payload, 0, f.c_, 0, R);
-    detail::copy_columns(space, payload, R, kpe, 0, dr);
-    tensor4 kv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::kv"), B, s, H, dn + dv);
+    scratch_type& scratch = memory_.scratch;
+    const tensor3& c = detail::ensure(w.c, "mlacp::c", B, s, R);
+    const tensor3& kpe = detail::ensure(scratch.kpe, "mlacp::k_pe", B, s, dr);
+    project_kv_a(space, f, w, c, kpe, 0);
+    const tensor3& kv = detail::ensure(scratch.kv, "mlacp::kv", B, s, H * (dn + dv));
     {
       detail::ComputePhase<ExecSpace> phase(space, "w_kvb fprop");
-      detail::linear_forward(space, detail::as_matrix(f.c_, B * s, R), weights_.w_kvb, weights_.b_kvb,
+      detail::linear_forward(space, detail::as_matrix(c, B * s, R), weights_.w_kvb, weights_.b_kvb,
                              detail::as_matrix(kv, B * s, H * (dn + dv)));
     }
-    tensor4 k(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::k local"), B, s, H, dn + dr);
-    tensor4 v(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::v local"), B, s, H, dv);
-    detail::assemble_kv(space, kv, kpe, k, v, dn);
+    const tensor4& k = detail::ensure(w.k_local, "mlacp::k local", B, s, H, dn + dr);
+    const tensor4& v = detail::ensure(w.v_local, "mlacp::v local", B, s, H, dv);
+    detail::assemble_kv(space, tensor4(kv.data(), B, s, H, dn + dv), kpe, k, v, dn);
     // V, then K, then Q are launched as each is ready; all three are waited in Q, K, V order.
     const bool kv_grad = needs_kv(f.flags_);
-    f.v_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "V");
-    f.k_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "K");
-    f.q_pair_ = std::make_unique<InputA2APair<T, ExecSpace>>(*mesh_, "Q");
-    f.v_pair_->launch_forward(space, v, kv_grad);
-    f.k_pair_->launch_forward(space, k, kv_grad);
-    tensor4 q = project_q(space, f);
-    f.q_pair_->launch_forward(space, q, needs_q(f.flags_));
-    f.q_ = f.q_pair_->wait_forward();
-    f.k_ = f.k_pair_->wait_forward();
-    f.v_ = f.v_pair_->wait_forward();
-    attend_and_project(space, f);
+    w.v_pair = InputA2APair<T, ExecSpace>(*mesh_, "V");
+    w.k_pair = InputA2APair<T, ExecSpace>(*mesh_, "K");
+    w.q_pair = InputA2APair<T, ExecSpace>(*mesh_, "Q");
+    w.v_pair.launch_forward(space, v, kv_grad);
+    w.k_pair.launch_forward(space, k, kv_grad);
+    tensor4 q = project_q(space, f, w);
+    w.q_pair.launch_forward(space, q, needs_q(f.flags_));
+    w.q_saved = w.q_pair.wait_forward();
+    w.k_saved = w.k_pair.wait_forward();
+    w.v_saved = w.v_pair.wait_forward();
+    attend_and_project(space, f, w);
   }
 
   // Shared by both strategies: the output projection's backward (dO all-to-all overlapped with the w_o wgrad), then
   // the attention backward on head-local data: dq (if the Q branch needs it), dk and dv (if the KV path needs them).
   // False when nothing upstream of the attention needs a gradient (then nothing more runs).
-  bool output_and_attention_backward(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& g,
-                                     tensor4& dq, tensor4& dk, tensor4& dv) const {
+  bool output_and_attention_backward(const ExecSpace& space, Forward& f, forward_workspace& w, const tensor3& dy,
+                                     gradients_type& g, tensor4& dq, tensor4& dk, tensor4& dv) const {
     const MlaRequiresGrad& r = f.flags_;
-    tensor4 d_o = f.out_proj_->backward(space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
-                                        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap);
+    const int B = config_.batch, S = config_.seq, s = local_seq(), h = local_heads(), P = mesh_->size();
+    scratch_type& scratch = memory_.scratch;
+    tensor4 d_o = w.out_proj.backward(
+        space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
+        r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap,
+        needs_attention(r) ? detail::ensure(scratch.d_o_blocks, "mlacp::dO blocks", P, B, s, h, config_.vdim)
+                           : tensor5());
     if (!needs_attention(r)) return false;
-    const int B = config_.batch, S = config_.seq, h = local_heads();
-    if (needs_q(f.flags_)) dq = tensor4("mlacp::dq", B, S, h, config_.qk_dim());
-    if (needs_kv(f.flags_)) {
-      dk = tensor4("mlacp::dk", B, S, h, config_.qk_dim());
-      dv = tensor4("mlacp::dv", B, S, h, config_.vdim);
+    // The core overwrites its gradients: the scratch needs no zeroing.
+    if (needs_q(r)) dq = detail::ensure(scratch.dq, "mlacp::dq", B, S, h, config_.qk_dim());
+    if (needs_kv(r)) {
+      dk = detail::ensure(scratch.dk, "mlacp::dk", B, S, h, config_.qk_dim());
+      dv = detail::ensure(scratch.dv, "mlacp::dv", B, S, h, config_.vdim);
     }
     detail::ComputePhase<ExecSpace> phase(space, "attention bprop");
-    core_.backward(space, f.q_, f.k_, f.v_, f.o_, f.lse_, d_o, dq, dk, dv);
+    core_.backward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, dq, dk, dv);
     return true;
   }
 
@@ -332,8 +384,8 @@ class MlaAttention {
     const std::int64_t rows = static_cast<std::int64_t>(B) * s, width = h * dqk;
     detail::ComputePhase<ExecSpace> phase(space, "q backward");
     // RoPE acts per token and head: the blocks are P*B batches of [s, h, dqk] with the same positions.
-    rope_backward(space, tensor4(dq_blocks.data(), parts * B, s, h, dqk), config_.nope, config_.rope, position_offset(),
-                  config_.rope_base);
+    const tensor4 blocks(dq_blocks.data(), parts * B, s, h, dqk);
+    rope_backward(space, blocks, config_.nope, blocks, config_.nope, rope_table(space));
     const auto x2 = detail::as_matrix(f.x_, rows, D);
     for (std::int64_t r = 0; r < parts; ++r) {
       const detail::Matrix<T, memory_space> block(dq_blocks.data() + r * rows * width, static_cast<std::size_t>(rows),
@@ -347,123 +399,143 @@ class MlaAttention {
     }
   }
 
-  // The local payload gradient [B, s, R+dr] -> g_kv / w_kva gradients and dx += d(kv_a) w_kva.
-  void payload_backward(const ExecSpace& space, Forward& f, const tensor3& d_payload, gradients_type& g) const {
+  // The local payload gradient -> g_kv / w_kva gradients and dx += d(kv_a) w_kva. The latent's gradient is columns
+  // [0, R) of `d_latent` [B, s, >= R]; the rotated key's is columns [rope_first, rope_first + dr) of `d_rope`. The
+  // RoPE transpose writes straight into d(kv_a)'s last dr columns and the RMSNorm backward into its first R.
+  void payload_backward(const ExecSpace& space, Forward& f, forward_workspace& w, const tensor3& d_latent,
+                        const tensor3& d_rope, int rope_first, gradients_type& g) const {
     const int B = config_.batch, s = local_seq(), D = config_.hidden, R = config_.latent, dr = config_.rope;
-    rope_backward(space, as_rank4(d_payload), R, dr, position_offset(), config_.rope_base);
-    tensor3 d_kv_a(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d kv_a"), B, s, R + dr);
-    rms_norm_backward(space, f.kv_a_, weights_.g_kv, f.rstd_, d_payload, d_kv_a,
+    const tensor3& d_kv_a = detail::ensure(memory_.scratch.d_kv_a, "mlacp::d kv_a", B, s, R + dr);
+    rope_backward(space, as_rank4(d_rope), rope_first, as_rank4(d_kv_a), R, rope_table(space));
+    rms_norm_backward(space, w.kv_a, weights_.g_kv, w.rstd, d_latent, d_kv_a,
                       f.flags_.g_kv ? g.g_kv : decltype(g.g_kv)());
-    detail::copy_columns(space, d_payload, R, d_kv_a, R, dr);
     const auto da2 = detail::as_matrix(d_kv_a, B * s, R + dr);
     if (f.flags_.w_kva) detail::linear_wgrad(space, da2, detail::as_matrix(f.x_, B * s, D), g.w_kva);
     if (f.flags_.x) detail::linear_dgrad(space, da2, weights_.w_kva, T(1), detail::as_matrix(g.dx, B * s, D));
   }
 
-  void backward_latent(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& g) const {
+  void backward_latent(const ExecSpace& space, Forward& f, forward_workspace& w, const tensor3& dy,
+                       gradients_type& g) const {
     const int B = config_.batch, S = config_.seq, h = local_heads(), dn = config_.nope, dv = config_.vdim;
-    const int dr = config_.rope;
+    const int dr = config_.rope, R = config_.latent;
     const MlaRequiresGrad& r = f.flags_;
+    scratch_type& scratch = memory_.scratch;
     tensor4 dq, dk, dvv;
-    if (!output_and_attention_backward(space, f, dy, g, dq, dk, dvv)) return;
+    if (!output_and_attention_backward(space, f, w, dy, g, dq, dk, dvv)) return;
     // The inverse all-to-all of dQ is launched first; the KV path's backward runs while it is in flight.
-    f.q_pair_->launch_backward(space, dq);
+    w.q_pair.launch_backward(space, dq);
     tensor5 dq_local;
-    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward_blocks();
+    if (!config_.overlap && needs_q(r)) dq_local = w.q_pair.wait_backward_blocks();
     if (needs_kv(r)) {
       detail::ComputePhase<ExecSpace> phase(space, "kv backward");
-      tensor3 dkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d kv"), B, S, h * (dn + dv));
-      tensor3 dkpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d k_pe"), B, S, dr);
+      const tensor3& dkv = detail::ensure(scratch.dkv, "mlacp::d kv", B, S, h * (dn + dv));
+      const tensor3& dkpe = detail::ensure(scratch.dkpe, "mlacp::d k_pe", B, S, dr);
       detail::disassemble_kv_grad(space, dk, dvv, tensor4(dkv.data(), B, S, h, dn + dv), dkpe, dn);
-      tensor3 d_payload =
-          f.latent_kv_->backward(space, dkv, dkpe, needs_payload(r), r.w_kvb ? rows_of(g.w_kvb) : matrix_rows(),
-                                 r.b_kvb && config_.bias ? part_of(g.b_kvb) : vector_part(), config_.overlap);
-      if (needs_payload(r)) payload_backward(space, f, d_payload, g);
+      const bool payload = needs_payload(r);
+      tensor3 d_payload = w.latent_kv.backward(
+          space, dkv, dkpe, payload, r.w_kvb ? rows_of(g.w_kvb) : matrix_rows(),
+          r.b_kvb && config_.bias ? part_of(g.b_kvb) : vector_part(), config_.overlap,
+          payload ? detail::ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
+          payload ? detail::ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3());
+      if (payload) payload_backward(space, f, w, d_payload, d_payload, R, g);
     }
-    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward_blocks() : dq_local, g);
+    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? w.q_pair.wait_backward_blocks() : dq_local, g);
   }
 
-  void backward_expanded(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& g) const {
+  void backward_expanded(const ExecSpace& space, Forward& f, forward_workspace& w, const tensor3& dy,
+                         gradients_type& g) const {
     const int B = config_.batch, s = local_seq(), H = config_.heads, dn = config_.nope, dv = config_.vdim;
     const int dr = config_.rope, R = config_.latent;
     const MlaRequiresGrad& r = f.flags_;
+    scratch_type& scratch = memory_.scratch;
     tensor4 dq, dk, dvv;
-    if (!output_and_attention_backward(space, f, dy, g, dq, dk, dvv)) return;
+    if (!output_and_attention_backward(space, f, w, dy, g, dq, dk, dvv)) return;
     // All three inverses are launched at once; dQ is waited first and the Q branch runs while dK, dV are in flight.
-    tensor5 dq_local;
-    tensor4 dk_local, dv_local;
-    f.q_pair_->launch_backward(space, dq);
-    if (!config_.overlap && needs_q(r)) dq_local = f.q_pair_->wait_backward_blocks();
-    f.k_pair_->launch_backward(space, dk);
-    if (!config_.overlap && needs_kv(r)) dk_local = f.k_pair_->wait_backward(space);
-    f.v_pair_->launch_backward(space, dvv);
-    if (!config_.overlap && needs_kv(r)) dv_local = f.v_pair_->wait_backward(space);
-    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? f.q_pair_->wait_backward_blocks() : dq_local, g);
+    tensor5 dq_local, dk_blocks, dv_blocks;
+    w.q_pair.launch_backward(space, dq);
+    if (!config_.overlap && needs_q(r)) dq_local = w.q_pair.wait_backward_blocks();
+    w.k_pair.launch_backward(space, dk);
+    if (!config_.overlap && needs_kv(r)) dk_blocks = w.k_pair.wait_backward_blocks();
+    w.v_pair.launch_backward(space, dvv);
+    if (!config_.overlap && needs_kv(r)) dv_blocks = w.v_pair.wait_backward_blocks();
+    if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? w.q_pair.wait_backward_blocks() : dq_local, g);
     if (!needs_kv(r)) return;
-    tensor4 dkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d kv"), B, s, H, dn + dv);
-    tensor3 dkpe(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d k_pe"), B, s, dr);
+    // dK and dV are read as the head blocks they arrived in (no unpack) and written straight into d(kv).
+    const tensor3& dkv = detail::ensure(scratch.dkv, "mlacp::d kv", B, s, H * (dn + dv));
+    const tensor3& dkpe = detail::ensure(scratch.dkpe, "mlacp::d k_pe", B, s, dr);
+    const tensor4 dkv4(dkv.data(), B, s, H, dn + dv);
     {
-      if (config_.overlap) dk_local = f.k_pair_->wait_backward(space);  // dK before the K branch
+      if (config_.overlap) dk_blocks = w.k_pair.wait_backward_blocks();  // dK before the K branch
       detail::ComputePhase<ExecSpace> phase(space, "k backward");
-      detail::disassemble_kv_grad(space, dk_local, tensor4(), dkv, dkpe, dn);
+      detail::key_grad_from_blocks(space, dk_blocks.data(), static_cast<std::int64_t>(dk_blocks.extent(0)), dkv4, dkpe,
+                                   dn);
     }
     {
-      if (config_.overlap) dv_local = f.v_pair_->wait_backward(space);  // dV before the V branch
+      if (config_.overlap) dv_blocks = w.v_pair.wait_backward_blocks();  // dV before the V branch
       detail::ComputePhase<ExecSpace> phase(space, "v backward");
-      detail::write_v_grad(space, dv_local, dkv, dn);
+      detail::value_grad_from_blocks(space, dv_blocks.data(), static_cast<std::int64_t>(dv_blocks.extent(0)), dkv4, dn);
     }
     detail::ComputePhase<ExecSpace> phase(space, "kv backward");
     const auto dkv2 = detail::as_matrix(dkv, B * s, H * (dn + dv));
-    if (r.w_kvb) detail::linear_wgrad(space, dkv2, detail::as_matrix(f.c_, B * s, R), g.w_kvb);
+    if (r.w_kvb) detail::linear_wgrad(space, dkv2, detail::as_matrix(w.c, B * s, R), g.w_kvb);
     if (r.b_kvb && config_.bias) detail::bias_grad(space, dkv2, g.b_kvb);
     if (!needs_payload(r)) return;
-    tensor3 d_payload(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, s, R + dr);
-    tensor3 dc(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d c"), B, s, R);
+    const tensor3& dc = detail::ensure(scratch.dc, "mlacp::d c", B, s, R);
     detail::linear_dgrad(space, dkv2, weights_.w_kvb, T(0), detail::as_matrix(dc, B * s, R));
-    detail::copy_columns(space, dc, 0, d_payload, 0, R);
-    detail::copy_columns(space, dkpe, 0, d_payload, R, dr);
-    payload_backward(space, f, d_payload, g);
+    payload_backward(space, f, w, dc, dkpe, 0, g);
   }
 
+  // Gradient Views the caller did not provide and that are needed are allocated (zeroed) with their shapes; provided
+  // ones are checked and used as they are.
   void allocate_missing(gradients_type& g, const MlaRequiresGrad& r) const {
-    const weights_type shapes = weights_type::allocate(config_, "mlacp::grad ");  // zeroed, only used when missing
-    auto fill = [](auto& view, const auto& shape, bool needed) {
-      if (needed && view.data() == nullptr) view = shape;
-    };
-    fill(g.w_q, shapes.w_q, r.w_q);
-    fill(g.b_q, shapes.b_q, r.b_q && config_.bias);
-    fill(g.w_kva, shapes.w_kva, r.w_kva);
-    fill(g.g_kv, shapes.g_kv, r.g_kv);
-    fill(g.w_kvb, shapes.w_kvb, r.w_kvb);
-    fill(g.b_kvb, shapes.b_kvb, r.b_kvb && config_.bias);
-    fill(g.w_o, shapes.w_o, r.w_o);
-    fill(g.b_o, shapes.b_o, r.b_o && config_.bias);
-    if (r.x && g.dx.data() == nullptr)
-      g.dx = tensor3("mlacp::dx", static_cast<std::size_t>(config_.batch), static_cast<std::size_t>(local_seq()),
-                     static_cast<std::size_t>(config_.hidden));
-    auto check = [&](const char* name, const auto& view, const auto& shape) {
-      if (view.data() != nullptr && view.size() != shape.size())
+    const auto H = static_cast<std::size_t>(config_.heads), D = static_cast<std::size_t>(config_.hidden);
+    const auto qk = static_cast<std::size_t>(config_.qk_dim()),
+               kv = static_cast<std::size_t>(config_.nope + config_.vdim);
+    const auto R = static_cast<std::size_t>(config_.latent), dr = static_cast<std::size_t>(config_.rope);
+    const auto dv = static_cast<std::size_t>(config_.vdim);
+    auto matrix = [&](auto& view, const char* name, std::size_t rows, std::size_t cols, bool needed) {
+      using view_type = std::remove_reference_t<decltype(view)>;
+      if (view.data() != nullptr && view.size() != rows * cols)
         throw InvalidArgument(std::string("mlacp::MlaAttention::backward: gradient ") + name + " has " +
-                              std::to_string(view.size()) + " elements; expected " + std::to_string(shape.size()));
+                              std::to_string(view.size()) + " elements; expected " + std::to_string(rows * cols));
+      if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, rows, cols);
     };
-    check("w_q", g.w_q, shapes.w_q);
-    check("w_kva", g.w_kva, shapes.w_kva);
-    check("g_kv", g.g_kv, shapes.g_kv);
-    check("w_kvb", g.w_kvb, shapes.w_kvb);
-    check("w_o", g.w_o, shapes.w_o);
+    auto vector = [&](auto& view, const char* name, std::size_t n, bool needed, bool checked) {
+      using view_type = std::remove_reference_t<decltype(view)>;
+      if (checked && view.data() != nullptr && view.size() != n)
+        throw InvalidArgument(std::string("mlacp::MlaAttention::backward: gradient ") + name + " has " +
+                              std::to_string(view.size()) + " elements; expected " + std::to_string(n));
+      if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, n);
+    };
+    matrix(g.w_q, "w_q", H * qk, D, r.w_q);
+    matrix(g.w_kva, "w_kva", R + dr, D, r.w_kva);
+    vector(g.g_kv, "g_kv", R, r.g_kv, true);
+    matrix(g.w_kvb, "w_kvb", H * kv, R, r.w_kvb);
+    matrix(g.w_o, "w_o", D, H * dv, r.w_o);
+    vector(g.b_q, "b_q", H * qk, r.b_q && config_.bias, false);
+    vector(g.b_kvb, "b_kvb", H * kv, r.b_kvb && config_.bias, false);
+    vector(g.b_o, "b_o", D, r.b_o && config_.bias, false);
+    if (r.x && g.dx.data() == nullptr)
+      g.dx = tensor3("mlacp::dx", static_cast<std::size_t>(config_.batch), static_cast<std::size_t>(local_seq()), D);
   }
 
-  static void release(Forward& f) {
-    f.x_ = tensor3();
-    f.kv_a_ = tensor3();
-    f.c_ = tensor3();
-    f.q_ = f.k_ = f.v_ = f.o_ = tensor4();
-  }
+  // The layer's memory (mla_workspace.hpp): mutable because forward/backward are const operations of the layer whose
+  // buffers are a cache of this configuration, as an FFT plan's are. A copy of the layer starts with its own (empty).
+  struct Memory {
+    Memory() = default;
+    Memory(const Memory&) {}
+    Memory& operator=(const Memory&) { return *this; }
+    Memory(Memory&&) = default;
+    Memory& operator=(Memory&&) = default;
+    detail::ForwardWorkspacePool<T, ExecSpace> pool;
+    scratch_type scratch;
+  };
 
   MlaConfig config_;
   weights_type weights_;
   const Mesh* mesh_;
   Core core_;
+  mutable Memory memory_;
 };
 
 }  // namespace mlacp

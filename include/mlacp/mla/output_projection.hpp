@@ -22,14 +22,17 @@ class OutputProjection {
   using vector = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
 
   /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all, waits, flattens
-  /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs.
+  /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs. `y_out` [B, s, D]: where
+  /// y is written (a layer's workspace); empty: allocated.
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
-                  const Mesh& mesh) {
+                  const Mesh& mesh, tensor3 y_out = {}) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
     auto local = launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a").wait();  // [B, s, H, dv]
     const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
     const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
-    tensor3 y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y"), B, s, w_o.extent(0));
+    tensor3 y = y_out.data() != nullptr
+                    ? y_out
+                    : tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y"), B, s, w_o.extent(0));
     {
       detail::ComputePhase<ExecSpace> phase(space, "w_o fprop");
       detail::linear_forward(space, detail::as_matrix(local, B * s, Hdv), w_o, b_o,
@@ -46,9 +49,10 @@ class OutputProjection {
   /// `needs_attention_grad`). Order: dgrad (dy w_o, written per destination rank), launch the token-to-head all-to-all
   /// of it ("dO a2a"), the weight gradient dw_o += dy^T o (progressing the all-to-all between panels, see progress.hpp)
   /// and db_o += column sums of dy while it is in flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap`
-  /// false: wait right after the launch.
+  /// false: wait right after the launch. `blocks` [P, B, s, h, dv]: where dO is written before it is sent (a layer's
+  /// workspace; read by the collective until the wait); empty: allocated.
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const matrix& dw_o,
-                   const vector& db_o, bool overlap = true) {
+                   const vector& db_o, bool overlap = true, tensor5 blocks = {}) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
     if (backwarded_) throw UsageError("mlacp::OutputProjection: a second backward of the same forward");
     backwarded_ = true;
@@ -63,7 +67,8 @@ class OutputProjection {
       // through w_o's columns of those heads, so no pack runs between the dgrad and the launch. Scattering dim 0 sends
       // each block as it is; gathering the tokens (dim 2) receives in place when B == 1.
       const auto P = static_cast<std::int64_t>(mesh_->size()), h = H / P;
-      tensor5 blocks(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO blocks"), P, B, s, h, dv);
+      if (blocks.data() == nullptr)
+        blocks = tensor5(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO blocks"), P, B, s, h, dv);
       {
         detail::ComputePhase<ExecSpace> phase(space, "w_o dgrad");
         for (std::int64_t j = 0; j < P; ++j) {

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The MLA layer's memory, owned by the layer per configuration the way an FFT plan owns its buffers: after the first
+// iteration forward and backward allocate no View of their own.
+//
+// Two kinds of memory:
+// - what one forward pass saves for its backward (activations, the pieces' saved state): a ForwardWorkspace, one per
+//   forward pending at a time, borrowed from the layer's pool by forward() and given back when the Forward is consumed
+//   by backward() or destroyed, so that forward, forward, backward, backward (gradient accumulation) works and the
+//   steady state allocates nothing;
+// - scratch that lives only inside one forward() or backward() call (temporaries, the backward's gradients of the
+//   activations, send buffers of collectives waited inside the call): one LayerScratch per layer, reused by every call.
+// Buffers are allocated on first use with the shape the configuration gives, so paths that a gradient flag skips never
+// allocate. Reuse is ordered when the calls of a layer run on the same execution-space instance (or are fenced
+// between); a layer is used from one host thread at a time (its collectives must be issued in the same order on every
+// rank anyway).
+#pragma once
+
+#include <mlacp/mla/input_a2a.hpp>
+#include <mlacp/mla/kv_layout.hpp>
+#include <mlacp/mla/latent_kv_linear.hpp>
+#include <mlacp/mla/output_projection.hpp>
+#include <mlacp/mla/rope.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mlacp::detail {
+
+/// `view` itself when it already has extents `n...`, else a new uninitialised View of them (assigned to `view`): the
+/// first use allocates, every later one reuses.
+template <class ViewType, class... Extents>
+const ViewType& ensure(ViewType& view, const char* label, Extents... n) {
+  const std::size_t want[] = {static_cast<std::size_t>(n)...};
+  bool same = view.data() != nullptr;
+  for (std::size_t d = 0; same && d < sizeof...(n); ++d) same = view.extent(d) == want[d];
+  if (!same)
+    view =
+        ViewType(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n)...);
+  return view;
+}
+
+/// What one forward pass keeps for its backward. Buffers are owned and reused; `saved` Views may alias them or hold
+/// collective results, and are dropped (with the pieces' state) when the pass is consumed.
+template <class T, class ExecSpace>
+struct ForwardWorkspace {
+  using memory_space = typename ExecSpace::memory_space;
+  using tensor3 = Tensor3<T, memory_space>;
+  using tensor4 = Tensor4<T, memory_space>;
+
+  // Owned buffers, allocated on first use.
+  tensor3 y;                                                  ///< [B, s, D], the output
+  tensor3 kv_a;                                               ///< [B, s, R+dr], x w_kva^T
+  Kokkos::View<T*, Kokkos::LayoutRight, memory_space> rstd;   ///< [B*s]
+  tensor3 c;                                                  ///< [B, s, R] (expanded) normalised latent
+  tensor3 latent;                                             ///< [B, S, R] (latent) gathered latent
+  tensor4 q_local;                                            ///< [B, s, H, dqk] (the head-local q when P = 1)
+  tensor4 k_local, v_local;                                   ///< (expanded) token-local k, v
+  tensor4 k, v;                                               ///< (latent) head-local k, v
+  tensor4 o;                                                  ///< [B, S, h, dv]
+  Kokkos::View<T***, Kokkos::LayoutRight, memory_space> lse;  ///< [B, h, S]
+
+  // Saved for backward: head-local q, k, v (buffers above or collective results), and the pieces' state.
+  tensor4 q_saved, k_saved, v_saved;
+  OutputProjection<T, ExecSpace> out_proj;
+  LatentKVLinear<T, ExecSpace> latent_kv;
+  InputA2APair<T, ExecSpace> q_pair, k_pair, v_pair;
+
+  /// Drops everything a consumed pass referenced outside the owned buffers (collective results, the pieces' state).
+  void release() {
+    q_saved = k_saved = v_saved = tensor4();
+    out_proj = OutputProjection<T, ExecSpace>();
+    latent_kv = LatentKVLinear<T, ExecSpace>();
+    q_pair = InputA2APair<T, ExecSpace>();
+    k_pair = InputA2APair<T, ExecSpace>();
+    v_pair = InputA2APair<T, ExecSpace>();
+  }
+};
+
+/// Scratch used inside one forward() or backward() call only.
+template <class T, class ExecSpace>
+struct LayerScratch {
+  using memory_space = typename ExecSpace::memory_space;
+  using tensor3 = Tensor3<T, memory_space>;
+  using tensor4 = Tensor4<T, memory_space>;
+  using tensor5 = Tensor5<T, memory_space>;
+
+  // forward
+  tensor3 payload;  ///< (latent) [B, s, R+dr], the all-gather's input
+  tensor3 kv;       ///< (latent) [B, S, h*(dn+dv)]; (expanded, as [B, s, H*(dn+dv)])
+  tensor3 kpe;      ///< (expanded) [B, s, dr], the rotated shared key
+  // backward
+  tensor5 d_o_blocks;            ///< [P, B, s, h, dv], the dO all-to-all's input
+  tensor4 dq, dk, dv;            ///< [B, S, h, *], the attention core's gradients
+  tensor3 dkv;                   ///< [B, S, h*(dn+dv)] (latent) or [B, s, H*(dn+dv)] (expanded)
+  tensor3 dkpe;                  ///< [B, S, dr] (latent) or [B, s, dr] (expanded)
+  tensor3 grad_payload;          ///< (latent) [B, S, R+dr], the reduce-scatter's input
+  tensor3 grad_latent;           ///< (latent) [B, S, R]
+  tensor3 dc;                    ///< (expanded) [B, s, R]
+  tensor3 d_kv_a;                ///< [B, s, R+dr]
+  RopeTable<memory_space> rope;  ///< positions of this rank's tokens, built once
+};
+
+/// The layer's per-forward workspaces. A workspace is free when no Forward holds it and nobody holds its output
+/// View (a caller that keeps y keeps it intact: the pool then uses another workspace).
+template <class T, class ExecSpace>
+class ForwardWorkspacePool {
+ public:
+  using workspace_type = ForwardWorkspace<T, ExecSpace>;
+
+  /// A free workspace, or a new one when all are in use.
+  std::shared_ptr<workspace_type> acquire() {
+    for (const auto& w : workspaces_)
+      if (is_free(*w, w.use_count())) return w;
+    workspaces_.push_back(std::make_shared<workspace_type>());
+    return workspaces_.back();
+  }
+
+  /// Workspaces owned (free or not).
+  std::size_t size() const { return workspaces_.size(); }
+  /// Workspaces held by a Forward or whose output is still referenced.
+  std::size_t in_use() const {
+    std::size_t n = 0;
+    for (const auto& w : workspaces_) n += is_free(*w, w.use_count()) ? 0 : 1;
+    return n;
+  }
+
+ private:
+  static bool is_free(const workspace_type& w, long owners) {
+    return owners == 1 && (w.y.data() == nullptr || w.y.use_count() == 1);
+  }
+
+  std::vector<std::shared_ptr<workspace_type>> workspaces_;
+};
+
+}  // namespace mlacp::detail
