@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// Steady state without churn: after the first iteration, forward + backward allocate no new communication buffers.
+// Steady state without churn: after the first iteration, forward + backward allocate no communication buffer and no
+// View of the layer's own (counted through the Kokkos Tools allocate callback, diagnostics::count_view_allocations).
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
 
@@ -8,10 +9,71 @@
 #include <mlacp/mla/mla_attention.hpp>
 #include <mlacp/progress.hpp>
 
+#include <algorithm>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
 namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
+
+// The results of the layer's collectives (labelled with the collective's name): the collectives allocate their result
+// on every launch and take no destination yet, so at P > 1 these are the only allocations a steady iteration may make.
+const std::set<std::string> collective_results = {"Q a2a",  "K a2a",  "V a2a",  "O a2a",  "payload all-gather",
+                                                  "dO a2a", "dQ a2a", "dK a2a", "dV a2a", "latent reduce-scatter"};
+
+struct Counted {
+  std::uint64_t first = 0;  // View allocations of the warm-up iteration (the counter sees the layer's allocations)
+  std::uint64_t buffers = 0, views = 0, collective_results = 0;
+  std::vector<std::string> other_labels;  // labels of allocations that are neither collective results nor expected
+};
+
+std::string joined(const std::vector<std::string>& labels) {
+  std::ostringstream out;
+  for (const auto& l : labels) out << " '" << l << "'";
+  return out.str();
+}
+
+// Runs `step` once (warm-up), then `iterations` more times, and counts what those allocated.
+template <class Step>
+Counted count_steady(Step step, int iterations, const std::set<std::string>& expected_labels) {
+  Counted c;
+  const auto before_first = mlacp::diagnostics::view_allocations();
+  step();
+  c.first = mlacp::diagnostics::view_allocations() - before_first;
+  const auto buffers = mlacp::diagnostics::communication_buffer_allocations();
+  for (int i = 0; i < iterations; ++i) {
+    const auto views = mlacp::diagnostics::view_allocations();
+    step();
+    const auto n = mlacp::diagnostics::view_allocations() - views;
+    c.views += n;
+    const auto labels = mlacp::diagnostics::recent_view_allocations();
+    // The last n labels are this iteration's (the log keeps 64; more than that is reported as unlabelled).
+    for (std::uint64_t k = 0; k < n; ++k) {
+      if (n > labels.size()) {
+        c.other_labels.push_back("(more allocations than the label log keeps)");
+        break;
+      }
+      const auto& label = labels[labels.size() - n + k];
+      if (collective_results.count(label))
+        ++c.collective_results;
+      else if (!expected_labels.count(label))
+        c.other_labels.push_back(label);
+    }
+  }
+  c.buffers = mlacp::diagnostics::communication_buffer_allocations() - buffers;
+  return c;
+}
+
+mlacp::MlaGradients<double, Mem> caller_gradients(const mlacp::MlaConfig& c, int P) {
+  mlacp::MlaGradients<double, Mem> g;
+  static_cast<mlacp::MlaParameters<double, Mem>&>(g) = mlacp::MlaParameters<double, Mem>::allocate(c, "my ");
+  g.dx = decltype(g.dx)("my dx", c.batch, c.seq / P, c.hidden);
+  return g;
+}
 
 TEST(SteadyState, CommunicationBuffersAreReusedAfterTheFirstIteration) {
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
@@ -35,6 +97,83 @@ TEST(SteadyState, CommunicationBuffersAreReusedAfterTheFirstIteration) {
     EXPECT_EQ(mlacp::diagnostics::communication_buffer_allocations(), after_first)
         << mlacp::to_string(strategy) << ": iterations 2-5 allocated communication buffers";
     EXPECT_EQ(mlacp::pending_collectives(), 0u);
+  }
+}
+
+// The counter itself: it sees a View allocation, with its label, and nothing when nothing is allocated.
+TEST(SteadyState, ViewAllocationCounterSeesEveryView) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  const auto before = mlacp::diagnostics::view_allocations();
+  const auto bytes = mlacp::diagnostics::view_allocation_bytes();
+  Kokkos::View<double**, Mem> a("steady-state probe", 3, 5);
+  EXPECT_EQ(mlacp::diagnostics::view_allocations(), before + 1);
+  EXPECT_GE(mlacp::diagnostics::view_allocation_bytes(), bytes + 15 * sizeof(double));
+  EXPECT_EQ(mlacp::diagnostics::recent_view_allocations().back(), "steady-state probe");
+  auto copy = a;  // a copy is not an allocation
+  EXPECT_EQ(mlacp::diagnostics::view_allocations(), before + 1);
+  EXPECT_TRUE(mlacp::diagnostics::count_view_allocations()) << "idempotent";
+  EXPECT_EQ(copy.use_count(), 2);
+}
+
+// Forward + backward into caller-provided gradient Views: iterations 2..N allocate no View of the layer's own (at
+// P > 1 only the collectives' results, until the collectives accept a destination) and no communication buffer.
+// Both strategies, with and without biases.
+TEST(SteadyState, ForwardBackwardIntoCallerGradientsAllocatesNoView) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    for (bool bias : {false, true}) {
+      const auto c = mlacp::test::make_config(1, 8 * P, 16, 2 * P, 4, 2, 3, 6, bias, strategy);
+      mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
+      Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / P, c.hidden);
+      mlacp::test::fill(x, 4, 1.0);
+      auto grads = caller_gradients(c, P);
+      const auto counted = count_steady(
+          [&] {
+            auto forward = layer.forward(Space(), x);
+            layer.backward(Space(), forward, x, grads);
+          },
+          4, {});
+      const std::string what = std::string(mlacp::to_string(strategy)) + (bias ? " with bias" : " without bias");
+      EXPECT_GT(counted.first, 0u) << what << ": the first iteration allocates the workspaces";
+      EXPECT_EQ(counted.buffers, 0u) << what << ": communication buffers allocated after the first iteration";
+      EXPECT_TRUE(counted.other_labels.empty())
+          << what << ": iterations 2-5 allocated Views:" << joined(counted.other_labels);
+      if (P == 1) {
+        EXPECT_EQ(counted.views, 0u) << what << ": P = 1 has no collective result to allocate";
+      }
+      EXPECT_EQ(counted.views, counted.collective_results) << what;
+      EXPECT_EQ(layer.forward_workspaces(), 1u) << what << ": one forward at a time needs one workspace";
+    }
+  }
+}
+
+// Fresh gradients: backward returns new Views, so it necessarily allocates exactly those (zeroed) and nothing else.
+TEST(SteadyState, FreshGradientsAllocateOnlyTheReturnedViews) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    const auto c = mlacp::test::make_config(2, 8 * P, 16, 2 * P, 4, 2, 3, 6, true, strategy);
+    mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
+    Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / P, c.hidden);
+    mlacp::test::fill(x, 4, 1.0);
+    const std::set<std::string> returned = {"mlacp::grad w_q",   "mlacp::grad w_kva", "mlacp::grad g_kv",
+                                            "mlacp::grad w_kvb", "mlacp::grad w_o",   "mlacp::grad b_q",
+                                            "mlacp::grad b_kvb", "mlacp::grad b_o",   "mlacp::dx"};
+    const int iterations = 3;
+    const auto counted = count_steady(
+        [&] {
+          auto forward = layer.forward(Space(), x);
+          const auto grads = layer.backward(Space(), forward, x);
+        },
+        iterations, returned);
+    EXPECT_TRUE(counted.other_labels.empty())
+        << mlacp::to_string(strategy) << ": allocated beyond the returned gradients:" << joined(counted.other_labels);
+    EXPECT_EQ(counted.views - counted.collective_results, static_cast<std::uint64_t>(iterations * returned.size()))
+        << mlacp::to_string(strategy) << ": one allocation per returned gradient View (no weight-sized temporaries)";
+    EXPECT_EQ(counted.buffers, 0u);
   }
 }
 

@@ -105,3 +105,19 @@ using Kokkos::Experimental::sqrt;
 #endif
 }  // namespace mlacp::compat::math
 // ---- math (end) ----------------------------------------------------------------------------------------------------
+
+// ---- Kokkos Tools: the allocate-data callback (begin) ---------------------------------------------------------------
+// Kokkos 3.4 and 4.x spell it the same (Kokkos::Tools::Experimental::set_allocate_data_callback / get_callbacks, a
+// C function pointer (SpaceHandle, label, pointer, bytes)); kept here so that a future difference has one place.
+namespace mlacp::compat::tools {
+using allocate_data_callback = Kokkos_Profiling_allocateDataFunction;  // the C interface type: same in 3.4 and 4.x
+using space_handle = Kokkos_Profiling_SpaceHandle;
+/// The allocate-data callback currently installed (a loaded tool's, ours, or null).
+inline allocate_data_callback current_allocate_data_callback() {
+  return Kokkos::Tools::Experimental::get_callbacks().allocate_data;
+}
+inline void set_allocate_data_callback(allocate_data_callback callback) {
+  Kokkos::Tools::Experimental::set_allocate_data_callback(callback);
+}
+}  // namespace mlacp::compat::tools
+// ---- Kokkos Tools (end) --------------------------------------------------------------------------------------------

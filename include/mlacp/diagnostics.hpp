@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mlacp::diagnostics {
 
@@ -17,6 +18,20 @@ std::uint64_t unwaited_handles();
 std::uint64_t communication_buffer_allocations();
 /// Bytes of those allocations.
 std::uint64_t communication_buffer_bytes();
+
+/// Every Kokkos allocation (each View, in any memory space; also Kokkos' own internal buffers) counted since
+/// count_view_allocations() was first called, through the Kokkos Tools allocate-data callback (a callback a loaded
+/// tool had installed is still called). Counting is opt-in because an installed callback makes Kokkos treat a tool as
+/// loaded, which costs every kernel launch a little (its name is built for the tools interface). Call it after
+/// Kokkos::initialize; it is idempotent, and re-installs the callback if something replaced it. Returns whether the
+/// counter is installed.
+bool count_view_allocations();
+/// Allocations counted (0 until count_view_allocations()).
+std::uint64_t view_allocations();
+/// Bytes of those allocations.
+std::uint64_t view_allocation_bytes();
+/// The labels of the most recent counted allocations (at most 64), oldest first: which Views were allocated.
+std::vector<std::string> recent_view_allocations();
 
 /// Communicators duplicated by meshes (Mesh::Ownership::duplicate) and not yet freed.
 std::int64_t open_communicators();
