@@ -188,6 +188,100 @@ TEST(MlaLayerGradients, AccumulateIntoCallerProvidedViews) {
   EXPECT_LE(mlacp::test::relative_error(host_values(grads.w_kvb), twice(host_values(once.w_kvb))), 1e-13);
 }
 
+// Gradient accumulation with two forwards pending at once (forward, forward, backward, backward): each Forward keeps
+// its own workspace, so the gradients equal the sum of the two passes run one at a time, and the first output is not
+// overwritten by the second forward. Both strategies.
+TEST(MlaLayerGradients, TwoPendingForwardsGiveTheSumOfTheirGradients) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  using mlacp::test::host_values;
+  using mlacp::test::relative_error;
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    const auto config = small_config(strategy, true);
+    mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 21), mesh);
+    const std::size_t s = static_cast<std::size_t>(config.seq / mesh.size());
+    Tensor3<double> x1("x1", config.batch, s, config.hidden), x2("x2", config.batch, s, config.hidden);
+    Tensor3<double> dy1("dy1", config.batch, s, config.hidden), dy2("dy2", config.batch, s, config.hidden);
+    mlacp::test::fill(x1, 31 + mesh.rank(), 1.0);
+    mlacp::test::fill(x2, 41 + mesh.rank(), 1.0);
+    mlacp::test::fill(dy1, 51 + mesh.rank(), 1.0);
+    mlacp::test::fill(dy2, 61 + mesh.rank(), 1.0);
+    // One at a time.
+    std::vector<double> y1_alone, y2_alone;
+    mlacp::MlaGradients<double, Mem> g1, g2;
+    {
+      auto f = layer.forward(Space(), x1);
+      y1_alone = host_values(f.output());
+      g1 = layer.backward(Space(), f, dy1);
+    }
+    {
+      auto f = layer.forward(Space(), x2);
+      y2_alone = host_values(f.output());
+      g2 = layer.backward(Space(), f, dy2);
+    }
+    // Both pending, consumed in reverse order, accumulated into one set of gradients.
+    mlacp::MlaGradients<double, Mem> g;
+    {
+      auto f1 = layer.forward(Space(), x1);
+      auto f2 = layer.forward(Space(), x2);
+      EXPECT_EQ(layer.forward_workspaces_in_use(), 2u);
+      EXPECT_EQ(relative_error(host_values(f1.output()), y1_alone), 0.0) << "the second forward overwrote the first";
+      EXPECT_EQ(relative_error(host_values(f2.output()), y2_alone), 0.0);
+      layer.backward(Space(), f2, dy2, g);
+      layer.backward(Space(), f1, dy1, g);
+    }
+    EXPECT_EQ(layer.forward_workspaces(), 2u) << "two pending forwards need two workspaces, no more";
+    EXPECT_EQ(layer.forward_workspaces_in_use(), 0u);
+    auto sum = [](const auto& a, const auto& b) {
+      auto out = host_values(a);
+      const auto other = host_values(b);
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] += other[i];
+      return out;
+    };
+    const std::string what = mlacp::to_string(strategy);
+    EXPECT_LE(relative_error(host_values(g.dx), sum(g1.dx, g2.dx)), 1e-13) << what;
+    EXPECT_LE(relative_error(host_values(g.w_q), sum(g1.w_q, g2.w_q)), 1e-13) << what;
+    EXPECT_LE(relative_error(host_values(g.w_kva), sum(g1.w_kva, g2.w_kva)), 1e-13) << what;
+    EXPECT_LE(relative_error(host_values(g.g_kv), sum(g1.g_kv, g2.g_kv)), 1e-13) << what;
+    EXPECT_LE(relative_error(host_values(g.w_kvb), sum(g1.w_kvb, g2.w_kvb)), 1e-13) << what;
+    EXPECT_LE(relative_error(host_values(g.w_o), sum(g1.w_o, g2.w_o)), 1e-13) << what;
+    EXPECT_LE(relative_error(host_values(g.b_kvb), sum(g1.b_kvb, g2.b_kvb)), 1e-13) << what;
+  }
+}
+
+// A consumed Forward gives its workspace back and drops what it referenced (the input x); a destroyed, unconsumed one
+// too; an output the caller still holds keeps its workspace (and so its values) out of reuse.
+TEST(MlaLayerMemory, ConsumedOrDestroyedForwardReleasesItsMemory) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto config = small_config(mlacp::MlaStrategy::latent, false);
+  mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 3), mesh);
+  Tensor3<double> x("x", config.batch, config.seq / mesh.size(), config.hidden);
+  mlacp::test::fill(x, 5 + mesh.rank(), 1.0);
+  const auto x_owners = x.use_count();
+  auto f = layer.forward(Space(), x);
+  EXPECT_TRUE(f.holds_workspace());
+  EXPECT_EQ(x.use_count(), x_owners + 1) << "a pending Forward keeps its input for backward";
+  EXPECT_EQ(layer.forward_workspaces_in_use(), 1u);
+  layer.backward(Space(), f, x);
+  EXPECT_FALSE(f.holds_workspace()) << "a consumed Forward must give its workspace back";
+  EXPECT_EQ(x.use_count(), x_owners) << "a consumed Forward must drop its input";
+  EXPECT_EQ(layer.forward_workspaces_in_use(), 1u) << "its output is still held (by the consumed Forward)";
+  const auto y = f.output();
+  const auto y_values = mlacp::test::host_values(y);
+  f = {};  // the Forward goes; the caller's copy of y still holds the workspace's output
+  EXPECT_EQ(layer.forward_workspaces_in_use(), 1u);
+  {
+    auto g = layer.forward(Space(), x);
+    EXPECT_NE(g.output().data(), y.data()) << "a workspace whose output is held was reused";
+    EXPECT_EQ(layer.forward_workspaces(), 2u);
+  }  // destroyed without backward: its workspace comes back
+  EXPECT_EQ(mlacp::test::relative_error(mlacp::test::host_values(y), y_values), 0.0);
+  EXPECT_EQ(x.use_count(), x_owners);
+  EXPECT_EQ(layer.forward_workspaces_in_use(), 1u) << "only the one whose output the caller holds";
+  auto again = layer.forward(Space(), x);
+  EXPECT_EQ(layer.forward_workspaces(), 2u) << "the free workspace is reused";
+  layer.backward(Space(), again, x);
+}
+
 // ---- the P = 1 layer itself against independent references ---------------------------------------------------
 
 // The layer's forward on one rank equals the plain-loop host reference of MLA_SPEC (reference::mla_forward).
