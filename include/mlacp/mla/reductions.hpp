@@ -48,10 +48,18 @@ void accumulate_column_sums(const ExecSpace& space, const char* label, std::int6
   }
 }
 
-/// A device-callable (n, c) -> double reading a strided matrix through its pointer (a View of the functor's would be
-/// rank-dependent; the pointer is not).
+/// Device-callable (n, c) -> double reading a matrix through its pointer: rows `row_stride` apart, contiguous columns
+/// (the common case, which the host loop vectorises) or `column_stride` apart.
 template <class T>
 struct MatrixValue {
+  const T* data;
+  std::int64_t row_stride;
+  KOKKOS_INLINE_FUNCTION double operator()(std::int64_t n, std::int64_t c) const {
+    return static_cast<double>(data[n * row_stride + c]);
+  }
+};
+template <class T>
+struct StridedMatrixValue {
   const T* data;
   std::int64_t row_stride;
   std::int64_t column_stride;
@@ -77,9 +85,14 @@ void sum_rows_accumulate(const ExecSpace& space, const GView& g2d, const OutView
   const auto n_rows = static_cast<std::int64_t>(g2d.extent(0));
   const auto n_cols = static_cast<std::int64_t>(g2d.extent(1));
   using T = typename GView::non_const_value_type;
-  const detail::MatrixValue<T> value{g2d.data(), static_cast<std::int64_t>(g2d.stride(0)),
-                                     static_cast<std::int64_t>(g2d.stride(1))};
-  detail::accumulate_column_sums(space, "mlacp::sum_rows_accumulate", n_rows, n_cols, out1d, value);
+  const auto row_stride = static_cast<std::int64_t>(g2d.stride(0));
+  if (g2d.stride(1) == 1)
+    detail::accumulate_column_sums(space, "mlacp::sum_rows_accumulate", n_rows, n_cols, out1d,
+                                   detail::MatrixValue<T>{g2d.data(), row_stride});
+  else
+    detail::accumulate_column_sums(
+        space, "mlacp::sum_rows_accumulate", n_rows, n_cols, out1d,
+        detail::StridedMatrixValue<T>{g2d.data(), row_stride, static_cast<std::int64_t>(g2d.stride(1))});
 }
 
 }  // namespace mlacp

@@ -45,6 +45,37 @@ constexpr void rms_norm_check_layout() {
                 "mlacp RMSNorm: the token tensors and the gain must be LayoutRight Views");
 }
 
+// sum_j a_j * b_j * c_j over n contiguous values, in double, with four partial sums: a single running sum is bound by
+// the latency of the floating-point add (one per element), four independent ones let the loop run at memory speed.
+template <class A, class B, class C>
+KOKKOS_INLINE_FUNCTION double triple_dot(const A* a, const B* b, const C* c, int n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s0 += static_cast<double>(a[j]) * static_cast<double>(b[j]) * static_cast<double>(c[j]);
+    s1 += static_cast<double>(a[j + 1]) * static_cast<double>(b[j + 1]) * static_cast<double>(c[j + 1]);
+    s2 += static_cast<double>(a[j + 2]) * static_cast<double>(b[j + 2]) * static_cast<double>(c[j + 2]);
+    s3 += static_cast<double>(a[j + 3]) * static_cast<double>(b[j + 3]) * static_cast<double>(c[j + 3]);
+  }
+  for (; j < n; ++j) s0 += static_cast<double>(a[j]) * static_cast<double>(b[j]) * static_cast<double>(c[j]);
+  return (s0 + s1) + (s2 + s3);
+}
+
+// The same with c = 1 (sum of a_j * b_j).
+template <class A, class B>
+KOKKOS_INLINE_FUNCTION double pair_dot(const A* a, const B* b, int n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s0 += static_cast<double>(a[j]) * static_cast<double>(b[j]);
+    s1 += static_cast<double>(a[j + 1]) * static_cast<double>(b[j + 1]);
+    s2 += static_cast<double>(a[j + 2]) * static_cast<double>(b[j + 2]);
+    s3 += static_cast<double>(a[j + 3]) * static_cast<double>(b[j + 3]);
+  }
+  for (; j < n; ++j) s0 += static_cast<double>(a[j]) * static_cast<double>(b[j]);
+  return (s0 + s1) + (s2 + s3);
+}
+
 template <class RstdView>
 void rms_norm_check_rstd(const char* who, const RstdView& rstd, std::size_t n_tokens) {
   static_assert(compat::view_rank_v<RstdView> == 1, "mlacp RMSNorm: rstd must be a rank-1 View [B*s]");
@@ -90,8 +121,7 @@ void rms_norm_forward(const ExecSpace& space, const XView& x_in, const GainView&
       KOKKOS_LAMBDA(const std::int64_t tok) {
         const auto* x = x_data + tok * x_row;
         y_type* y = y_data + tok * y_row;
-        double sum_sq = 0.0;
-        for (int j = 0; j < n_cols; ++j) sum_sq += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+        const double sum_sq = detail::pair_dot(x, x, n_cols);
         const double rstd = 1.0 / compat::math::sqrt(sum_sq / static_cast<double>(n_cols) + eps);
         for (int j = 0; j < n_cols; ++j)
           y[j] = static_cast<y_type>(static_cast<double>(x[j]) * rstd * static_cast<double>(g_data[j]));
@@ -152,9 +182,7 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
           const auto* x = x_data + tok * x_row;
           const auto* d = dy_data + tok * dy_row;
           dx_type* out = dx_data + tok * dx_row;
-          double dot = 0.0;
-          for (int j = 0; j < n_cols; ++j)
-            dot += static_cast<double>(d[j]) * static_cast<double>(g_data[j]) * static_cast<double>(x[j]);
+          const double dot = detail::triple_dot(d, g_data, x, n_cols);
           const double rs = static_cast<double>(rstd_data[tok]);
           const double coef = rs * rs * rs * dot / static_cast<double>(n_cols);
           for (int j = 0; j < n_cols; ++j)
