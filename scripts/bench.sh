@@ -4,7 +4,8 @@
 # tables, and leaves the JSON files and the timeline PNG in perf_results/. Then mlacp-mla-block against the PyTorch
 # peer (perf_tests/peers/, DeepSpeed-Ulysses style on gloo) side by side, and a scaling sweep over S.
 #
-#   ./scripts/bench.sh                  # P = 2, both transports (a few minutes on a 2-core machine)
+#   ./scripts/bench.sh                  # P = 2, both transports (about 8 minutes on a 2-core machine: 4 for the
+#                                       # overlap suite, 1.5 for the peer comparison, 2.5 for the sweep)
 #   NP=4 ./scripts/bench.sh             # another group size (oversubscribes a small machine)
 #   RATE=10gbit ./scripts/bench.sh      # another link rate
 #   REPEATS=21 ./scripts/bench.sh       # more repeats per measurement
