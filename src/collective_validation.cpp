@@ -4,7 +4,8 @@
 #include <mlacp/error.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/mesh.hpp>
-#include <mlacp/mpi/request_transport.hpp>
+#include <mlacp/mpi/agreement.hpp>
+#include <mlacp/mpi/communicator.hpp>
 
 #include <climits>
 #include <cstring>
@@ -105,49 +106,51 @@ AgreementFields agreement_fields(const CollectiveCall& call) {
 
 }  // namespace
 
-void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
-                    const AgreementFields& fields, const std::string& context, bool usage) {
-  if (!mesh.checked() || mesh.size() == 1) {
-    if (local_error.empty()) return;
-    if (usage) throw UsageError(local_error);
-    throw InvalidArgument(local_error);
+namespace {
+
+// The kind of error a rank's local verdict raises; it travels with the message as its first character.
+enum class ErrorKind : char { invalid_argument = 'I', usage = 'U', communication = 'C' };
+
+[[noreturn]] void raise(ErrorKind kind, const std::string& text) {
+  if (kind == ErrorKind::usage) throw UsageError(text);
+  if (kind == ErrorKind::communication) throw CommunicationError(text);
+  throw InvalidArgument(text);
+}
+
+// The agreement itself (see agree_or_throw), run whatever the mesh's checked mode.
+void agree(const Mesh& mesh, const std::string& where, const std::string& local_error, const AgreementFields& fields,
+           const std::string& context, ErrorKind kind) {
+  if (mesh.size() == 1) {
+    if (!local_error.empty()) raise(kind, local_error);
+    return;
   }
-  // One MPI_Allreduce(MAX) carries: the lowest failing rank (negated), then every field and its negation, so that
-  // max and min of each field arrive together.
+  // One allreduce (MAX) carries: the lowest failing rank (negated), then every field and its negation, so that max
+  // and min of each field arrive together.
   std::vector<std::int64_t> values(1 + 2 * fields.size());
   values[0] = -static_cast<std::int64_t>(local_error.empty() ? mesh.size() : mesh.rank());
   for (std::size_t i = 0; i < fields.size(); ++i) {
     values[1 + 2 * i] = fields[i].second;
     values[2 + 2 * i] = -fields[i].second;
   }
-  // Nonblocking and watched: a rank that never arrives here is reported by the watchdog instead of hanging the rest.
   CollectiveInfo info;
   info.name = where + " (checked-mode agreement)";
   info.operation = "MPI_Iallreduce(MAX) of the arguments of " + where;
   info.shape = context;
   info.bytes = static_cast<std::int64_t>(values.size() * sizeof(std::int64_t));
-  MPI_Request request = MPI_REQUEST_NULL;
-  mpi::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX,
-                                mesh.comm(), &request),
-                 where + ": checked-mode MPI_Iallreduce");
-  events::record(EventKind::launch, info.name);
-  mpi::check_mpi(mpi::wait_watched(&request, mesh.comm(), info), where + ": checked-mode MPI_Iallreduce");
+  mpi::allreduce_max(mesh.comm(), values, info, where + ": checked-mode MPI_Iallreduce");
 
   const auto failing_rank = static_cast<int>(-values[0]);
   if (failing_rank < mesh.size()) {
-    // message[0] carries the kind ('U' usage, 'I' invalid argument), the text follows.
+    // message[0] carries the kind, the text follows.
     char message[1024] = {};
     if (mesh.rank() == failing_rank) {
-      message[0] = usage ? 'U' : 'I';
+      message[0] = static_cast<char>(kind);
       std::strncpy(message + 1, local_error.c_str(), sizeof(message) - 2);
     }
-    mpi::check_mpi(MPI_Ibcast(message, sizeof(message), MPI_CHAR, failing_rank, mesh.comm(), &request),
-                   where + ": checked-mode MPI_Ibcast");
-    mpi::check_mpi(mpi::wait_watched(&request, mesh.comm(), info), where + ": checked-mode MPI_Ibcast");
+    mpi::broadcast(mesh.comm(), message, sizeof(message), failing_rank, info, where + ": checked-mode MPI_Ibcast");
     const std::string text = std::string(message + 1) + " [raised on rank " + std::to_string(failing_rank) + " of " +
                              std::to_string(mesh.size()) + "; nothing was sent]";
-    if (message[0] == 'U') throw UsageError(text);
-    throw InvalidArgument(text);
+    raise(static_cast<ErrorKind>(message[0]), text);
   }
   for (std::size_t i = 0; i < fields.size(); ++i) {
     const std::int64_t largest = values[1 + 2 * i];
@@ -160,6 +163,22 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
       throw InvalidArgument(out.str());
     }
   }
+}
+
+}  // namespace
+
+void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
+                    const AgreementFields& fields, const std::string& context, bool usage) {
+  const ErrorKind kind = usage ? ErrorKind::usage : ErrorKind::invalid_argument;
+  if (!mesh.checked()) {
+    if (!local_error.empty()) raise(kind, local_error);
+    return;
+  }
+  agree(mesh, where, local_error, fields, context, kind);
+}
+
+void agree_on_success(const Mesh& mesh, const std::string& where, const std::string& local_error) {
+  agree(mesh, where, local_error, {}, "", ErrorKind::communication);
 }
 
 CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::string& name, std::int64_t bytes) {
@@ -175,9 +194,7 @@ CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::stri
 }
 
 void validate_collective(const Mesh& mesh, const CollectiveCall& call, const std::string& name) {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) throw UsageError(std::string(collective_name(call.kind)) + ": called after MPI_Finalize");
+  if (mpi::finalized()) throw UsageError(std::string(collective_name(call.kind)) + ": called after MPI_Finalize");
   agree_or_throw(mesh, std::string(collective_name(call.kind)) + " '" + name + "'", local_error(call, mesh.size()),
                  agreement_fields(call), "shape " + shape_string(call));
 }

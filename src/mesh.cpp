@@ -2,21 +2,13 @@
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
+#include <mlacp/mpi/communicator.hpp>
 
 #include <cstdlib>
 #include <string>
 #include <utility>
 
-#if MLACP_HAVE_NCCL
-#include <mlacp/nccl/nccl_context.hpp>
-#endif
-
 namespace mlacp {
-namespace detail {
-#if !MLACP_HAVE_NCCL
-struct NcclContext {};
-#endif
-}  // namespace detail
 
 namespace {
 bool checked_by_default() {
@@ -39,26 +31,22 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership)
     : checked_(checked_by_default()),
       check_finite_(check_finite_by_default()),
       reduce_scatter_(reduce_scatter_by_default()) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!initialized || finalized)
+  const bool finalized = mpi::finalized();
+  if (!mpi::initialized() || finalized)
     throw UsageError(std::string("mlacp::Mesh: MPI is ") + (finalized ? "already finalized" : "not initialized") +
                      "; create meshes between MPI_Init and MPI_Finalize");
   if (comm == MPI_COMM_NULL) throw InvalidArgument("mlacp::Mesh: the communicator is MPI_COMM_NULL");
-  int is_inter = 0;
-  MPI_Comm_test_inter(comm, &is_inter);
-  if (is_inter) throw InvalidArgument("mlacp::Mesh: an inter-communicator was given; expected an intra-communicator");
+  if (mpi::is_intercommunicator(comm))
+    throw InvalidArgument("mlacp::Mesh: an inter-communicator was given; expected an intra-communicator");
   if (ownership == Ownership::duplicate) {
-    if (MPI_Comm_dup(comm, &comm_) != MPI_SUCCESS) throw CommunicationError("mlacp::Mesh: MPI_Comm_dup failed");
+    comm_ = mpi::duplicate(comm);
     owned_ = true;
     diagnostics::detail::count_communicator(+1);
   } else {
     comm_ = comm;
   }
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+  rank_ = mpi::rank(comm_);
+  size_ = mpi::size(comm_);
 }
 
 Mesh::~Mesh() { release(); }
@@ -93,9 +81,7 @@ Mesh& Mesh::operator=(Mesh&& other) noexcept {
 void Mesh::release() noexcept {
   nccl_.reset();
   if (owned_ && comm_ != MPI_COMM_NULL) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    mpi::free_communicator(comm_);
     diagnostics::detail::count_communicator(-1);
   }
   comm_ = MPI_COMM_NULL;

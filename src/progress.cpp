@@ -40,6 +40,11 @@ void unregister_pending(PendingTransport* transport) noexcept {
   r.count.store(r.pending.size(), std::memory_order_relaxed);
 }
 
+bool test_pending(PendingTransport* transport) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  return transport->test();
+}
+
 }  // namespace detail
 
 void progress() {

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <iomanip>
 #include <sstream>
+#include <stdexcept>
+#include <thread>
 
 namespace mlacp {
 namespace {
@@ -46,6 +48,18 @@ std::string watchdog_report(const CollectiveInfo& info, int rank, int size, doub
   out << "  aborting the communicator (a rank that never entered this collective, or failed before it, is the usual "
          "cause; look for its error above)\n";
   return out.str();
+}
+
+void watch(const std::function<bool()>& poll, double timeout_s, const std::function<void(double waited_s)>& expire) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!poll()) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_s) {
+      expire(waited);
+      throw std::logic_error("mlacp watchdog: the expiry handler returned");  // never continue past a lost collective
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 }  // namespace detail

@@ -2,8 +2,7 @@
 // The Ulysses layout exchange: sequence-sharded <-> head-sharded.
 #pragma once
 
-#include <mlacp/detail/block_layout.hpp>
-#include <mlacp/detail/launch.hpp>
+#include <mlacp/impl/launch.hpp>
 
 namespace mlacp {
 
@@ -27,32 +26,27 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  detail::check_collective_types<ExecSpace, ViewType>();
-  const detail::CollectiveCall call =
-      detail::describe(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim);
-  detail::validate_collective(mesh, call, name);
-  const int parts = mesh.size();
-  if (parts == 1) return AsyncCollective<Result>(name, nullptr, Result(view), {});
+  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name);
+  if (p.done) return std::move(*p.done);
 
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
-  const auto n = static_cast<std::int64_t>(view.size());
-  const auto sent =
-      detail::scatter_send<T, MemSpace>(space, view.data(), detail::around_dim(view, scatter_dim), parts, name);
-  Result result =
-      detail::allocate_result(name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
-                              scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
-  detail::AroundDim received = detail::around_dim(result, gather_dim);
+  const int parts = mesh.size();
+  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_to_all);
+  const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, scatter_dim), parts, name);
+  launch.result =
+      impl::allocate_result(name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
+                            scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
+  detail::AroundDim received = detail::around_dim(launch.result, gather_dim);
   received.mid /= parts;
-  const auto receive = detail::gather_receive<T, MemSpace>(result, received, parts, name);
-  const int count = static_cast<int>(n / parts);
-  const MPI_Comm comm = mesh.comm();
-  auto start = [count, comm](const T* s, T* r, MPI_Request* request) {
-    return MPI_Ialltoall(s, count, mpi::datatype<T>(), r, count, mpi::datatype<T>(), comm, request);
-  };
-  auto unpack = detail::gather_unpack<ExecSpace, T, MemSpace>(space, result, received, parts, name, receive.in_place);
-  return detail::launch_transport(
-      space, mesh, call, name, sent.buffer, receive.buffer, [sent, receive, view] {}, static_cast<std::size_t>(count),
-      result, start, unpack);
+  const auto receive = impl::gather_receive<T, MemSpace>(space, launch.result, received, parts, name);
+  launch.send = sent.buffer;
+  launch.recv = receive.buffer;
+  launch.count = view.size() / static_cast<std::size_t>(parts);
+  launch.finish = receive.unpack;
+  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
+  launch.extend_lifetime(sent.owner);
+  launch.extend_lifetime(receive.owner);
+  return impl::start(space, mesh, std::move(launch));
 }
 
 }  // namespace mlacp

@@ -8,10 +8,12 @@
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/progress.hpp>
 
+#include <any>
 #include <functional>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mlacp {
 
@@ -32,15 +34,15 @@ class AsyncCollective {
   AsyncCollective() = default;
 
   /// Used by the launch functions. `transport` may be null (nothing to wait for: P == 1); `finish` runs once when the
-  /// transport completed and enqueues the unpack; `keep_alive` holds the buffers until the handle is destroyed.
+  /// transport completed and enqueues the unpack. What the transport reads or writes is kept alive with
+  /// extend_lifetime().
   AsyncCollective(std::string name, std::unique_ptr<detail::PendingTransport> transport, ResultView result,
-                  std::function<void()> finish, std::function<void()> keep_alive = {})
+                  std::function<void()> finish)
       : state_(std::make_unique<State>()) {
     state_->name = std::move(name);
     state_->transport = std::move(transport);
     state_->result = std::move(result);
     state_->finish = std::move(finish);
-    state_->keep_alive = std::move(keep_alive);
     if (state_->transport) detail::register_pending(state_->transport.get());
     events::record(EventKind::launch, state_->name);
   }
@@ -68,12 +70,21 @@ class AsyncCollective {
     return state_ ? state_->name : empty;
   }
 
+  /// Keeps `owner` (a View, a pooled buffer, any copyable object that owns memory the transport uses) alive until the
+  /// handle is destroyed, that is, after the transport completed. Throws UsageError on an empty handle.
+  template <class Owner>
+  void extend_lifetime(const Owner& owner) {
+    require_launched("extend_lifetime");
+    state_->lifetimes.emplace_back(owner);
+  }
+
   /// Progresses the transport without blocking; true when the data has arrived (wait() will not block on the
-  /// network). Throws UsageError on an empty handle.
+  /// network). Throws UsageError on an empty handle. Safe against a concurrent mlacp::progress() (another thread's
+  /// progress loop tests the same request under the registry's lock; so does this).
   bool test() {
     require_launched("test");
     if (state_->waited) return true;
-    return !state_->transport || state_->transport->test();
+    return !state_->transport || detail::test_pending(state_->transport.get());
   }
 
   /// Completes the collective and returns its result. Exactly once: a second call throws UsageError.
@@ -93,12 +104,13 @@ class AsyncCollective {
   }
 
  private:
+  // Members are destroyed in reverse order: the transport (whose destructor completes it) before what it uses.
   struct State {
     std::string name;
-    std::unique_ptr<detail::PendingTransport> transport;
+    std::vector<std::any> lifetimes;
     ResultView result;
     std::function<void()> finish;
-    std::function<void()> keep_alive;
+    std::unique_ptr<detail::PendingTransport> transport;
     bool waited = false;
   };
 

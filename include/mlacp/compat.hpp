@@ -37,24 +37,6 @@ void fence(const ExecSpace& space, [[maybe_unused]] const std::string& label) {
 #endif
 }
 
-/// Fences every execution space (global fence), with a label where supported.
-inline void fence_all([[maybe_unused]] const std::string& label) {
-#if MLACP_KOKKOS_VERSION_AT_LEAST(3, 6)
-  Kokkos::fence(label);
-#else
-  Kokkos::fence();
-#endif
-}
-
-/// True once Kokkos::finalize has run. Kokkos before 4.0 cannot tell: there it answers !is_initialized().
-inline bool kokkos_is_finalized() {
-#if MLACP_KOKKOS_VERSION_AT_LEAST(4, 0)
-  return Kokkos::is_finalized();
-#else
-  return !Kokkos::is_initialized();
-#endif
-}
-
 /// C = beta*C + alpha*op(A)*op(B) on the given execution-space instance, for rank-2 Views.
 /// Kokkos Kernels 3.6 and later take the instance; before that, the instance is fenced first and the plain
 /// overload (which runs on the default instance and fences after itself) is called, which is still ordered.

@@ -6,11 +6,12 @@
 #include <mlacp/config.hpp>
 
 #include <memory>
+#include <utility>
 
 namespace mlacp {
 
-namespace detail {
-struct NcclContext;
+namespace nccl {
+class Communicator;
 }
 
 /// How launch_reduce_scatter moves data over MPI (NCCL always uses ncclReduceScatter).
@@ -69,16 +70,13 @@ class Mesh {
   ReduceScatterAlgorithm reduce_scatter_algorithm() const noexcept { return reduce_scatter_; }
   void set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm) noexcept { reduce_scatter_ = algorithm; }
 
-  /// Whether an NCCL communicator was created (enable_nccl) for this mesh.
+  /// Whether an NCCL communicator is attached to this mesh (mlacp::nccl::enable(mesh), CUDA builds with NCCL).
   bool has_nccl() const noexcept { return nccl_ != nullptr; }
-  /// The NCCL context (communicator and its CUDA stream); nullptr without NCCL.
-  detail::NcclContext* nccl() const noexcept { return nccl_.get(); }
-
-#if MLACP_HAVE_NCCL
-  /// Collective over the mesh: creates an NCCL communicator on the current CUDA device from the MPI one (rank 0's
-  /// unique id is broadcast over MPI) and a non-blocking CUDA stream on which mlacp enqueues NCCL collectives.
-  void enable_nccl();
-#endif
+  /// The attached NCCL communicator (nccl/communicator.hpp); nullptr without one.
+  const std::shared_ptr<nccl::Communicator>& nccl() const noexcept { return nccl_; }
+  /// Attaches an NCCL communicator built from this mesh (nccl::enable does both); collectives on Kokkos::Cuda
+  /// instances over this mesh then go through NCCL. The mesh shares its ownership.
+  void attach_nccl(std::shared_ptr<nccl::Communicator> communicator) noexcept { nccl_ = std::move(communicator); }
 
  private:
   void release() noexcept;
@@ -91,7 +89,7 @@ class Mesh {
   bool host_staging_ = false;
   bool check_finite_ = false;
   ReduceScatterAlgorithm reduce_scatter_ = ReduceScatterAlgorithm::pairwise;
-  std::unique_ptr<detail::NcclContext> nccl_;
+  std::shared_ptr<nccl::Communicator> nccl_;
 };
 
 }  // namespace mlacp

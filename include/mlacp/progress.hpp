@@ -15,6 +15,9 @@ namespace detail {
 class PendingTransport;
 void register_pending(PendingTransport* transport);
 void unregister_pending(PendingTransport* transport) noexcept;
+/// transport->test() under the registry's lock, so that it never runs at the same time as progress() on the same
+/// request (MPI_Test on one request from two threads at once is erroneous even with MPI_THREAD_MULTIPLE).
+bool test_pending(PendingTransport* transport);
 }  // namespace detail
 
 /// Tests every pending collective once (MPI_Test), which lets the MPI library progress them. Cheap when none is

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace mlacp {
@@ -27,6 +28,11 @@ namespace detail {
 /// The report printed when the watchdog fires: the collective, how long ago it was launched, and the last things
 /// this rank did (mlacp's recent events).
 std::string watchdog_report(const CollectiveInfo& info, int rank, int size, double waited_s);
+
+/// The watched wait of every backend: calls `poll` (true once the operation completed; it may throw, and the
+/// exception propagates) until it returns true, sleeping briefly between calls. Past `timeout_s` seconds it calls
+/// `expire(waited_s)`, which must not return normally (the backends print watchdog_report and abort; tests throw).
+void watch(const std::function<bool()>& poll, double timeout_s, const std::function<void(double waited_s)>& expire);
 }  // namespace detail
 
 }  // namespace mlacp

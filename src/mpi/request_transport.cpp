@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <utility>
 
 namespace mlacp::mpi {
@@ -26,11 +25,8 @@ class RequestTransport final : public detail::PendingTransport {
 
   void wait() override {
     if (request_ == MPI_REQUEST_NULL) return;
-    if (wait_timeout() > 0) {
-      watched_wait();
-      return;
-    }
-    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait of '" + info_.name + "'");
+    // With the watchdog on or off, MPI's error code reaches the caller.
+    check_mpi(wait_watched(&request_, comm_, info_), "MPI_Wait of '" + info_.name + "'");
   }
 
   void progress() noexcept override {
@@ -43,18 +39,12 @@ class RequestTransport final : public detail::PendingTransport {
     if (request_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
-      if (wait_timeout() > 0)
-        watched_wait();
-      else
-        MPI_Wait(&request_, MPI_STATUS_IGNORE);
-    }
+    if (!finalized && wait_watched(&request_, comm_, info_) != MPI_SUCCESS)
+      std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info_.name.c_str());
     request_ = MPI_REQUEST_NULL;
   }
 
  private:
-  void watched_wait() noexcept { wait_watched(&request_, comm_, info_); }
-
   MPI_Request request_;
   MPI_Comm comm_;
   CollectiveInfo info_;
@@ -65,24 +55,32 @@ class RequestTransport final : public detail::PendingTransport {
 int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info) noexcept {
   const double timeout = wait_timeout();
   if (timeout <= 0) return MPI_Wait(request, MPI_STATUS_IGNORE);
-  const auto start = std::chrono::steady_clock::now();
-  while (true) {
+  int code = MPI_SUCCESS;
+  auto poll = [&]() {
     int done = 0;
-    const int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    if (code != MPI_SUCCESS || done) return code;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > timeout) {
-      int rank = 0, size = 0;
-      MPI_Comm_rank(comm, &rank);
-      MPI_Comm_size(comm, &size);
-      const std::string report = detail::watchdog_report(info, rank, size, waited);
-      std::fprintf(stderr, "%s", report.c_str());
-      std::fflush(stderr);
-      MPI_Abort(comm, 3);
-      std::abort();  // MPI_Abort does not return; never continue past a failed collective
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    return code != MPI_SUCCESS || done != 0;
+  };
+  auto expire = [&](double waited) {
+    int rank = 0, size = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    const std::string report = detail::watchdog_report(info, rank, size, waited);
+    std::fprintf(stderr, "%s", report.c_str());
+    std::fflush(stderr);
+    abort_communicator(comm);
+  };
+  try {
+    detail::watch(poll, timeout, expire);
+  } catch (...) {
+    std::abort();  // nothing above throws; a wait that cannot report must not continue either
   }
+  return code;
+}
+
+void abort_communicator(MPI_Comm comm) noexcept {
+  MPI_Abort(comm, 3);
+  std::abort();  // MPI_Abort does not return; never continue past a failed collective
 }
 
 std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request request, MPI_Comm comm,

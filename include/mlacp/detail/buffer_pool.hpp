@@ -3,24 +3,52 @@
 // every step, so after the first step no send, receive or staging buffer is allocated again.
 #pragma once
 
+#include <mlacp/detail/transport.hpp>
 #include <mlacp/diagnostics.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mlacp::detail {
 
+/// The execution-space instance that last used a pooled buffer: its pack, unpack or staging copy may still be queued
+/// there after the handle is gone. `stream` identifies device instances (their CUDA/HIP stream); host instances have
+/// none (their kernels have completed when their launch returns, so fencing them is free).
+struct BufferUser {
+  const void* stream = nullptr;
+  std::function<void()> fence;  ///< fences that instance
+};
+
+template <class ExecSpace>
+BufferUser buffer_user(const ExecSpace& space) {
+  BufferUser user;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) user.stream = space.cuda_stream();
+#endif
+#if defined(KOKKOS_ENABLE_HIP)
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Experimental::HIP>) user.stream = space.hip_stream();
+#endif
+  user.fence = [space]() { space.fence(); };
+  return user;
+}
+
 /// A process-wide pool of byte buffers in MemSpace, keyed by size. A buffer is free when the pool holds the only
-/// reference to it (its handle was destroyed). Buffers are returned to Kokkos at Kokkos::finalize (or by
-/// release_unused). Reuse is ordered on device spaces when the buffer's previous handle was waited on the same
-/// execution-space instance as the next launch (the usual case); otherwise fence between them.
+/// reference to it (its handle was destroyed). Reuse is ordered by the instance that last used the buffer: a launch on
+/// the same device stream reuses it in stream order; any other instance first fences the last user. The pool is
+/// bounded: a free buffer that no launch took for trim_after() acquisitions is returned to Kokkos (varying shapes
+/// would otherwise grow it without bound). Everything left is returned at Kokkos::finalize.
 template <class MemSpace>
 class BufferPool {
  public:
   using bytes_view = Kokkos::View<char*, MemSpace>;
+  /// Default of trim_after(): well above the collectives of one training step, so that a steady state never trims.
+  static constexpr std::uint64_t default_trim_after = 256;
 
   static BufferPool& instance() {
     static BufferPool* pool = [] {
@@ -31,41 +59,98 @@ class BufferPool {
     return *pool;
   }
 
-  /// A buffer of exactly `bytes` bytes that no handle is using, allocating one only if none is free.
-  bytes_view acquire(std::size_t bytes, const std::string& label) {
+  /// A buffer of exactly `bytes` bytes that no handle is using, allocating one only if none is free; `user` is the
+  /// instance that will use it.
+  bytes_view acquire(std::size_t bytes, const std::string& label, BufferUser user) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& view : views_)
-      if (view.extent(0) == bytes && view.use_count() == 1) return view;
-    views_.emplace_back(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp pool: " + label), bytes);
-    diagnostics::detail::count_buffer_allocation(bytes);
-    return views_.back();
+    ++clock_;
+    trim();
+    Entry* chosen = nullptr;
+    for (auto& entry : entries_) {
+      if (entry.view.extent(0) != bytes || entry.view.use_count() != 1) continue;
+      const bool same_stream = user.stream != nullptr && entry.user.stream == user.stream;
+      if (chosen == nullptr || same_stream) chosen = &entry;
+      if (same_stream) break;
+    }
+    if (chosen == nullptr) {
+      entries_.push_back(
+          Entry{bytes_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp pool: " + label), bytes), {}, 0});
+      diagnostics::detail::count_buffer_allocation(bytes);
+      chosen = &entries_.back();
+    } else if (chosen->user.fence && (user.stream == nullptr || chosen->user.stream != user.stream)) {
+      chosen->user.fence();  // its last user may still read or write it in its own order
+    }
+    chosen->user = std::move(user);
+    chosen->last_used = clock_;
+    return chosen->view;
   }
 
-  /// Frees the buffers no handle is using; returns how many.
-  std::size_t release_unused() {
+  /// Acquisitions after which an unused free buffer is returned to Kokkos.
+  std::uint64_t trim_after() {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto before = views_.size();
-    std::vector<bytes_view> kept;
-    for (auto& view : views_)
-      if (view.use_count() > 1) kept.push_back(view);
-    views_.swap(kept);
-    return before - views_.size();
+    return trim_after_;
+  }
+  void set_trim_after(std::uint64_t acquisitions) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trim_after_ = acquisitions;
   }
 
   std::size_t buffers() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return views_.size();
+    return entries_.size();
+  }
+  /// Bytes the pool holds (in use or free).
+  std::size_t bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t total = 0;
+    for (const auto& entry : entries_) total += entry.view.extent(0);
+    return total;
   }
 
  private:
+  struct Entry {
+    bytes_view view;
+    BufferUser user;
+    std::uint64_t last_used;
+  };
+
   BufferPool() = default;
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
-    views_.clear();
+    entries_.clear();
+  }
+  void trim() {
+    std::vector<Entry> kept;
+    kept.reserve(entries_.size());
+    for (auto& entry : entries_) {
+      const bool idle = entry.view.use_count() == 1 && clock_ - entry.last_used > trim_after_;
+      if (!idle) {
+        kept.push_back(std::move(entry));
+      } else if (entry.user.fence && entry.user.stream != nullptr) {
+        entry.user.fence();  // a device instance may still use it; host instances are done
+      }
+    }
+    entries_.swap(kept);
   }
 
   std::mutex mutex_;
-  std::vector<bytes_view> views_;
+  std::vector<Entry> entries_;
+  std::uint64_t clock_ = 0;
+  std::uint64_t trim_after_ = default_trim_after;
 };
+
+/// A communication buffer of n values from the pool: an unmanaged View, plus the pooled allocation that must be kept
+/// alive (by the handle) for as long as the View is used.
+template <class T, class MemSpace>
+struct PooledBuffer {
+  Buffer<T, MemSpace> view;
+  typename BufferPool<MemSpace>::bytes_view storage;
+};
+
+template <class T, class MemSpace, class ExecSpace>
+PooledBuffer<T, MemSpace> allocate_buffer(const ExecSpace& space, const std::string& label, std::size_t n) {
+  auto storage = BufferPool<MemSpace>::instance().acquire(n * sizeof(T), label, buffer_user(space));
+  return {Buffer<T, MemSpace>(reinterpret_cast<T*>(storage.data()), n), storage};
+}
 
 }  // namespace mlacp::detail

@@ -49,6 +49,11 @@ using AgreementFields = std::vector<std::pair<std::string, std::int64_t>>;
 void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
                     const AgreementFields& fields, const std::string& context, bool usage = false);
 
+/// Every rank of `mesh` learns whether any failed a step that the next collective depends on (e.g. creating a
+/// resource): whatever the checked mode, if `local_error` is not empty on some rank, every rank throws
+/// CommunicationError with the lowest such rank's message. One allreduce (and a broadcast on failure).
+void agree_on_success(const Mesh& mesh, const std::string& where, const std::string& local_error);
+
 /// Validates `call` (of the collective named `name`) for a group of `mesh.size()` ranks. Throws InvalidArgument naming
 /// the value and what was expected. Unchecked mesh: local checks only. Checked mesh: one MPI_Allreduce also compares
 /// the calls of all ranks, and an error found on any rank is thrown on every rank (with the message of the lowest such

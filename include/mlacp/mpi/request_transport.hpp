@@ -22,6 +22,9 @@ std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request req
 /// timeout, prints the watchdog report for `info` on stderr and aborts the communicator. Returns MPI's error code.
 int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info) noexcept;
 
+/// MPI_Abort on `comm` (the watchdog's end): never returns.
+[[noreturn]] void abort_communicator(MPI_Comm comm) noexcept;
+
 /// Throws CommunicationError naming `what` and MPI's error string when `code` is not MPI_SUCCESS.
 void check_mpi(int code, const std::string& what);
 

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The boundary between the generic collectives and their backends (mpi/, nccl/): what a collective asks a backend to
+// move, and what the backend hands back. Nothing here calls MPI or NCCL.
+#pragma once
+
+#include <mlacp/detail/pending_transport.hpp>
+#include <mlacp/watchdog.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <any>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mlacp::detail {
+
+/// A contiguous run of n values in MemSpace that a backend reads or writes (unmanaged: its owner is kept alive by
+/// the handle, see AsyncCollective::extend_lifetime).
+template <class T, class MemSpace>
+using Buffer = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
+
+/// What moves. `count` below is always the number of values in one peer's block.
+enum class Operation {
+  all_to_all,          ///< block j of send to rank j; block i of recv from rank i
+  all_gather,          ///< send (one block) to every rank; block i of recv from rank i
+  reduce_scatter_sum,  ///< recv (one block) = the sum over ranks of their send block j = this rank
+  exchange_blocks,     ///< as all_to_all, but this rank's own block is neither sent nor copied (pairwise sum)
+};
+
+/// One collective, as handed to a backend.
+template <class T, class MemSpace>
+struct TransportRequest {
+  Operation operation;
+  Buffer<T, MemSpace> send;
+  Buffer<T, MemSpace> recv;
+  std::size_t count = 0;  ///< values per peer block
+  CollectiveInfo info;    ///< what the watchdog reports about it (its name is the collective's)
+};
+
+/// What a backend hands back for one started collective.
+struct StartedTransport {
+  /// Runs at wait(), once the transport completed and before the collective's own finishing step, in the order of
+  /// the launch's execution-space instance (e.g. the copy back from host staging); may be empty.
+  std::function<void()> arrived;
+  /// What the backend itself allocated or uses and the transport needs until it completes (host staging buffers, the
+  /// NCCL communicator): the handle keeps each alive (extend_lifetime).
+  std::vector<std::any> resources;
+  /// The operation in flight (never null). Declared last: destroyed (and so completed) before what it uses.
+  std::unique_ptr<PendingTransport> transport;
+};
+
+/// The backend that carries collectives launched on instances of ExecSpace. mpi/transport.hpp defines it for every
+/// execution space; nccl/transport.hpp specialises it for Kokkos::Cuda in builds with NCCL (NCCL when the mesh has an
+/// NCCL communicator, else MPI). A backend provides:
+///   static bool reduces_natively(const Mesh&)   whether reduce_scatter_sum is the backend's own (else the
+///                                                collective uses exchange_blocks and sums the blocks itself)
+///   static StartedTransport start(const ExecSpace&, const Mesh&, const TransportRequest<T, MemSpace>&)
+template <class ExecSpace, class Enable = void>
+struct TransportFor;
+
+}  // namespace mlacp::detail

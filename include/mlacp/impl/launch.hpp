@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// What the three collectives share, above the handle: compile-time requirements on the View, the prologue (describe,
+// validate, P == 1), the send and receive sides around the scattered and gathered dimensions, and the hand-off of one
+// described launch to the backend of the execution space (detail::TransportFor: mpi/ or nccl/).
+#pragma once
+
+#include <mlacp/async_collective.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/detail/block_layout.hpp>
+#include <mlacp/detail/buffer_pool.hpp>
+#include <mlacp/detail/collective_validation.hpp>
+#include <mlacp/detail/transport.hpp>
+#include <mlacp/mesh.hpp>
+#include <mlacp/mpi/transport.hpp>
+#include <mlacp/nccl/transport.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <any>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace mlacp {
+
+/// The View type a collective returns for an input of type ViewType: same value type and rank, LayoutRight, same
+/// memory space, managed.
+template <class ViewType>
+using collective_result_t =
+    Kokkos::View<typename ViewType::non_const_data_type, Kokkos::LayoutRight, typename ViewType::memory_space>;
+
+namespace impl {
+
+template <class T>
+inline constexpr bool is_communicated_value_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+template <class ExecSpace, class ViewType>
+constexpr void check_collective_types() {
+  static_assert(Kokkos::is_view<ViewType>::value, "mlacp collectives take Kokkos::View arguments");
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
+                "the first argument of an mlacp collective is a Kokkos execution-space instance");
+  static_assert(compat::view_rank_v<ViewType> >= 3 && compat::view_rank_v<ViewType> <= detail::max_collective_rank,
+                "mlacp collectives take Views of rank 3 to 5");
+  static_assert(std::is_same_v<typename ViewType::array_layout, Kokkos::LayoutRight>,
+                "mlacp collectives take LayoutRight (row-major, contiguous) Views");
+  static_assert(is_communicated_value_v<typename ViewType::non_const_value_type>,
+                "mlacp collectives take Views of float or double");
+  static_assert(!std::is_const_v<typename ViewType::value_type>,
+                "mlacp collectives take non-const Views (with P == 1 the input itself is returned)");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename ViewType::memory_space>::accessible,
+                "the execution space of an mlacp collective must be able to access the View's memory space");
+}
+
+template <class ViewType>
+detail::CollectiveCall describe(detail::CollectiveKind kind, const ViewType& view, int dim_a, int dim_b) {
+  detail::CollectiveCall call{kind,
+                              compat::view_rank_v<ViewType>,
+                              {},
+                              dim_a,
+                              dim_b,
+                              static_cast<int>(sizeof(typename ViewType::value_type)),
+                              view.data() != nullptr || view.size() == 0};
+  for (int d = 0; d < call.rank; ++d)
+    call.extents[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(view.extent(static_cast<unsigned>(d)));
+  return call;
+}
+
+/// The outcome of a collective's prologue: the validated call, and the finished handle when nothing moves (P == 1:
+/// the input itself is the result).
+template <class ViewType>
+struct Prologue {
+  detail::CollectiveCall call;
+  std::optional<AsyncCollective<collective_result_t<ViewType>>> done;
+};
+
+/// What every collective does first: the compile-time requirements, the description of the call, its validation
+/// (agreed by every rank in checked mode; throws before anything is sent), and P == 1.
+template <class ExecSpace, class ViewType>
+Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, int dim_a, int dim_b, const Mesh& mesh,
+                            const std::string& name) {
+  check_collective_types<ExecSpace, ViewType>();
+  Prologue<ViewType> p{describe(kind, view, dim_a, dim_b), std::nullopt};
+  detail::validate_collective(mesh, p.call, name);
+  if (mesh.size() == 1) p.done.emplace(name, nullptr, collective_result_t<ViewType>(view), std::function<void()>{});
+  return p;
+}
+
+/// A result View shaped like `like`, with extent(dim_a) = extent_a and, when dim_b >= 0, extent(dim_b) = extent_b.
+template <class ViewType>
+collective_result_t<ViewType> allocate_result(const std::string& label, const ViewType& like, int dim_a,
+                                              std::int64_t extent_a, int dim_b = -1, std::int64_t extent_b = 0) {
+  std::size_t n[8] = {KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX,
+                      KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX};
+  for (int d = 0; d < compat::view_rank_v<ViewType>; ++d) n[d] = like.extent(static_cast<unsigned>(d));
+  n[dim_a] = static_cast<std::size_t>(extent_a);
+  if (dim_b >= 0) n[dim_b] = static_cast<std::size_t>(extent_b);
+  return collective_result_t<ViewType>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n[0], n[1], n[2], n[3],
+                                       n[4]);
+}
+
+/// One collective, ready for its backend: what moves, where the result is, and what its handle must keep alive.
+template <class T, class MemSpace, class ResultView>
+struct CollectiveLaunch {
+  CollectiveLaunch(std::string name_, detail::CollectiveCall call_, detail::Operation operation_)
+      : name(std::move(name_)), call(call_), operation(operation_) {}
+
+  std::string name;             ///< the caller's name of the collective (events, watchdog, errors)
+  detail::CollectiveCall call;  ///< the validated call (for the watchdog's report)
+  detail::Operation operation;
+  detail::Buffer<T, MemSpace> send;  ///< what the transport reads
+  detail::Buffer<T, MemSpace> recv;  ///< where the transport writes
+  std::size_t count = 0;             ///< values per peer block
+  ResultView result;                 ///< what wait() returns
+  /// Runs at wait() once the data arrived, on the launch's instance: the unpack or the block sum into `result`; may
+  /// be empty (received in place).
+  std::function<void()> finish;
+  /// What the transport reads or writes and nobody else owns: the input when sent in place, pooled buffers.
+  std::vector<std::any> lifetimes;
+
+  template <class Owner>
+  void extend_lifetime(const Owner& owner) {
+    lifetimes.emplace_back(owner);
+  }
+};
+
+/// Hands `launch` to the backend of ExecSpace and returns the handle that owns it.
+template <class ExecSpace, class T, class MemSpace, class ResultView>
+AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
+                                  CollectiveLaunch<T, MemSpace, ResultView>&& launch) {
+  detail::TransportRequest<T, MemSpace> request{
+      launch.operation, launch.send, launch.recv, launch.count,
+      detail::describe_for_watchdog(launch.call, launch.name,
+                                    static_cast<std::int64_t>(launch.send.size() * sizeof(T)))};
+  detail::StartedTransport started = detail::TransportFor<ExecSpace>::start(space, mesh, request);
+  std::function<void()> finish = [arrived = std::move(started.arrived), finish = std::move(launch.finish)]() {
+    if (arrived) arrived();
+    if (finish) finish();
+  };
+  AsyncCollective<ResultView> handle(launch.name, std::move(started.transport), std::move(launch.result),
+                                     std::move(finish));
+  for (const auto& owner : launch.lifetimes) handle.extend_lifetime(owner);
+  for (const auto& resource : started.resources) handle.extend_lifetime(resource);
+  return handle;
+}
+
+/// The send side of a scattering collective (all-to-all, reduce-scatter): the P blocks of the input along the
+/// scattered dimension, block j for rank j, each contiguous. With nothing before that dimension (`scattered.outer` ==
+/// 1: scattering dim 0, or batch 1 with tokens scattered) the input already is in that layout and the transport reads
+/// it directly (no copy: the caller keeps the input alive in the handle and must not write it until wait());
+/// otherwise the blocks are packed on `space` into a pooled buffer.
+template <class T, class MemSpace>
+struct ScatterSend {
+  detail::Buffer<T, MemSpace> buffer;
+  std::any owner;  ///< the pooled buffer (empty when the input is sent in place)
+};
+
+template <class T, class MemSpace, class ExecSpace, class ViewType>
+ScatterSend<T, MemSpace> scatter_send(const ExecSpace& space, const ViewType& input, const detail::AroundDim& scattered,
+                                      int parts, const std::string& name) {
+  const auto n = static_cast<std::size_t>(scattered.size());
+  if (scattered.outer == 1) return {detail::Buffer<T, MemSpace>(input.data(), n), {}};
+  auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " send", n);
+  detail::pack_blocks(space, input.data(), pooled.view.data(), scattered, parts, name + " pack");
+  return {pooled.view, pooled};
+}
+
+/// Where a gathering collective (all-to-all, all-gather) receives. `received` describes the P incoming blocks around
+/// the gathered dimension. With nothing before that dimension (outer == 1: gathering dim 0, or batch 1 with tokens
+/// gathered) the rank-ordered blocks are the result's layout already, so the transport receives into the result and
+/// nothing is unpacked; otherwise into a pooled buffer that `unpack` scatters into the result at wait().
+template <class T, class MemSpace>
+struct GatherReceive {
+  detail::Buffer<T, MemSpace> buffer;
+  std::any owner;                ///< the pooled buffer (empty when received in place: the handle holds the result)
+  std::function<void()> unpack;  ///< empty when received in place
+};
+
+template <class T, class MemSpace, class ExecSpace, class Result>
+GatherReceive<T, MemSpace> gather_receive(const ExecSpace& space, const Result& result,
+                                          const detail::AroundDim& received, int parts, const std::string& name) {
+  const auto n = static_cast<std::size_t>(received.size() * parts);
+  if (received.outer == 1) return {detail::Buffer<T, MemSpace>(result.data(), n), {}, {}};
+  auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " recv", n);
+  const T* in = pooled.view.data();
+  T* out = result.data();
+  auto unpack = [space, in, out, received, parts, name]() {
+    detail::unpack_blocks(space, in, out, received, parts, name + " unpack");
+  };
+  return {pooled.view, pooled, unpack};
+}
+
+}  // namespace impl
+}  // namespace mlacp

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The NCCL backend: the same collectives, enqueued on the stream of the mesh's NCCL communicator (CUDA builds with
+// MLACP_HAVE_NCCL only; elsewhere this header declares nothing).
+//
+// Ordering without host blocking: launch records an event on the compute stream and makes the communication stream
+// wait on it (so NCCL reads the send buffer after the pack kernel), enqueues the collective, and records a completion
+// event on the communication stream. wait() makes the compute stream wait on that event; test() queries it (NCCL
+// runs on the GPU: no host polling is needed for progress). Failures: test() and wait() report the communicator's
+// asynchronous error (ncclCommGetAsyncError); with the watchdog on (wait_timeout() > 0) wait() polls the event and
+// that error on the host, and past the timeout reports the collective and aborts, as the MPI backend does.
+#pragma once
+
+#include <mlacp/config.hpp>
+
+#if MLACP_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <mlacp/detail/pending_transport.hpp>
+#include <mlacp/detail/transport.hpp>
+#include <mlacp/mesh.hpp>
+#include <mlacp/mpi/transport.hpp>
+#include <mlacp/nccl/communicator.hpp>
+#include <mlacp/watchdog.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace mlacp::nccl {
+
+template <class T>
+ncclDataType_t datatype() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "mlacp communicates float and double only");
+  if constexpr (std::is_same_v<T, float>) {
+    return ncclFloat32;
+  } else {
+    return ncclFloat64;
+  }
+}
+
+/// One peer's part of an all-to-all as grouped point-to-point calls: `count` elements sent from
+/// send + send_offset to `peer` and received from it into recv + recv_offset.
+struct PeerTransfer {
+  int peer;
+  std::size_t send_offset;
+  std::size_t recv_offset;
+  std::size_t count;
+};
+
+/// The grouped send/recv plan of an all-to-all of `count_per_peer` elements per peer on rank `rank` of `nranks`:
+/// block j of the send buffer goes to rank j, block i of the receive buffer comes from rank i. Starts with the
+/// rank's own block and walks the ring, so that peers pair up in the same order on every rank. With
+/// `include_self` false the own block is left out (the exchange of a pairwise reduce-scatter).
+std::vector<PeerTransfer> all_to_all_plan(int rank, int nranks, std::size_t count_per_peer, bool include_self = true);
+
+/// What one poll of a collective in flight found.
+struct Completion {
+  enum class State { pending, done, failed };
+  State state = State::pending;
+  std::string error;  ///< when failed: what failed, naming the collective
+};
+
+/// Classifies one poll of the collective `name`: `event_state` is cudaEventQuery of its completion event,
+/// `async_error` the communicator's ncclCommGetAsyncError. An asynchronous error fails it whatever the event says
+/// (a collective whose peer is gone never completes).
+Completion classify(cudaError_t event_state, ncclResult_t async_error, const std::string& name);
+
+/// Enqueues `operation` (count = elements per peer block) and returns its transport. `compute_stream` is the stream
+/// of the execution-space instance the operands were produced on, and on which the result will be consumed.
+std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, const void* send, void* recv,
+                                                 std::size_t count, ncclDataType_t type, std::size_t type_size,
+                                                 Communicator& communicator, cudaStream_t compute_stream,
+                                                 CollectiveInfo info);
+
+struct Transport {
+  /// ncclReduceScatter always.
+  static bool reduces_natively(const Mesh&) { return true; }
+
+  template <class ExecSpace, class T, class MemSpace>
+  static detail::StartedTransport start(const ExecSpace& space, const std::shared_ptr<Communicator>& communicator,
+                                        const detail::TransportRequest<T, MemSpace>& request) {
+    detail::StartedTransport started;
+    started.resources.emplace_back(communicator);  // the transport polls and may abort it until it completes
+    started.transport = launch(request.operation, request.send.data(), request.recv.data(), request.count,
+                               datatype<T>(), sizeof(T), *communicator, space.cuda_stream(), request.info);
+    return started;
+  }
+};
+
+}  // namespace mlacp::nccl
+
+#if defined(KOKKOS_ENABLE_CUDA)
+namespace mlacp::detail {
+/// Collectives on CUDA instances: NCCL when the mesh has an NCCL communicator (nccl::enable), else MPI.
+template <>
+struct TransportFor<Kokkos::Cuda> {
+  static bool reduces_natively(const Mesh& mesh) { return mesh.has_nccl() || mpi::Transport::reduces_natively(mesh); }
+  template <class T, class MemSpace>
+  static StartedTransport start(const Kokkos::Cuda& space, const Mesh& mesh,
+                                const TransportRequest<T, MemSpace>& request) {
+    if (mesh.has_nccl()) return nccl::Transport::start(space, mesh.nccl(), request);
+    return mpi::Transport::start(space, mesh, request);
+  }
+};
+}  // namespace mlacp::detail
+#endif
+#endif
