@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
 #include <mlacp/mla/attention_core.hpp>
+#include <mlacp/mla/kv_layout.hpp>
 #include <mlacp/mla/reductions.hpp>
 #include <mlacp/mla/reference_forward.hpp>
 #include <mlacp/mla/rms_norm.hpp>
@@ -555,6 +556,104 @@ TYPED_TEST(MlaKernels, SumRowsAccumulates) {
     for (int j = 0; j < c; ++j) expected[j] = out0[j] + times * sums[j];
     EXPECT_LT(rel_error(to_vec(out), expected), tol<T>()) << "after " << times << " call(s)";
   }
+}
+
+// Wider than one host chunk of columns (64), with a partial last chunk, and on a strided (column-subview) matrix.
+TYPED_TEST(MlaKernels, SumRowsAccumulatesOverChunksAndStridedColumns) {
+  using T = TypeParam;
+  const int n = 23, wide = 2 * 150, c = 150;
+  ExecSpace space;
+  View2<T> full("full", n, wide);
+  const Vec f0 = rounded<T>(random_vec(full.size(), 43));
+  from_vec(full, f0);
+  const auto contiguous = Kokkos::subview(full, std::make_pair(0, n), Kokkos::ALL());
+  // Every second column: a LayoutStride View whose column stride is 2.
+  Kokkos::View<T**, Kokkos::LayoutStride, MemSpace> strided(full.data(), Kokkos::LayoutStride(n, wide, c, 2));
+  View1<T> out_all("out_all", wide), out_strided("out_strided", c);
+  mlacp::sum_rows_accumulate(space, contiguous, out_all);
+  mlacp::sum_rows_accumulate(space, strided, out_strided);
+  space.fence();
+  Vec all(wide, 0.0), every_second(c, 0.0);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < wide; ++j) all[j] += f0[i * wide + j];
+  for (int j = 0; j < c; ++j) every_second[j] = all[2 * j];
+  EXPECT_LT(rel_error(to_vec(out_all), all), tol<T>());
+  EXPECT_LT(rel_error(to_vec(out_strided), every_second), tol<T>());
+}
+
+// The table form of RoPE (one table per configuration, out of place) gives the in-place per-call form's numbers.
+TYPED_TEST(MlaKernels, RopeWithATableOutOfPlaceMatchesInPlace) {
+  using T = TypeParam;
+  const int n_b = 2, n_s = 5, n_h = 3, d = 10, first = 4, width = 6, dst_first = 1;
+  const std::int64_t offset = 17;
+  ExecSpace space;
+  View4<T> x("x", n_b, n_s, n_h, d), in_place("in_place", n_b, n_s, n_h, d), out("out", n_b, n_s, n_h, width + 2);
+  const Vec x0 = rounded<T>(random_vec(x.size(), 44));
+  from_vec(x, x0);
+  from_vec(in_place, x0);
+  mlacp::rope_forward(space, in_place, first, width, offset);
+  const auto table = mlacp::detail::make_rope_table(space, n_s, offset, width, 10000.0);
+  mlacp::rope_forward(space, x, first, out, dst_first, table);
+  space.fence();
+  const Vec rotated = to_vec(in_place), got = to_vec(out);
+  Vec want(got.size(), 0.0), have(got.size(), 0.0);
+  for (int row = 0; row < n_b * n_s * n_h; ++row)
+    for (int c = 0; c < width; ++c) {
+      want[row * (width + 2) + c] = rotated[row * d + first + c];
+      have[row * (width + 2) + c] = got[row * (width + 2) + dst_first + c];
+    }
+  EXPECT_LT(rel_error(have, want), tol<T>());
+  EXPECT_EQ(to_vec(x), x0) << "out of place leaves the source alone";
+  mlacp::rope_backward(space, out, dst_first, out, dst_first, table);
+  space.fence();
+  const Vec back = to_vec(out);
+  Vec original(got.size(), 0.0), restored(got.size(), 0.0);
+  for (int row = 0; row < n_b * n_s * n_h; ++row)
+    for (int c = 0; c < width; ++c) {
+      original[row * (width + 2) + c] = x0[row * d + first + c];
+      restored[row * (width + 2) + c] = back[row * (width + 2) + dst_first + c];
+    }
+  EXPECT_LT(rel_error(restored, original), tol<T>());
+}
+
+// The KV adjoint read from P head blocks (as the inverse all-to-all delivers them) equals the plain adjoint of the
+// unpacked tensor.
+TYPED_TEST(MlaKernels, KvGradientFromHeadBlocksMatchesUnpacked) {
+  using T = TypeParam;
+  const int parts = 2, n_b = 2, n = 3, h = 2, dn = 3, dr = 2, dv = 4, heads = parts * h;
+  ExecSpace space;
+  Kokkos::View<T*****, Kokkos::LayoutRight, MemSpace> dk_blocks("dk", parts, n_b, n, h, dn + dr),
+      dv_blocks("dv", parts, n_b, n, h, dv);
+  const Vec k0 = rounded<T>(random_vec(dk_blocks.size(), 45)), v0 = rounded<T>(random_vec(dv_blocks.size(), 46));
+  from_vec(dk_blocks, k0);
+  from_vec(dv_blocks, v0);
+  // Unpack on the host: token-local head r*h + i of token (b, t) is block r's head i.
+  View4<T> dk("dk local", n_b, n, heads, dn + dr), dv_local("dv local", n_b, n, heads, dv);
+  Vec k_local(dk.size()), v_local(dv_local.size());
+  for (int r = 0; r < parts; ++r)
+    for (int tok = 0; tok < n_b * n; ++tok)
+      for (int i = 0; i < h; ++i) {
+        for (int c = 0; c < dn + dr; ++c)
+          k_local[(tok * heads + r * h + i) * (dn + dr) + c] = k0[((r * n_b * n + tok) * h + i) * (dn + dr) + c];
+        for (int c = 0; c < dv; ++c)
+          v_local[(tok * heads + r * h + i) * dv + c] = v0[((r * n_b * n + tok) * h + i) * dv + c];
+      }
+  from_vec(dk, k_local);
+  from_vec(dv_local, v_local);
+  View4<T> dkv_blocks("dkv blocks", n_b, n, heads, dn + dv), dkv_plain("dkv plain", n_b, n, heads, dn + dv);
+  View3<T> dkpe_blocks("dkpe blocks", n_b, n, dr), dkpe_plain("dkpe plain", n_b, n, dr);
+  mlacp::detail::key_grad_from_blocks(space, dk_blocks.data(), parts, dkv_blocks, dkpe_blocks, dn);
+  mlacp::detail::value_grad_from_blocks(space, dv_blocks.data(), parts, dkv_blocks, dn);
+  mlacp::detail::disassemble_kv_grad(space, dk, dv_local, dkv_plain, dkpe_plain, dn);
+  space.fence();
+  EXPECT_EQ(to_vec(dkv_blocks), to_vec(dkv_plain));
+  EXPECT_LT(rel_error(to_vec(dkpe_blocks), to_vec(dkpe_plain)), tol<T>());
+  // dkpe is the sum over all heads of dk's last dr columns.
+  Vec shared(n_b * n * dr, 0.0);
+  for (int tok = 0; tok < n_b * n; ++tok)
+    for (int head = 0; head < heads; ++head)
+      for (int c = 0; c < dr; ++c) shared[tok * dr + c] += k_local[(tok * heads + head) * (dn + dr) + dn + c];
+  EXPECT_LT(rel_error(to_vec(dkpe_plain), shared), tol<T>());
 }
 
 // ---- reference forward ----------------------------------------------------------------------------------------------

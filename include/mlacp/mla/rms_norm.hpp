@@ -76,6 +76,19 @@ KOKKOS_INLINE_FUNCTION double pair_dot(const A* a, const B* b, int n) {
   return (s0 + s1) + (s2 + s3);
 }
 
+// The gain gradient's term for token `tok`, column j: dy_j * x_j * rstd (at namespace scope: a device functor).
+template <class X, class D, class R>
+struct RmsGainTerm {
+  const X* x;
+  const D* d;
+  const R* rs;
+  std::int64_t x_row, dy_row;
+  KOKKOS_INLINE_FUNCTION double operator()(std::int64_t tok, std::int64_t j) const {
+    return static_cast<double>(d[tok * dy_row + j]) * static_cast<double>(x[tok * x_row + j]) *
+           static_cast<double>(rs[tok]);
+  }
+};
+
 template <class RstdView>
 void rms_norm_check_rstd(const char* who, const RstdView& rstd, std::size_t n_tokens) {
   static_assert(compat::view_rank_v<RstdView> == 1, "mlacp RMSNorm: rstd must be a rank-1 View [B*s]");
@@ -192,18 +205,10 @@ void rms_norm_backward(const ExecSpace& space, const XView& x_in, const GainView
   }
   if (do_dg) {
     // dg_j += sum over tokens of dy_j * x_j * rstd: a column sum (detail::accumulate_column_sums picks the loop order).
-    struct Term {
-      decltype(x_data) x;
-      decltype(dy_data) d;
-      decltype(rstd_data) rs;
-      std::int64_t x_row, dy_row;
-      KOKKOS_INLINE_FUNCTION double operator()(std::int64_t tok, std::int64_t j) const {
-        return static_cast<double>(d[tok * dy_row + j]) * static_cast<double>(x[tok * x_row + j]) *
-               static_cast<double>(rs[tok]);
-      }
-    };
-    detail::accumulate_column_sums(space, "mlacp::rms_norm_backward_dgain", n_tokens, static_cast<std::int64_t>(n_cols),
-                                   dgain_accumulate, Term{x_data, dy_data, rstd_data, x_row, dy_row});
+    detail::accumulate_column_sums(
+        space, "mlacp::rms_norm_backward_dgain", n_tokens, static_cast<std::int64_t>(n_cols), dgain_accumulate,
+        detail::RmsGainTerm<typename XView::non_const_value_type, typename DyView::non_const_value_type,
+                            typename RstdView::non_const_value_type>{x_data, dy_data, rstd_data, x_row, dy_row});
   }
 }
 
