@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/event_recorder.hpp>
+#include <mlacp/watchdog.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -28,8 +29,13 @@ namespace {
 
 constexpr std::size_t recent_capacity = 64;
 
+// What record() does, in one word so that "nothing" costs one relaxed load: bit 0 records the list (enable), bit 1
+// keeps the recent launches and waits for the watchdog's report (on while a wait timeout is set).
+constexpr unsigned recording = 1u;
+constexpr unsigned keeping_recent = 2u;
+
 struct Recorder {
-  std::atomic<bool> on{false};
+  std::atomic<unsigned> mode{wait_timeout() > 0 ? keeping_recent : 0u};
   std::mutex mutex;
   std::vector<Event> list;
   std::vector<RecentEvent> ring = std::vector<RecentEvent>(recent_capacity);
@@ -45,14 +51,30 @@ Recorder& recorder() {
 
 }  // namespace
 
-void enable(bool on) noexcept { recorder().on.store(on, std::memory_order_relaxed); }
+void enable(bool on) noexcept {
+  if (on)
+    recorder().mode.fetch_or(recording, std::memory_order_relaxed);
+  else
+    recorder().mode.fetch_and(~recording, std::memory_order_relaxed);
+}
 
-bool enabled() noexcept { return recorder().on.load(std::memory_order_relaxed); }
+bool enabled() noexcept { return (recorder().mode.load(std::memory_order_relaxed) & recording) != 0; }
+
+namespace detail {
+void keep_recent(bool on) noexcept {
+  if (on)
+    recorder().mode.fetch_or(keeping_recent, std::memory_order_relaxed);
+  else
+    recorder().mode.fetch_and(~keeping_recent, std::memory_order_relaxed);
+}
+}  // namespace detail
 
 void clear() {
   auto& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.list.clear();
+  r.ring_next = 0;
+  r.ring_size = 0;
   r.origin = std::chrono::steady_clock::now();
 }
 
@@ -64,14 +86,19 @@ std::vector<Event> snapshot() {
 
 void record(EventKind kind, const std::string& name) {
   auto& r = recorder();
-  const bool on = r.on.load(std::memory_order_relaxed);
+  const unsigned mode = r.mode.load(std::memory_order_relaxed);
+  if (mode == 0) return;
+  const bool on = (mode & recording) != 0;
   const bool collective = kind == EventKind::launch || kind == EventKind::wait_begin || kind == EventKind::wait_end;
-  if (!on && !collective) return;
+  const bool keep = (mode & keeping_recent) != 0 && (collective || on);
+  if (!on && !keep) return;
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.ring[r.ring_next] = RecentEvent{kind, name, now};
-  r.ring_next = (r.ring_next + 1) % recent_capacity;
-  r.ring_size = std::min(r.ring_size + 1, recent_capacity);
+  if (keep) {
+    r.ring[r.ring_next] = RecentEvent{kind, name, now};
+    r.ring_next = (r.ring_next + 1) % recent_capacity;
+    r.ring_size = std::min(r.ring_size + 1, recent_capacity);
+  }
   if (on) r.list.push_back(Event{kind, name, std::chrono::duration<double>(now - r.origin).count()});
 }
 

@@ -23,7 +23,10 @@ std::atomic<double>& timeout_value() {
 
 double wait_timeout() { return timeout_value().load(); }
 
-void set_wait_timeout(double seconds) { timeout_value().store(seconds > 0 ? seconds : 0.0); }
+void set_wait_timeout(double seconds) {
+  timeout_value().store(seconds > 0 ? seconds : 0.0);
+  events::detail::keep_recent(seconds > 0);  // the report's "what this rank did last"
+}
 
 namespace detail {
 

@@ -18,7 +18,8 @@
 namespace mlacp::test {
 namespace {
 
-int g_thread_level_provided = MPI_THREAD_SINGLE;
+// -1 until main records what MPI_Init_thread provided (no MPI thread level is negative).
+int g_thread_level_provided = -1;
 
 // Runs first at the end of each test (GoogleTest calls OnTestEnd listeners in reverse order of registration, so this
 // one, appended after the default printer, runs before the printer reports the result) while the test is still
@@ -92,7 +93,7 @@ void report_failures_of_other_ranks(bool this_rank_failed) {
 }  // namespace mlacp::test
 
 int main(int argc, char** argv) {
-  int provided = MPI_THREAD_SINGLE;
+  int provided = -1;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   mlacp::test::g_thread_level_provided = provided;
   int exit_code = 1;
