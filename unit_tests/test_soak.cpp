@@ -60,6 +60,35 @@ TEST(Soak, ThousandIterationsWithoutGrowthOrLeftovers) {
       auto forward = layer.forward(Space(), x);
       layer.backward(Space(), forward, x);
     }
+    // Gradient accumulation as a training loop does it (two forwards pending, then their backwards, into the
+    // caller's gradient Views): the layer's pool stays at two workspaces, and no View is allocated beyond the
+    // collectives' results.
+    {
+      mlacp::diagnostics::count_view_allocations();
+      const auto c = soak_config(mesh.size(), mlacp::MlaStrategy::latent);
+      mlacp::MlaAttention<float> layer(c, mlacp::test::make_weights<float, Mem>(c, 5), mesh);
+      Kokkos::View<float***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / mesh.size(), c.hidden);
+      mlacp::test::fill(x, 7, 1.0);
+      mlacp::MlaGradients<float, Mem> grads;
+      static_cast<mlacp::MlaParameters<float, Mem>&>(grads) = mlacp::MlaParameters<float, Mem>::allocate(c);
+      grads.dx = decltype(grads.dx)("dx", x.extent(0), x.extent(1), x.extent(2));
+      auto accumulate = [&] {
+        auto first = layer.forward(Space(), x);
+        auto second = layer.forward(Space(), x);
+        layer.backward(Space(), second, x, grads);
+        layer.backward(Space(), first, x, grads);
+      };
+      accumulate();
+      const auto views_before = mlacp::diagnostics::view_allocations();
+      const int steps = iterations / 10;
+      for (int i = 0; i < steps; ++i) accumulate();
+      // Per step, at P > 1: the results of the two passes' collectives (Q a2a, payload all-gather, O a2a forward;
+      // dO a2a, dQ a2a, latent reduce-scatter backward).
+      const std::uint64_t collective_results = mesh.size() > 1 ? 2 * 6 : 0;
+      EXPECT_EQ(mlacp::diagnostics::view_allocations() - views_before, collective_results * steps)
+          << "gradient accumulation allocated Views in its steady state";
+      EXPECT_EQ(layer.forward_workspaces(), 2u) << "the workspace pool grew";
+    }
     rss_end = resident_bytes();
     EXPECT_EQ(mlacp::pending_collectives(), 0u);
   }
