@@ -44,9 +44,9 @@ namespace mlacp {
 /// Memory: the layer owns its activations and scratch per configuration (mla_workspace.hpp). A Forward borrows a
 /// per-forward workspace from the layer's pool and gives it back when backward consumes it or when it is destroyed;
 /// several Forwards may be pending at once (gradient accumulation). After the first iteration of a loop, forward and
-/// backward into caller-provided gradients allocate no View (collective results excepted, see README). y stays valid
-/// for as long as the caller holds it: a workspace whose output is still referenced is not reused. A layer is used from
-/// one host thread at a time.
+/// backward into caller-provided gradients allocate no View of the layer's (at P > 1 the collectives still allocate
+/// their results: they take no destination). y stays valid for as long as the caller holds it: a workspace whose output
+/// is still referenced is not reused. A layer is used from one host thread at a time.
 ///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
 /// rank: configuration (heads or seq not divisible by P, ...), weights whose shapes disagree with it, x or dy of the
