@@ -34,6 +34,10 @@ enum class ReduceScatterAlgorithm {
 /// Checked mode (on unless the environment sets MLACP_CHECKED=0; switch with set_checked) makes every collective
 /// verify, with one small MPI_Allreduce before anything is sent, that all ranks passed the same shape and operation,
 /// and turns any rank's invalid argument into the same exception on every rank instead of a hang.
+///
+/// Construction is collective over `comm` (also when borrowing it): the settings that decide which collectives run
+/// (the reduce-scatter algorithm and checked mode, from the environment) are agreed on by every rank with one small
+/// allgather, and a rank whose value differs makes every rank throw InvalidArgument naming the setting and the ranks.
 class Mesh {
  public:
   enum class Ownership { duplicate, borrow };
@@ -51,7 +55,10 @@ class Mesh {
   bool owns_communicator() const noexcept { return owned_; }
 
   bool checked() const noexcept { return checked_; }
-  void set_checked(bool checked) noexcept { checked_ = checked; }
+  /// Collective over the mesh: every rank must pass the same value (a rank without the agreement would run different
+  /// collectives than the others); otherwise every rank throws InvalidArgument naming the ranks of each value, and
+  /// nothing changes.
+  void set_checked(bool checked);
 
   /// Finite check: when on (MLACP_CHECK_FINITE=1 in the environment, or set_check_finite), the MLA layer verifies
   /// that its inputs (x in forward, dy in backward) hold no NaN or Inf, on every rank, before any collective: one
@@ -66,9 +73,9 @@ class Mesh {
   void set_host_staging(bool on) noexcept { host_staging_ = on; }
 
   /// The reduce-scatter algorithm over MPI (default pairwise; MLACP_REDUCE_SCATTER=pairwise|mpi in the environment
-  /// sets the default of new meshes).
+  /// sets the default of new meshes). The setter is collective, as set_checked.
   ReduceScatterAlgorithm reduce_scatter_algorithm() const noexcept { return reduce_scatter_; }
-  void set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm) noexcept { reduce_scatter_ = algorithm; }
+  void set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm);
 
   /// Whether an NCCL communicator is attached to this mesh (mlacp::nccl::enable(mesh), CUDA builds with NCCL).
   bool has_nccl() const noexcept { return nccl_ != nullptr; }
@@ -80,6 +87,7 @@ class Mesh {
 
  private:
   void release() noexcept;
+  void agree_on_environment();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
+#include <mlacp/diagnostics.hpp>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -128,6 +130,73 @@ TEST(Mesh, DuplicatesOrBorrowsTheCommunicator) {
   EXPECT_EQ(moved.size(), mlacp::test::world_size());
   EXPECT_EQ(owned.comm(), MPI_COMM_NULL);  // NOLINT(bugprone-use-after-move)
   EXPECT_THROW(mlacp::Mesh(MPI_COMM_NULL), mlacp::InvalidArgument);
+}
+
+std::string all_but_last(int size) {
+  std::string ranks;
+  for (int r = 0; r + 1 < size; ++r) ranks += (r ? ", " : "") + std::to_string(r);
+  return ranks;
+}
+
+// The environment decides which collectives a mesh runs: a rank whose MLACP_REDUCE_SCATTER or MLACP_CHECKED differs
+// would run MPI_Ialltoallv against MPI_Ireduce_scatter_block, or skip an agreement the others wait in. The mesh's
+// construction agrees on them and names the setting and the ranks; nothing is left open.
+TEST(MeshSettings, EnvironmentThatDiffersAcrossRanksIsRefusedOnEveryRank) {
+  const int size = mlacp::test::world_size();
+  if (size == 1) GTEST_SKIP() << "needs two ranks";
+  const int last = size - 1;
+  const bool on_last = mlacp::test::world_rank() == last;
+  const auto communicators = mlacp::diagnostics::open_communicators();
+  if (on_last) {
+    ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "mpi", 1), 0);
+  }
+  expect_invalid([] { mlacp::Mesh mesh(MPI_COMM_WORLD); },
+                 {"mlacp::Mesh: the ranks of the mesh disagree on the reduce-scatter algorithm "
+                  "(MLACP_REDUCE_SCATTER or set_reduce_scatter_algorithm): pairwise on rank(s) " +
+                      all_but_last(size) + "; mpi on rank(s) " + std::to_string(last),
+                  "[the mesh was not created]"});
+  if (on_last) {
+    ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "ring", 1), 0);
+  }
+  expect_invalid([] { mlacp::Mesh mesh(MPI_COMM_WORLD, mlacp::Mesh::Ownership::borrow); },
+                 {on_last ? "MLACP_REDUCE_SCATTER='ring'; expected 'pairwise' or 'mpi'"
+                          : "MLACP_REDUCE_SCATTER is neither 'pairwise' nor 'mpi' on rank(s) " + std::to_string(last)});
+  if (on_last) {
+    ASSERT_EQ(unsetenv("MLACP_REDUCE_SCATTER"), 0);
+  }
+  if (on_last) {
+    ASSERT_EQ(setenv("MLACP_CHECKED", "0", 1), 0);
+  }
+  expect_invalid([] { mlacp::Mesh mesh(MPI_COMM_WORLD); },
+                 {"disagree on checked mode (MLACP_CHECKED or set_checked): off on rank(s) " + std::to_string(last) +
+                  "; on on rank(s) " + all_but_last(size)});
+  if (on_last) {
+    ASSERT_EQ(unsetenv("MLACP_CHECKED"), 0);
+  }
+  EXPECT_EQ(mlacp::diagnostics::open_communicators(), communicators) << "a refused mesh freed its communicator";
+}
+
+// The setters are collective: different values on different ranks change nothing and raise on every rank.
+TEST(MeshSettings, SettersAgreeAcrossRanks) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mesh.set_reduce_scatter_algorithm(mlacp::ReduceScatterAlgorithm::mpi);
+  EXPECT_EQ(mesh.reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::mpi);
+  mesh.set_checked(false);
+  EXPECT_FALSE(mesh.checked());
+  mesh.set_checked(true);
+  if (mesh.size() == 1) return;
+  const bool first = mesh.rank() == 0;
+  expect_invalid(
+      [&] {
+        mesh.set_reduce_scatter_algorithm(first ? mlacp::ReduceScatterAlgorithm::pairwise
+                                                : mlacp::ReduceScatterAlgorithm::mpi);
+      },
+      {"mlacp::Mesh::set_reduce_scatter_algorithm: the ranks of the mesh disagree on the reduce-scatter algorithm",
+       "pairwise on rank(s) 0", "[the setting was not changed on any rank]"});
+  EXPECT_EQ(mesh.reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::mpi);
+  expect_invalid([&] { mesh.set_checked(first); },
+                 {"mlacp::Mesh::set_checked: the ranks of the mesh disagree on checked mode", "on on rank(s) 0"});
+  EXPECT_TRUE(mesh.checked());
 }
 
 }  // namespace
