@@ -19,12 +19,13 @@ namespace mlacp {
 
 /// A collective in flight: returned by launch_all_to_all / launch_all_gather / launch_reduce_scatter.
 ///
-/// Move-only. It owns the send and receive buffers and the transport request until it is waited. wait() is called
-/// exactly once and returns the result View, ready in the order of the execution-space instance given at launch
-/// (its unpack kernel is enqueued there); a second wait() throws UsageError "... cannot be waited twice". test()
-/// makes progress without blocking, so compute loops can drive the transport. A handle destroyed (or assigned over)
-/// while launched and not waited completes the operation first, so that no request leaks and no buffer is freed while
-/// the transport may still write it, and reports the misuse (stderr and diagnostics::unwaited_handles()).
+/// Move-only. It owns the transport request and keeps what it reads or writes alive (extend_lifetime) until it is
+/// destroyed. wait() is called exactly once and returns the result View, ready in the order of the execution-space
+/// instance given at launch (its unpack kernel is enqueued there); a second wait() throws UsageError "... cannot be
+/// waited twice". test() makes progress without blocking, so compute loops can drive the transport. A handle destroyed
+/// (or assigned over) while launched and not waited completes the operation first, so that no request leaks and no
+/// buffer is freed while the transport may still write it, and reports the misuse (stderr and
+/// diagnostics::unwaited_handles()).
 template <class ResultView>
 class AsyncCollective {
  public:
