@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds Release in build-release/, runs the perf suite at P = 2 on both
-# transports (shared memory: plain mpirun; a simulated 2 Gbit/s cluster link: scripts/netns-link.sh), prints the
-# tables, and leaves the JSON files and the timeline PNG in perf_results/. Then mlacp-mla-block against the PyTorch
-# peer (perf_tests/peers/, DeepSpeed-Ulysses style on gloo) side by side, and a scaling sweep over S.
+# The main job: installs what is missing, builds build-release/ (CMake preset release), runs the perf suite at P = 2
+# on both transports (shared memory: plain mpirun; a simulated 2 Gbit/s cluster link: scripts/netns-link.sh), prints
+# the tables, and leaves the JSON files and the timeline PNG in perf_results/. Then the attention core against the
+# GEMM rate, mlacp-mla-block against the PyTorch peer (perf_tests/peers/, DeepSpeed-Ulysses style on gloo) side by
+# side, and a scaling sweep over S.
 #
 #   ./scripts/bench.sh                  # P = 2, both transports (about 8 minutes on a 2-core machine: 4 for the
 #                                       # overlap suite, 1.5 for the peer comparison, 2.5 for the sweep)
@@ -11,6 +12,7 @@
 #   REPEATS=21 ./scripts/bench.sh       # more repeats per measurement
 #   SKIP_LINK=1 ./scripts/bench.sh      # shared memory only (no root needed for the run itself)
 #   SUITE=0 ./scripts/bench.sh          # skip the overlap suite above (only the peer comparison and sweep)
+#   CORE=0 ./scripts/bench.sh           # skip the attention core against the GEMM rate (CORE_SEQS=512,1024,2048)
 #   PEER=0 ./scripts/bench.sh           # without the mlacp-vs-PyTorch-peer comparison (and sweep)
 #   SWEEP=0 ./scripts/bench.sh          # without the scaling sweep S = 512 ... 16384 (a few minutes)
 #   PEER_ITERS=9 PEER_WARMUP=2          # timed / untimed iterations of each comparison run (default 7 / 1)
@@ -30,10 +32,12 @@ export RATE=$rate
 "$root/scripts/setup-deps.sh"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLACP_ENABLE_TESTS=OFF \
-  -DMLACP_ENABLE_PERF_TESTS=ON ${CMAKE_ARGS:-} >/dev/null
+# The release preset: Release, compiled for this machine's instruction set (-march=native), as an HPC build for a
+# known cluster is (Kokkos_ARCH_*); the softmax rows of the attention core vectorise with AVX2 and up.
+# shellcheck disable=SC2086
+cmake --preset release -B "$build_dir" ${CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "${BUILD_JOBS:-$(nproc)}" --target mlacp-perf-overlap mlacp-perf-block \
-  mlacp-perf-efficiency mlacp-mla-block
+  mlacp-perf-efficiency mlacp-perf-attention mlacp-mla-block
 
 mkdir -p "$out"
 bin=$build_dir/perf_tests
@@ -62,6 +66,16 @@ if [[ ${SUITE:-1} != 0 ]]; then
   if [[ -z ${SKIP_LINK:-} ]]; then
     run_suite tcp-lo "$rate" "$root/scripts/netns-link.sh"
   fi
+fi
+
+# ---- the attention core alone against the GEMM rate --------------------------------------------------------------
+# Every rank runs the same core work (P ranks load P cores, as in the layer); both dtypes, the perf_block head shape
+# (dqk = dv = 32) and a DeepSeek-like one (dqk = 192, dv = 128), and the reference core where it is quick to time.
+if [[ ${CORE:-1} != 0 ]]; then
+  echo
+  echo "==== attention core, P = $np ===="
+  "${mpirun_cmd[@]}" "$bin/mlacp-perf-attention" --seq "${CORE_SEQS:-512,1024,2048}" --shapes small,deepseek \
+    --json "$out/attention_np$np.json"
 fi
 
 # ---- mlacp vs the PyTorch peer ---------------------------------------------------------------------------------------
