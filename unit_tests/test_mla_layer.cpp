@@ -9,6 +9,7 @@
 #include <mlacp/mla/mla_attention.hpp>
 #include <mlacp/mla/reference_forward.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -285,6 +286,67 @@ TEST(MlaLayerMemory, ConsumedOrDestroyedForwardReleasesItsMemory) {
 // ---- the P = 1 layer itself against independent references ---------------------------------------------------
 
 // The layer's forward on one rank equals the plain-loop host reference of MLA_SPEC (reference::mla_forward).
+// A caller gradient View of the wrong shape on one rank only: every rank raises the same error before any collective
+// (checked with the other inputs in the backward's agreement), so nothing hangs and nothing is written out of
+// bounds. Short bias Views were not checked at all before; a transposed matrix of the right size passed a size check.
+TEST(MlaLayerErrors, BadCallerGradientOnOneRankRaisesOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto config = small_config(mlacp::MlaStrategy::latent, true);
+  const auto weights = mlacp::test::make_weights<double, Mem>(config, 11);
+  mlacp::MlaAttention<double> layer(config, weights, mesh);
+  Tensor3<double> x("x", config.batch, config.seq / mesh.size(), config.hidden);
+  mlacp::test::fill(x, 12 + mesh.rank(), 1.0);
+  using Grads = mlacp::MlaGradients<double, Mem>;
+  const std::size_t qk = static_cast<std::size_t>(config.heads * config.qk_dim());
+  const std::size_t kv = static_cast<std::size_t>(config.heads * (config.nope + config.vdim));
+  const std::size_t R = static_cast<std::size_t>(config.latent), D = static_cast<std::size_t>(config.hidden);
+  const std::string where = " on rank " + std::to_string(mesh.size() - 1);
+  const std::vector<std::pair<std::function<void(Grads&)>, std::string>> cases = {
+      {[&](Grads& g) { g.b_q = decltype(g.b_q)("short b_q", qk - 1); },
+       "gradient b_q has shape [" + std::to_string(qk - 1) + "]; expected [" + std::to_string(qk) + "]" + where},
+      {[&](Grads& g) { g.b_o = decltype(g.b_o)("short b_o", D - 2); },
+       "gradient b_o has shape [" + std::to_string(D - 2) + "]; expected [" + std::to_string(D) + "]" + where},
+      {[&](Grads& g) { g.w_kvb = decltype(g.w_kvb)("transposed w_kvb", R, kv); },
+       "gradient w_kvb has shape [" + std::to_string(R) + ", " + std::to_string(kv) + "]; expected [" +
+           std::to_string(kv) + ", " + std::to_string(R) + "]" + where},
+      {[&](Grads& g) { g.dx = Tensor3<double>("wide dx", x.extent(0), x.extent(1), D + 1); },
+       "gradient dx has shape [" + std::to_string(x.extent(0)) + ", " + std::to_string(x.extent(1)) + ", " +
+           std::to_string(D + 1) + "]"}};
+  for (const auto& [spoil, message] : cases) {
+    auto forward = layer.forward(Space(), x);
+    Grads grads;
+    if (mesh.rank() == mesh.size() - 1) spoil(grads);
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { layer.backward(Space(), forward, x, grads); }, message);
+    // The failed backward consumed nothing: the same Forward still runs a correct backward.
+    Grads good;
+    layer.backward(Space(), forward, x, good);
+    EXPECT_NE(good.dx.data(), nullptr);
+  }
+}
+
+// Settings that change which numbers come out or which collectives run must agree across ranks: a rank with another
+// rope_base, rms_eps or overlap setting makes every rank raise an error naming the setting, at construction.
+TEST(MlaLayerErrors, SettingsThatDifferAcrossRanksRaiseOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto base = small_config(mlacp::MlaStrategy::latent, false);
+  const auto weights = mlacp::test::make_weights<double, Mem>(base, 11);
+  const bool odd_one = mesh.rank() == mesh.size() - 1 && mesh.size() > 1;
+  const std::vector<std::pair<std::function<void(mlacp::MlaConfig&)>, std::string>> cases = {
+      {[](mlacp::MlaConfig& c) { c.rope_base = 500000.0; }, "disagree on rope_base"},
+      {[](mlacp::MlaConfig& c) { c.rms_eps = 1e-5; }, "disagree on rms_eps"},
+      {[](mlacp::MlaConfig& c) { c.overlap = false; }, "disagree on overlap"}};
+  for (const auto& [change, message] : cases) {
+    auto config = base;
+    if (odd_one) change(config);
+    if (mesh.size() == 1) {
+      EXPECT_NO_THROW(mlacp::MlaAttention<double>(config, weights, mesh));
+      continue;
+    }
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { mlacp::MlaAttention<double>(config, weights, mesh); },
+                                                      message);
+  }
+}
+
 TEST(MlaLayerMath, SingleRankForwardMatchesPlainLoopReference) {
   mlacp::Mesh self(MPI_COMM_SELF);
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {

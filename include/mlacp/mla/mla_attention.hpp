@@ -21,10 +21,12 @@
 #include <mlacp/mla/view_utils.hpp>
 #include <mlacp/mla/weights.hpp>
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace mlacp {
 
@@ -130,7 +132,7 @@ class MlaAttention {
   /// x [B, s, D] -> Forward (y and saved state). `requires_grad` says which gradients backward will produce; it must
   /// be the same on every rank.
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad = {}) const {
-    check_input("forward", "x", x, requires_grad, "");
+    check_input(space, "forward", "x", x, requires_grad, "", "");
     compat::ScopedRegion region("mlacp::MlaAttention::forward");
     Forward f;
     f.owner_ = this;
@@ -165,7 +167,9 @@ class MlaAttention {
     else if (f.backward_done_)
       state_error =
           "mlacp::MlaAttention::backward: a second backward of the same forward (each Forward is consumed once)";
-    check_input("backward", "dy", dy, f.flags_, state_error);
+    // The caller's gradient Views are checked before the agreement too: a bad one on one rank raises the same error
+    // on every rank, before any collective, instead of a hang or a write out of bounds.
+    check_input(space, "backward", "dy", dy, f.flags_, state_error, gradients_error(grads));
     f.backward_done_ = true;
     compat::ScopedRegion region("mlacp::MlaAttention::backward");
     allocate_missing(grads, f.flags_);
@@ -185,18 +189,68 @@ class MlaAttention {
   static bool needs_kv(const MlaRequiresGrad& r) { return needs_payload(r) || r.w_kvb || r.b_kvb; }
   static bool needs_attention(const MlaRequiresGrad& r) { return needs_q(r) || needs_kv(r); }
 
+  // Every setting that changes which collective runs or which numbers come out; the doubles as their bit patterns
+  // (equal settings have equal bits, and the message names the setting).
   detail::AgreementFields config_fields() const {
-    return {{"batch", config_.batch},   {"seq", config_.seq},
-            {"hidden", config_.hidden}, {"heads", config_.heads},
-            {"nope", config_.nope},     {"rope", config_.rope},
-            {"vdim", config_.vdim},     {"latent", config_.latent},
-            {"bias", config_.bias},     {"strategy", static_cast<int>(config_.strategy)}};
+    auto bits = [](double v) {
+      std::int64_t b = 0;
+      std::memcpy(&b, &v, sizeof b);
+      return b;
+    };
+    return {{"batch", config_.batch},
+            {"seq", config_.seq},
+            {"hidden", config_.hidden},
+            {"heads", config_.heads},
+            {"nope", config_.nope},
+            {"rope", config_.rope},
+            {"vdim", config_.vdim},
+            {"latent", config_.latent},
+            {"bias", config_.bias},
+            {"strategy", static_cast<int>(config_.strategy)},
+            {"overlap", config_.overlap},
+            {"rope_base (bit pattern of the double)", bits(config_.rope_base)},
+            {"rms_eps (bit pattern of the double)", bits(config_.rms_eps)}};
+  }
+
+  // The caller's gradient Views that are provided (allocated) must have exactly their weight's shape (dx: x's), else
+  // a message naming the first that does not; "" when all fit. Empty Views are allocated later where needed.
+  std::string gradients_error(const gradients_type& g) const {
+    const auto H = static_cast<std::size_t>(config_.heads), D = static_cast<std::size_t>(config_.hidden);
+    const auto qk = static_cast<std::size_t>(config_.qk_dim()),
+               kv = static_cast<std::size_t>(config_.nope + config_.vdim);
+    const auto R = static_cast<std::size_t>(config_.latent), dr = static_cast<std::size_t>(config_.rope);
+    const auto dv = static_cast<std::size_t>(config_.vdim);
+    std::string error;
+    auto check = [&](const char* name, const auto& view, std::vector<std::size_t> expected) {
+      if (!error.empty() || view.data() == nullptr) return;
+      std::vector<std::size_t> got;
+      for (std::size_t d = 0; d < expected.size(); ++d) got.push_back(view.extent(d));
+      if (got == expected) return;
+      auto text = [](const std::vector<std::size_t>& e) {
+        std::string t = "[";
+        for (std::size_t d = 0; d < e.size(); ++d) t += (d ? ", " : "") + std::to_string(e[d]);
+        return t + "]";
+      };
+      error = std::string("mlacp::MlaAttention::backward: gradient ") + name + " has shape " + text(got) +
+              "; expected " + text(expected) + " on rank " + std::to_string(mesh_->rank());
+    };
+    check("w_q", g.w_q, {H * qk, D});
+    check("b_q", g.b_q, {H * qk});
+    check("w_kva", g.w_kva, {R + dr, D});
+    check("g_kv", g.g_kv, {R});
+    check("w_kvb", g.w_kvb, {H * kv, R});
+    check("b_kvb", g.b_kvb, {H * kv});
+    check("w_o", g.w_o, {D, H * dv});
+    check("b_o", g.b_o, {D});
+    check("dx", g.dx, {static_cast<std::size_t>(config_.batch), static_cast<std::size_t>(local_seq()), D});
+    return error;
   }
 
   // Checks t's shape and agrees with the other ranks on it and on the flags; `usage_error` (misuse found by the
-  // caller) takes precedence and is raised as UsageError.
-  void check_input(const char* where, const char* name, const tensor3& t, const MlaRequiresGrad& r,
-                   const std::string& usage_error) const {
+  // caller) takes precedence and is raised as UsageError, then t's shape, then `other_error` (e.g. the gradients'),
+  // then the finite check (on the caller's instance `space`, which orders it after whatever wrote t).
+  void check_input(const ExecSpace& space, const char* where, const char* name, const tensor3& t,
+                   const MlaRequiresGrad& r, const std::string& usage_error, const std::string& other_error) const {
     const auto B = static_cast<std::size_t>(config_.batch), s = static_cast<std::size_t>(local_seq());
     const auto D = static_cast<std::size_t>(config_.hidden);
     std::string error = usage_error;
@@ -207,8 +261,9 @@ class MlaAttention {
               "]" + (t.data() == nullptr ? " (unallocated)" : "") + "; expected [B, S/P, D] = [" + std::to_string(B) +
               ", " + std::to_string(s) + ", " + std::to_string(D) +
               "] on a group of P = " + std::to_string(mesh_->size());
+    if (error.empty()) error = other_error;
     if (error.empty() && mesh_->check_finite()) {
-      const auto bad = detail::count_non_finite(ExecSpace(), t);
+      const auto bad = detail::count_non_finite(space, t);
       if (bad > 0)
         error = std::string("mlacp::MlaAttention::") + where + ": " + name + " holds " + std::to_string(bad) +
                 " non-finite value(s) (NaN or Inf) on rank " + std::to_string(mesh_->rank()) + " (finite check on)";
@@ -486,7 +541,7 @@ class MlaAttention {
   }
 
   // Gradient Views the caller did not provide and that are needed are allocated (zeroed) with their shapes; provided
-  // ones are checked and used as they are.
+  // ones (checked with every rank before anything ran, gradients_error) are used as they are.
   void allocate_missing(gradients_type& g, const MlaRequiresGrad& r) const {
     const auto H = static_cast<std::size_t>(config_.heads), D = static_cast<std::size_t>(config_.hidden);
     const auto qk = static_cast<std::size_t>(config_.qk_dim()),
@@ -495,26 +550,20 @@ class MlaAttention {
     const auto dv = static_cast<std::size_t>(config_.vdim);
     auto matrix = [&](auto& view, const char* name, std::size_t rows, std::size_t cols, bool needed) {
       using view_type = std::remove_reference_t<decltype(view)>;
-      if (view.data() != nullptr && view.size() != rows * cols)
-        throw InvalidArgument(std::string("mlacp::MlaAttention::backward: gradient ") + name + " has " +
-                              std::to_string(view.size()) + " elements; expected " + std::to_string(rows * cols));
       if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, rows, cols);
     };
-    auto vector = [&](auto& view, const char* name, std::size_t n, bool needed, bool checked) {
+    auto vector = [&](auto& view, const char* name, std::size_t n, bool needed) {
       using view_type = std::remove_reference_t<decltype(view)>;
-      if (checked && view.data() != nullptr && view.size() != n)
-        throw InvalidArgument(std::string("mlacp::MlaAttention::backward: gradient ") + name + " has " +
-                              std::to_string(view.size()) + " elements; expected " + std::to_string(n));
       if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, n);
     };
     matrix(g.w_q, "w_q", H * qk, D, r.w_q);
     matrix(g.w_kva, "w_kva", R + dr, D, r.w_kva);
-    vector(g.g_kv, "g_kv", R, r.g_kv, true);
+    vector(g.g_kv, "g_kv", R, r.g_kv);
     matrix(g.w_kvb, "w_kvb", H * kv, R, r.w_kvb);
     matrix(g.w_o, "w_o", D, H * dv, r.w_o);
-    vector(g.b_q, "b_q", H * qk, r.b_q && config_.bias, false);
-    vector(g.b_kvb, "b_kvb", H * kv, r.b_kvb && config_.bias, false);
-    vector(g.b_o, "b_o", D, r.b_o && config_.bias, false);
+    vector(g.b_q, "b_q", H * qk, r.b_q && config_.bias);
+    vector(g.b_kvb, "b_kvb", H * kv, r.b_kvb && config_.bias);
+    vector(g.b_o, "b_o", D, r.b_o && config_.bias);
     if (r.x && g.dx.data() == nullptr)
       g.dx = tensor3("mlacp::dx", static_cast<std::size_t>(config_.batch), static_cast<std::size_t>(local_seq()), D);
   }
