@@ -18,8 +18,9 @@
 namespace mlacp::detail {
 
 /// The execution-space instance that last used a pooled buffer: its pack, unpack or staging copy may still be queued
-/// there after the handle is gone. `stream` identifies device instances (their CUDA/HIP stream); host instances have
-/// none (their kernels have completed when their launch returns, so fencing them is free).
+/// there after the handle is gone. `stream` identifies CUDA instances (their stream), so that a launch on the same
+/// stream reuses the buffer in stream order; other instances have none and are fenced before the buffer is reused
+/// (free for host instances, whose kernels have completed when their launch returns).
 struct BufferUser {
   const void* stream = nullptr;
   std::function<void()> fence;  ///< fences that instance
@@ -30,9 +31,6 @@ BufferUser buffer_user(const ExecSpace& space) {
   BufferUser user;
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) user.stream = space.cuda_stream();
-#endif
-#if defined(KOKKOS_ENABLE_HIP)
-  if constexpr (std::is_same_v<ExecSpace, Kokkos::Experimental::HIP>) user.stream = space.hip_stream();
 #endif
   user.fence = [space]() { space.fence(); };
   return user;
@@ -126,8 +124,8 @@ class BufferPool {
       const bool idle = entry.view.use_count() == 1 && clock_ - entry.last_used > trim_after_;
       if (!idle) {
         kept.push_back(std::move(entry));
-      } else if (entry.user.fence && entry.user.stream != nullptr) {
-        entry.user.fence();  // a device instance may still use it; host instances are done
+      } else if (entry.user.fence) {
+        entry.user.fence();  // its last user may still use it in its own order (free on host instances)
       }
     }
     entries_.swap(kept);
