@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -286,6 +287,12 @@ TEST(MlaLayerMemory, ConsumedOrDestroyedForwardReleasesItsMemory) {
 // ---- the P = 1 layer itself against independent references ---------------------------------------------------
 
 // The layer's forward on one rank equals the plain-loop host reference of MLA_SPEC (reference::mla_forward).
+// A pending Forward refers to its layer: the layer can be neither copied nor moved away from under it.
+static_assert(!std::is_copy_constructible_v<mlacp::MlaAttention<double>> &&
+                  !std::is_move_constructible_v<mlacp::MlaAttention<double>> &&
+                  !std::is_move_assignable_v<mlacp::MlaAttention<double>>,
+              "MlaAttention must stay where it was built while its Forwards are pending");
+
 // A caller gradient View of the wrong shape on one rank only: every rank raises the same error before any collective
 // (checked with the other inputs in the backward's agreement), so nothing hangs and nothing is written out of
 // bounds. Short bias Views were not checked at all before; a transposed matrix of the right size passed a size check.

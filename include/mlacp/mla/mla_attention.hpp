@@ -119,6 +119,14 @@ class MlaAttention {
     detail::agree_or_throw(mesh, "mlacp::MlaAttention", error, config_fields(), config_.describe());
   }
 
+  /// Not copyable or movable: a pending Forward refers to its layer (and to the workspace the layer owns), so the
+  /// layer stays where it was built while any Forward of it may still run its backward.
+  MlaAttention(const MlaAttention&) = delete;
+  MlaAttention& operator=(const MlaAttention&) = delete;
+  MlaAttention(MlaAttention&&) = delete;
+  MlaAttention& operator=(MlaAttention&&) = delete;
+  ~MlaAttention() = default;
+
   const MlaConfig& config() const { return config_; }
   const weights_type& weights() const { return weights_; }
   const Mesh& mesh() const { return *mesh_; }
@@ -569,13 +577,8 @@ class MlaAttention {
   }
 
   // The layer's memory (mla_workspace.hpp): mutable because forward/backward are const operations of the layer whose
-  // buffers are a cache of this configuration, as an FFT plan's are. A copy of the layer starts with its own (empty).
+  // buffers are a cache of this configuration, as an FFT plan's are.
   struct Memory {
-    Memory() = default;
-    Memory(const Memory&) {}
-    Memory& operator=(const Memory&) { return *this; }
-    Memory(Memory&&) = default;
-    Memory& operator=(Memory&&) = default;
     detail::ForwardWorkspacePool<T, ExecSpace> pool;
     scratch_type scratch;
   };
