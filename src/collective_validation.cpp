@@ -81,6 +81,29 @@ std::string local_error(const CollectiveCall& call, int group_size) {
       if (!(error = check_divisible(call, "scattered dimension", call.dim_a, group_size)).empty()) return error;
       break;
   }
+  if (call.has_into) {
+    auto expected = call.extents;
+    const auto a = static_cast<std::size_t>(call.dim_a);
+    if (call.kind == CollectiveKind::reduce_scatter)
+      expected[a] /= group_size;
+    else
+      expected[a] *= group_size;
+    if (call.kind == CollectiveKind::all_to_all) expected[static_cast<std::size_t>(call.dim_b)] /= group_size;
+    auto text = [&](const std::array<std::int64_t, max_collective_rank>& e) {
+      std::ostringstream out;
+      out << '[';
+      for (int d = 0; d < call.rank; ++d) out << (d ? ", " : "") << e[static_cast<std::size_t>(d)];
+      out << ']';
+      return out.str();
+    };
+    if (call.into_extents != expected)
+      return std::string(collective_name(call.kind)) + ": the destination View has shape " + text(call.into_extents) +
+             "; expected the result's shape " + text(expected) + " (input " + shape_string(call) +
+             ", P = " + std::to_string(group_size) + ")";
+    if (call.into_aliases_input)
+      return std::string(collective_name(call.kind)) +
+             ": the destination View is the input's own memory; expected a separate View";
+  }
   std::int64_t elements = 1;
   for (int d = 0; d < call.rank; ++d) elements *= call.extents[static_cast<std::size_t>(d)];
   const std::int64_t per_message = call.kind == CollectiveKind::all_gather ? elements : elements / group_size;

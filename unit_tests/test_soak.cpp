@@ -61,8 +61,7 @@ TEST(Soak, ThousandIterationsWithoutGrowthOrLeftovers) {
       layer.backward(Space(), forward, x);
     }
     // Gradient accumulation as a training loop does it (two forwards pending, then their backwards, into the
-    // caller's gradient Views): the layer's pool stays at two workspaces, and no View is allocated beyond the
-    // collectives' results.
+    // caller's gradient Views): the layer's pool stays at two workspaces, and no View is allocated.
     {
       mlacp::diagnostics::count_view_allocations();
       const auto c = soak_config(mesh.size(), mlacp::MlaStrategy::latent);
@@ -82,10 +81,8 @@ TEST(Soak, ThousandIterationsWithoutGrowthOrLeftovers) {
       const auto views_before = mlacp::diagnostics::view_allocations();
       const int steps = iterations / 10;
       for (int i = 0; i < steps; ++i) accumulate();
-      // Per step, at P > 1: the results of the two passes' collectives (Q a2a, payload all-gather, O a2a forward;
-      // dO a2a, dQ a2a, latent reduce-scatter backward).
-      const std::uint64_t collective_results = mesh.size() > 1 ? 2 * 6 : 0;
-      EXPECT_EQ(mlacp::diagnostics::view_allocations() - views_before, collective_results * steps)
+      // The collectives' results live in the workspaces (forward) and the layer's scratch (backward) too.
+      EXPECT_EQ(mlacp::diagnostics::view_allocations() - views_before, 0u)
           << "gradient accumulation allocated Views in its steady state";
       EXPECT_EQ(layer.forward_workspaces(), 2u) << "the workspace pool grew";
     }

@@ -19,14 +19,20 @@ namespace mlacp {
 /// receives into the result without an unpack. P == 1 returns `view` itself (same allocation) without communication.
 /// Errors (InvalidArgument, before anything is sent): a dimension out of range, gather_dim == scatter_dim,
 /// extent(scatter_dim) not divisible by P, and, in checked mode, ranks passing different shapes.
+///
+/// `into` (optional): the destination of the result, a View of the result's shape (checked with the rest of the call)
+/// that the collective writes instead of allocating one, so that a loop that owns its buffers allocates nothing. It
+/// must not be the input's memory. P == 1 still returns `view` itself and leaves `into` untouched.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace& space, const ViewType& view,
                                                                  int gather_dim, int scatter_dim, const Mesh& mesh,
-                                                                 const std::string& name = "all_to_all") {
+                                                                 const std::string& name = "all_to_all",
+                                                                 const collective_result_t<ViewType>& into = {}) {
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name);
+  auto p =
+      impl::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name, into);
   if (p.done) return std::move(*p.done);
 
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
@@ -34,7 +40,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_to_all);
   const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, scatter_dim), parts, name);
   launch.result =
-      impl::allocate_result(name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
+      impl::allocate_result(into, name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
                             scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
   detail::AroundDim received = detail::around_dim(launch.result, gather_dim);
   received.mid /= parts;

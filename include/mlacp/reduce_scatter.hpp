@@ -14,22 +14,23 @@ namespace mlacp {
 /// not copied, then the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL,
 /// ncclReduceScatter. As for launch_all_to_all, `view` must not be written until wait() (where its blocks are
 /// contiguous MPI reads it directly). Requirements and errors as launch_all_to_all (extent(dim) must be divisible by
-/// P). P == 1 returns `view`.
+/// P). P == 1 returns `view`. `into`: an optional destination of the result's shape, as for launch_all_to_all.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
                                                                      int dim, const Mesh& mesh,
-                                                                     const std::string& name = "reduce_scatter") {
+                                                                     const std::string& name = "reduce_scatter",
+                                                                     const collective_result_t<ViewType>& into = {}) {
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name);
+  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into);
   if (p.done) return std::move(*p.done);
 
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
   const int parts = mesh.size();
   impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::reduce_scatter_sum);
   const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, dim), parts, name);
-  launch.result = impl::allocate_result(name, view, dim,
+  launch.result = impl::allocate_result(into, name, view, dim,
                                         static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
   const std::size_t count = view.size() / static_cast<std::size_t>(parts);
   launch.send = sent.buffer;

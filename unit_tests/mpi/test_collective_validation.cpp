@@ -107,6 +107,38 @@ TEST(CollectiveValidation, CheckedModeRaisesOneRanksErrorOnEveryRank) {
        "[raised on rank " + std::to_string(bad) + " of " + std::to_string(mesh.size()) + "; nothing was sent]"});
 }
 
+// A destination (`into`) receives the result where it has the result's shape; one of another shape, or the input's
+// own memory, on one rank raises the same error on every rank before anything is sent.
+TEST(CollectiveDestination, ResultGoesIntoTheCallersViewOrTheShapeIsRefusedOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto p = static_cast<std::size_t>(mesh.size());
+  const Kokkos::DefaultExecutionSpace space;
+  View4 x("x", 1, 2, 2 * p, 3);
+  Kokkos::deep_copy(x, 1.0 + mesh.rank());
+  if (p > 1) {
+    View4 into("into", 1, 2 * p, 2, 3);
+    auto result = mlacp::launch_all_to_all(space, x, 1, 2, mesh, "a2a into", into).wait();
+    EXPECT_EQ(result.data(), into.data()) << "the result was not written into the destination";
+    Kokkos::View<double***, Kokkos::LayoutRight> gathered("gathered", 1, 2 * p, 6 * p);
+    Kokkos::View<double***, Kokkos::LayoutRight> x3("x3", 1, 2, 6 * p);
+    Kokkos::deep_copy(x3, 1.0);
+    EXPECT_EQ(mlacp::launch_all_gather(space, x3, 1, mesh, "gather into", gathered).wait().data(), gathered.data());
+    Kokkos::View<double***, Kokkos::LayoutRight> reduced("reduced", 1, 2, 6 * p);
+    Kokkos::View<double***, Kokkos::LayoutRight> x3p("x3p", 1, 2 * p, 6 * p);
+    Kokkos::deep_copy(x3p, 1.0);
+    const auto sum = mlacp::launch_reduce_scatter(space, x3p, 1, mesh, "reduce into", reduced).wait();
+    EXPECT_EQ(sum.data(), reduced.data());
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reduced);
+    EXPECT_EQ(host(0, 1, 5), static_cast<double>(p));
+  }
+  const int bad = mesh.size() - 1;
+  View4 wrong("wrong", 1, 2 * p + (mesh.rank() == bad ? 1 : 0), 2, 3);
+  // (At P == 1 the input itself is returned, but a destination of the wrong shape is still refused.)
+  expect_invalid([&] { mlacp::launch_all_to_all(space, x, 1, 2, mesh, "a2a into", wrong); },
+                 {"the destination View has shape [1, " + std::to_string(2 * p + 1) + ", 2, 3]",
+                  "expected the result's shape [1, " + std::to_string(2 * p) + ", 2, 3]"});
+}
+
 TEST(CollectiveValidation, UncheckedModeStillValidatesLocally) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   mesh.set_checked(false);

@@ -31,6 +31,11 @@ struct CollectiveCall {
   int dim_b;                                              ///< all_to_all: scatter_dim; otherwise -1
   int value_size;                                         ///< sizeof the value type
   bool allocated;                                         ///< data() != nullptr or the View is empty
+  /// A caller-provided destination of the result (`into`), when one was given: its extents (unused entries 0) and
+  /// whether it is the input's own memory. Checked against the result's shape with the rest of the call.
+  bool has_into = false;
+  std::array<std::int64_t, max_collective_rank> into_extents{};
+  bool into_aliases_input = false;
 };
 
 /// The watchdog's description of a launched collective (operation with its dimensions, shape, bytes sent).

@@ -80,18 +80,28 @@ struct Prologue {
 /// (agreed by every rank in checked mode; throws before anything is sent), and P == 1.
 template <class ExecSpace, class ViewType>
 Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, int dim_a, int dim_b, const Mesh& mesh,
-                            const std::string& name) {
+                            const std::string& name, const collective_result_t<ViewType>& into) {
   check_collective_types<ExecSpace, ViewType>();
   Prologue<ViewType> p{describe(kind, view, dim_a, dim_b), std::nullopt};
+  if (into.data() != nullptr) {
+    p.call.has_into = true;
+    for (int d = 0; d < p.call.rank; ++d)
+      p.call.into_extents[static_cast<std::size_t>(d)] =
+          static_cast<std::int64_t>(into.extent(static_cast<unsigned>(d)));
+    p.call.into_aliases_input = into.data() == view.data();
+  }
   detail::validate_collective(mesh, p.call, name);
   if (mesh.size() == 1) p.done.emplace(name, nullptr, collective_result_t<ViewType>(view), std::function<void()>{});
   return p;
 }
 
-/// A result View shaped like `like`, with extent(dim_a) = extent_a and, when dim_b >= 0, extent(dim_b) = extent_b.
+/// The result View: `into` when the caller provided one (its shape was validated by the prologue), else a new View
+/// shaped like `like`, with extent(dim_a) = extent_a and, when dim_b >= 0, extent(dim_b) = extent_b.
 template <class ViewType>
-collective_result_t<ViewType> allocate_result(const std::string& label, const ViewType& like, int dim_a,
-                                              std::int64_t extent_a, int dim_b = -1, std::int64_t extent_b = 0) {
+collective_result_t<ViewType> allocate_result(const collective_result_t<ViewType>& into, const std::string& label,
+                                              const ViewType& like, int dim_a, std::int64_t extent_a, int dim_b = -1,
+                                              std::int64_t extent_b = 0) {
+  if (into.data() != nullptr) return into;
   std::size_t n[8] = {KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX,
                       KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX};
   for (int d = 0; d < compat::view_rank_v<ViewType>; ++d) n[d] = like.extent(static_cast<unsigned>(d));

@@ -23,12 +23,14 @@ class InputA2APair {
   InputA2APair(const Mesh& mesh, std::string name) : mesh_(&mesh), name_(std::move(name)) {}
 
   /// Launches the token-to-head all-to-all of `token_local` [B, s, H, d]. `needs_send_grad`: whether the input needs
-  /// its gradient, i.e. whether backward will launch the inverse.
-  void launch_forward(const ExecSpace& space, const tensor4& token_local, bool needs_send_grad) {
+  /// its gradient, i.e. whether backward will launch the inverse. `into` [B, S, h, d]: where the result goes (a
+  /// layer's workspace); empty: allocated by the collective.
+  void launch_forward(const ExecSpace& space, const tensor4& token_local, bool needs_send_grad,
+                      const tensor4& into = {}) {
     require_mesh();
     if (forward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': forward launched twice");
     needs_send_grad_ = needs_send_grad;
-    forward_ = launch_all_to_all(space, token_local, 1, 2, *mesh_, name_ + " a2a");
+    forward_ = launch_all_to_all(space, token_local, 1, 2, *mesh_, name_ + " a2a", into);
   }
 
   /// Waits for the forward all-to-all (exactly once) and returns the head-local tensor [B, S, h, d].
@@ -43,8 +45,8 @@ class InputA2APair {
   /// Launches the head-to-token inverse all-to-all of the gradient [B, S, h, d] when the input needs its gradient;
   /// otherwise nothing is launched. The gradient is read until the wait (the pair keeps it alive): with B == 1 its
   /// token blocks are sent as they are, and the rank-ordered head blocks are received as they arrive (no pack, no
-  /// unpack; see wait_backward_blocks).
-  void launch_backward(const ExecSpace& space, const tensor4& head_local_grad) {
+  /// unpack; see wait_backward_blocks). `into` [P, B, s, h, d]: where the blocks are received; empty: allocated.
+  void launch_backward(const ExecSpace& space, const tensor4& head_local_grad, const tensor5& into = {}) {
     require_mesh();
     if (!needs_send_grad_) return;
     if (backward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': backward launched twice");
@@ -52,7 +54,7 @@ class InputA2APair {
     // [1, B, S, h, d]: scattering the tokens (dim 2) and gathering a new leading dim of the P head blocks (dim 0).
     const tensor5 view(head_local_grad.data(), 1, head_local_grad.extent(0), head_local_grad.extent(1),
                        head_local_grad.extent(2), head_local_grad.extent(3));
-    backward_ = launch_all_to_all(space, view, 0, 2, *mesh_, "d" + name_ + " a2a");
+    backward_ = launch_all_to_all(space, view, 0, 2, *mesh_, "d" + name_ + " a2a", into);
   }
 
   /// The token-local gradient as the P head blocks [P, B, s, h, d] received from the ranks (block r holds heads

@@ -51,12 +51,13 @@ class LatentKVLinear {
   /// launched as a SUM reduce-scatter along the sequence ("latent reduce-scatter"); dw_sel += grad_kv^T latent and
   /// db_sel while it is in flight (empty: skipped); then wait. `overlap` false: wait right after the launch.
   /// `grad_payload` [B, S, R+dr] (the reduce-scatter's input, read until the wait) and `grad_latent` [B, S, R]: scratch
-  /// (a layer's workspace); empty: allocated.
+  /// (a layer's workspace); empty: allocated. `reduced` [B, s, R+dr]: where the reduce-scatter's result goes; empty:
+  /// allocated.
   tensor3 backward(
       const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared, bool needs_payload_grad,
       const weight_rows& dw_sel,
       const Kokkos::View<T*, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& db_sel,
-      bool overlap = true, tensor3 grad_payload = {}, tensor3 grad_latent = {}) {
+      bool overlap = true, tensor3 grad_payload = {}, tensor3 grad_latent = {}, const tensor3& reduced = {}) {
     if (!forwarded_) throw UsageError("mlacp::LatentKVLinear: backward before forward");
     if (backwarded_) throw UsageError("mlacp::LatentKVLinear: a second backward of the same forward");
     backwarded_ = true;
@@ -75,7 +76,7 @@ class LatentKVLinear {
         detail::linear_dgrad(space, g2, w_sel_, T(0), detail::as_matrix(grad_latent, B * S, R));
         detail::join_columns(space, grad_latent, grad_shared, grad_payload);
       }
-      reduce = launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter");
+      reduce = launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter", reduced);
     }
     tensor3 result;
     if (!overlap && reduce.launched()) result = reduce.wait();

@@ -288,6 +288,17 @@ class MlaAttention {
                            !usage_error.empty());
   }
 
+  // A collective's destination in the layer's memory (allocated once); empty at P == 1, where a collective returns
+  // its input and writes nothing.
+  template <class ViewType, class... Extents>
+  ViewType into(ViewType& slot, const char* label, Extents... n) const {
+    return mesh_->size() > 1 ? detail::ensure(slot, label, n...) : ViewType();
+  }
+  // The P head blocks [P, B, s, h, d] an inverse all-to-all receives.
+  tensor5 blocks_into(tensor5& slot, const char* label, int d) const {
+    return into(slot, label, mesh_->size(), config_.batch, local_seq(), local_heads(), d);
+  }
+
   std::int64_t position_offset() const { return static_cast<std::int64_t>(mesh_->rank()) * local_seq(); }
 
   // The rank's head rows of w_kvb (and of its gradient): rows [r*h*(dn+dv), (r+1)*h*(dn+dv)).
@@ -355,7 +366,8 @@ class MlaAttention {
       core_.forward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
     }
     f.y_ = w.out_proj.forward(space, w.o, weights_.w_o, weights_.b_o, *mesh_,
-                              detail::ensure(w.y, "mlacp::y", B, s, config_.hidden));
+                              detail::ensure(w.y, "mlacp::y", B, s, config_.hidden),
+                              into(w.o_tokens, "mlacp::o tokens", B, s, config_.heads, config_.vdim));
   }
 
   void forward_latent(const ExecSpace& space, Forward& f, forward_workspace& w) const {
@@ -365,10 +377,12 @@ class MlaAttention {
     tensor4 q = project_q(space, f, w);
     // The Q all-to-all is launched before the independent KV expansion and waited after it.
     w.q_pair = InputA2APair<T, ExecSpace>(*mesh_, "Q");
-    w.q_pair.launch_forward(space, q, needs_q(f.flags_));
+    w.q_pair.launch_forward(space, q, needs_q(f.flags_), into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr));
     const tensor3& payload = detail::ensure(scratch.payload, "mlacp::payload", B, s, R + dr);
     project_kv_a(space, f, w, payload, payload, R);
-    tensor3 gathered = launch_all_gather(space, payload, 1, *mesh_, "payload all-gather").wait();
+    tensor3 gathered = launch_all_gather(space, payload, 1, *mesh_, "payload all-gather",
+                                         into(scratch.gathered, "mlacp::gathered payload", B, S, R + dr))
+                           .wait();
     const tensor3& kv = detail::ensure(scratch.kv, "mlacp::kv", B, S, h * (dn + dv));
     // The shared key is read from the gathered payload by assemble_kv: no k_pe copy.
     w.latent_kv.forward(space, gathered, rows_of(weights_.w_kvb), part_of(weights_.b_kvb), *mesh_, kv, tensor3(),
@@ -403,10 +417,11 @@ class MlaAttention {
     w.v_pair = InputA2APair<T, ExecSpace>(*mesh_, "V");
     w.k_pair = InputA2APair<T, ExecSpace>(*mesh_, "K");
     w.q_pair = InputA2APair<T, ExecSpace>(*mesh_, "Q");
-    w.v_pair.launch_forward(space, v, kv_grad);
-    w.k_pair.launch_forward(space, k, kv_grad);
+    const int S = config_.seq, h = local_heads();
+    w.v_pair.launch_forward(space, v, kv_grad, into(w.v_heads, "mlacp::v heads", B, S, h, dv));
+    w.k_pair.launch_forward(space, k, kv_grad, into(w.k_heads, "mlacp::k heads", B, S, h, dn + dr));
     tensor4 q = project_q(space, f, w);
-    w.q_pair.launch_forward(space, q, needs_q(f.flags_));
+    w.q_pair.launch_forward(space, q, needs_q(f.flags_), into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr));
     w.q_saved = w.q_pair.wait_forward();
     w.k_saved = w.k_pair.wait_forward();
     w.v_saved = w.v_pair.wait_forward();
@@ -425,7 +440,8 @@ class MlaAttention {
         space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(),
         r.b_o && config_.bias ? g.b_o : decltype(g.b_o)(), config_.overlap,
         needs_attention(r) ? detail::ensure(scratch.d_o_blocks, "mlacp::dO blocks", P, B, s, h, config_.vdim)
-                           : tensor5());
+                           : tensor5(),
+        needs_attention(r) ? into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, config_.vdim) : tensor5());
     if (!needs_attention(r)) return false;
     // The core overwrites its gradients: the scratch needs no zeroing.
     if (needs_q(r)) dq = detail::ensure(scratch.dq, "mlacp::dq", B, S, h, config_.qk_dim());
@@ -486,7 +502,7 @@ class MlaAttention {
     tensor4 dq, dk, dvv;
     if (!output_and_attention_backward(space, f, w, dy, g, dq, dk, dvv)) return;
     // The inverse all-to-all of dQ is launched first; the KV path's backward runs while it is in flight.
-    w.q_pair.launch_backward(space, dq);
+    w.q_pair.launch_backward(space, dq, blocks_into(scratch.dq_blocks, "mlacp::dQ blocks", config_.qk_dim()));
     tensor5 dq_local;
     if (!config_.overlap && needs_q(r)) dq_local = w.q_pair.wait_backward_blocks();
     if (needs_kv(r)) {
@@ -499,7 +515,8 @@ class MlaAttention {
           space, dkv, dkpe, payload, r.w_kvb ? rows_of(g.w_kvb) : matrix_rows(),
           r.b_kvb && config_.bias ? part_of(g.b_kvb) : vector_part(), config_.overlap,
           payload ? detail::ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
-          payload ? detail::ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3());
+          payload ? detail::ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3(),
+          payload ? into(scratch.d_payload, "mlacp::d payload local", B, local_seq(), R + dr) : tensor3());
       if (payload) payload_backward(space, f, w, d_payload, d_payload, R, g);
     }
     if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? w.q_pair.wait_backward_blocks() : dq_local, g);
@@ -515,11 +532,11 @@ class MlaAttention {
     if (!output_and_attention_backward(space, f, w, dy, g, dq, dk, dvv)) return;
     // All three inverses are launched at once; dQ is waited first and the Q branch runs while dK, dV are in flight.
     tensor5 dq_local, dk_blocks, dv_blocks;
-    w.q_pair.launch_backward(space, dq);
+    w.q_pair.launch_backward(space, dq, blocks_into(scratch.dq_blocks, "mlacp::dQ blocks", config_.qk_dim()));
     if (!config_.overlap && needs_q(r)) dq_local = w.q_pair.wait_backward_blocks();
-    w.k_pair.launch_backward(space, dk);
+    w.k_pair.launch_backward(space, dk, blocks_into(scratch.dk_blocks, "mlacp::dK blocks", config_.qk_dim()));
     if (!config_.overlap && needs_kv(r)) dk_blocks = w.k_pair.wait_backward_blocks();
-    w.v_pair.launch_backward(space, dvv);
+    w.v_pair.launch_backward(space, dvv, blocks_into(scratch.dv_blocks, "mlacp::dV blocks", config_.vdim));
     if (!config_.overlap && needs_kv(r)) dv_blocks = w.v_pair.wait_backward_blocks();
     if (needs_q(r)) q_branch_backward(space, f, config_.overlap ? w.q_pair.wait_backward_blocks() : dq_local, g);
     if (!needs_kv(r)) return;

@@ -51,15 +51,19 @@ struct ForwardWorkspace {
   using tensor4 = Tensor4<T, memory_space>;
 
   // Owned buffers, allocated on first use.
-  tensor3 y;                                                  ///< [B, s, D], the output
-  tensor3 kv_a;                                               ///< [B, s, R+dr], x w_kva^T
-  Kokkos::View<T*, Kokkos::LayoutRight, memory_space> rstd;   ///< [B*s]
-  tensor3 c;                                                  ///< [B, s, R] (expanded) normalised latent
-  tensor3 latent;                                             ///< [B, S, R] (latent) gathered latent
-  tensor4 q_local;                                            ///< [B, s, H, dqk] (the head-local q when P = 1)
-  tensor4 k_local, v_local;                                   ///< (expanded) token-local k, v
-  tensor4 k, v;                                               ///< (latent) head-local k, v
-  tensor4 o;                                                  ///< [B, S, h, dv]
+  tensor3 y;                                                 ///< [B, s, D], the output
+  tensor3 kv_a;                                              ///< [B, s, R+dr], x w_kva^T
+  Kokkos::View<T*, Kokkos::LayoutRight, memory_space> rstd;  ///< [B*s]
+  tensor3 c;                                                 ///< [B, s, R] (expanded) normalised latent
+  tensor3 latent;                                            ///< [B, S, R] (latent) gathered latent
+  tensor4 q_local;                                           ///< [B, s, H, dqk] (the head-local q when P = 1)
+  tensor4 k_local, v_local;                                  ///< (expanded) token-local k, v
+  tensor4 k, v;                                              ///< (latent) head-local k, v
+  tensor4 o;                                                 ///< [B, S, h, dv]
+  // Destinations of the forward collectives whose results backward reads (P > 1; at P == 1 a collective returns its
+  // input): the head-local q (and k, v in the expanded strategy) and the token-local attention output.
+  tensor4 q_heads, k_heads, v_heads;                          ///< [B, S, h, d]
+  tensor4 o_tokens;                                           ///< [B, s, H, dv]
   Kokkos::View<T***, Kokkos::LayoutRight, memory_space> lse;  ///< [B, h, S]
 
   // Saved for backward: head-local q, k, v (buffers above or collective results), and the pieces' state.
@@ -88,19 +92,24 @@ struct LayerScratch {
   using tensor5 = Tensor5<T, memory_space>;
 
   // forward
-  tensor3 payload;  ///< (latent) [B, s, R+dr], the all-gather's input
-  tensor3 kv;       ///< (latent) [B, S, h*(dn+dv)]; (expanded, as [B, s, H*(dn+dv)])
-  tensor3 kpe;      ///< (expanded) [B, s, dr], the rotated shared key
+  tensor3 payload;   ///< (latent) [B, s, R+dr], the all-gather's input
+  tensor3 kv;        ///< (latent) [B, S, h*(dn+dv)]; (expanded, as [B, s, H*(dn+dv)])
+  tensor3 kpe;       ///< (expanded) [B, s, dr], the rotated shared key
+  tensor3 gathered;  ///< (latent, P > 1) [B, S, R+dr], the all-gather's result
   // backward
-  tensor5 d_o_blocks;            ///< [P, B, s, h, dv], the dO all-to-all's input
-  tensor4 dq, dk, dv;            ///< [B, S, h, *], the attention core's gradients
-  tensor3 dkv;                   ///< [B, S, h*(dn+dv)] (latent) or [B, s, H*(dn+dv)] (expanded)
-  tensor3 dkpe;                  ///< [B, S, dr] (latent) or [B, s, dr] (expanded)
-  tensor3 grad_payload;          ///< (latent) [B, S, R+dr], the reduce-scatter's input
-  tensor3 grad_latent;           ///< (latent) [B, S, R]
-  tensor3 dc;                    ///< (expanded) [B, s, R]
-  tensor3 d_kv_a;                ///< [B, s, R+dr]
-  RopeTable<memory_space> rope;  ///< positions of this rank's tokens, built once
+  tensor5 d_o_blocks;    ///< [P, B, s, h, dv], the dO all-to-all's input
+  tensor4 dq, dk, dv;    ///< [B, S, h, *], the attention core's gradients
+  tensor3 dkv;           ///< [B, S, h*(dn+dv)] (latent) or [B, s, H*(dn+dv)] (expanded)
+  tensor3 dkpe;          ///< [B, S, dr] (latent) or [B, s, dr] (expanded)
+  tensor3 grad_payload;  ///< (latent) [B, S, R+dr], the reduce-scatter's input
+  tensor3 grad_latent;   ///< (latent) [B, S, R]
+  tensor3 dc;            ///< (expanded) [B, s, R]
+  tensor3 d_kv_a;        ///< [B, s, R+dr]
+  // Destinations of the backward collectives (P > 1), read within the backward call.
+  tensor5 d_o_heads;                        ///< [1, B, S, h, dv], the dO all-to-all's result
+  tensor5 dq_blocks, dk_blocks, dv_blocks;  ///< [P, B, s, h, d], the inverse all-to-alls' results
+  tensor3 d_payload;                        ///< (latent) [B, s, R+dr], the reduce-scatter's result
+  RopeTable<memory_space> rope;             ///< positions of this rank's tokens, built once
 };
 
 /// The layer's per-forward workspaces. A workspace is free when no Forward holds it and nobody holds its output

@@ -23,11 +23,12 @@ class OutputProjection {
 
   /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all, waits, flattens
   /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs. `y_out` [B, s, D]: where
-  /// y is written (a layer's workspace); empty: allocated.
+  /// y is written (a layer's workspace); empty: allocated. `local_out` [B, s, H, dv]: where the all-to-all's result
+  /// (kept for the w_o gradient) goes; empty: allocated.
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
-                  const Mesh& mesh, tensor3 y_out = {}) {
+                  const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {}) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
-    auto local = launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a").wait();  // [B, s, H, dv]
+    auto local = launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a", local_out).wait();  // [B, s, H, dv]
     const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
     const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
     tensor3 y = y_out.data() != nullptr
@@ -50,9 +51,10 @@ class OutputProjection {
   /// of it ("dO a2a"), the weight gradient dw_o += dy^T o (progressing the all-to-all between panels, see progress.hpp)
   /// and db_o += column sums of dy while it is in flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap`
   /// false: wait right after the launch. `blocks` [P, B, s, h, dv]: where dO is written before it is sent (a layer's
-  /// workspace; read by the collective until the wait); empty: allocated.
+  /// workspace; read by the collective until the wait); empty: allocated. `received` [1, B, S, h, dv]: where the
+  /// all-to-all's result goes; empty: allocated.
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const matrix& dw_o,
-                   const vector& db_o, bool overlap = true, tensor5 blocks = {}) {
+                   const vector& db_o, bool overlap = true, tensor5 blocks = {}, const tensor5& received = {}) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
     if (backwarded_) throw UsageError("mlacp::OutputProjection: a second backward of the same forward");
     backwarded_ = true;
@@ -80,7 +82,7 @@ class OutputProjection {
                                               static_cast<std::size_t>(h * dv)));
         }
       }
-      grad_a2a = launch_all_to_all(space, blocks, 2, 0, *mesh_, "dO a2a");
+      grad_a2a = launch_all_to_all(space, blocks, 2, 0, *mesh_, "dO a2a", received);
     }
     tensor5 result;
     if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
