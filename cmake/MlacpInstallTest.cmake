@@ -17,6 +17,12 @@ endfunction()
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 run_step(${CMAKE_COMMAND} --install "${MLACP_BUILD_DIR}" --prefix "${prefix}")
+# The installed headers are the library: test and tool support (src/testing) stays out.
+file(GLOB_RECURSE _installed_test_support "${prefix}/include/mlacp/testing/*" "${prefix}/include/mlacp/mla/synthetic.hpp"
+     "${prefix}/include/mlacp/mla/reference_forward.hpp")
+if(_installed_test_support)
+  message(FATAL_ERROR "install test: test support was installed: ${_installed_test_support}")
+endif()
 run_step(
   ${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${CMAKE_GENERATOR}"
   -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} "-DCMAKE_PREFIX_PATH=${prefix}"

@@ -23,7 +23,7 @@
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/mla_attention.hpp>
-#include <mlacp/mla/synthetic.hpp>
+#include <mlacp/testing/synthetic.hpp>
 
 #include "perf_common.hpp"
 
@@ -108,15 +108,15 @@ Result run_strategy(const mlacp::MlaConfig& base, mlacp::MlaStrategy strategy, c
   const MPI_Comm comm = mesh.comm();
   mlacp::MlaConfig c = base;
   c.strategy = strategy;
-  const auto weights = mlacp::synthetic::weights<T, Mem>(c, 7);
+  const auto weights = mlacp::testing::synthetic::weights<T, Mem>(c, 7);
   mlacp::MlaConfig blocking_config = c;
   blocking_config.overlap = false;
   c.overlap = true;
   const Layer overlapped(c, weights, mesh), blocking(blocking_config, weights, mesh);
   const int s = overlapped.local_seq();
   Tensor3 x("x", c.batch, s, c.hidden), dy("dy", c.batch, s, c.hidden);
-  mlacp::synthetic::fill(x, 100 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
-  mlacp::synthetic::fill(dy, 200 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+  mlacp::testing::synthetic::fill(x, 100 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+  mlacp::testing::synthetic::fill(dy, 200 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
 
   Result result;
   result.strategy = mlacp::to_string(strategy);

@@ -22,7 +22,7 @@
 #include <mlacp/collectives.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/linear.hpp>
-#include <mlacp/mla/synthetic.hpp>
+#include <mlacp/testing/synthetic.hpp>
 
 #include <ctime>
 #include <fstream>
@@ -102,9 +102,9 @@ int run(int argc, char** argv) {
     Region region("gemm efficiency");
     for (const GemmShape& g : shapes) {
       Matrix dy("dy", g.n, g.out), x("x", g.n, g.in), w("w", g.out, g.in), dw("dw", g.out, g.in), dx("dx", g.n, g.in);
-      mlacp::synthetic::fill(dy, 41, 1.0);
-      mlacp::synthetic::fill(x, 42, 1.0);
-      mlacp::synthetic::fill(w, 43, 0.1);
+      mlacp::testing::synthetic::fill(dy, 41, 1.0);
+      mlacp::testing::synthetic::fill(x, 42, 1.0);
+      mlacp::testing::synthetic::fill(w, 43, 0.1);
       auto direct = [&]() {
         if (g.kind == 'w')
           mlacp::compat::gemm(space, "T", "N", T(1), dy, x, T(1), dw);
@@ -171,7 +171,7 @@ int run(int argc, char** argv) {
     for (const int rows : rows_list) {
       const int H = 8 * P, d = std::max(1, 128 / H);
       Tensor4 view("exchange in", 1, rows, H, d);
-      mlacp::synthetic::fill(view, 51, 1.0);
+      mlacp::testing::synthetic::fill(view, 51, 1.0);
       const std::size_t total = view.size(), count = total / static_cast<std::size_t>(P);
       std::vector<T> send(total, 1.0), recv(total, 0.0);
       double launch_s = 0, wait_s = 0;
@@ -229,7 +229,7 @@ int run(int argc, char** argv) {
     Region region("reduce-scatter algorithms");
     const int rows = o.quick ? 1024 : 8192, C = 128;
     Tensor3 view("reduce-scatter in", 1, rows, C);
-    mlacp::synthetic::fill(view, 52, 1.0);
+    mlacp::testing::synthetic::fill(view, 52, 1.0);
     const std::size_t total = view.size(), count = total / static_cast<std::size_t>(P);
     std::vector<T> send(total, 1.0), recv(count, 0.0);
     mlacp::Mesh library_mesh(comm, mlacp::Mesh::Ownership::borrow);
@@ -266,7 +266,7 @@ int run(int argc, char** argv) {
     const int rows = o.quick ? 1024 : 8192, H = 8 * P, d = std::max(1, 128 / H);
     const int transfers = o.quick ? 4 : 24;
     Kokkos::View<T*****, Kokkos::LayoutRight, Mem> blocks("cpu cost in", P, 1, rows, H / P, d);  // sent as it is
-    mlacp::synthetic::fill(blocks, 53, 1.0);
+    mlacp::testing::synthetic::fill(blocks, 53, 1.0);
     auto one = [&]() {
       auto handle = mlacp::launch_all_to_all(space, blocks, 2, 0, mesh, "cpu cost");
       while (!handle.test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // test() polls MPI

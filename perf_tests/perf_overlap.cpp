@@ -19,8 +19,8 @@
 #include <mlacp/mla/linear.hpp>
 #include <mlacp/mla/rms_norm.hpp>
 #include <mlacp/mla/rope.hpp>
-#include <mlacp/mla/synthetic.hpp>
 #include <mlacp/mla/view_utils.hpp>
+#include <mlacp/testing/synthetic.hpp>
 
 #include <atomic>
 #include <memory>
@@ -150,9 +150,9 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
             const Space space;
             Tensor5 grad_local("dO blocks", P, 1, rows, H / P, dv);
             Matrix dy("dy", rows, D), o("o", rows, H * dv), dw("dw_o", D, H * dv);
-            mlacp::synthetic::fill(grad_local, 11, 1.0);
-            mlacp::synthetic::fill(dy, 12, 1.0);
-            mlacp::synthetic::fill(o, 13, 1.0);
+            mlacp::testing::synthetic::fill(grad_local, 11, 1.0);
+            mlacp::testing::synthetic::fill(dy, 12, 1.0);
+            mlacp::testing::synthetic::fill(o, 13, 1.0);
             Pair p;
             p.compute_name = "w_o wgrad";
             p.comm_name = "dO a2a";
@@ -199,16 +199,16 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
             Matrix dw_sel("dw_sel", width, R), dw_kva("dw_kva", R + dr, D);
             Vector g_kv("g_kv", R), dg_kv("dg_kv", R), rstd("rstd", s);
             Tensor3 dx("dx", 1, s, D);
-            mlacp::synthetic::fill(dq, 21, 1.0);
-            mlacp::synthetic::fill(dk, 22, 1.0);
-            mlacp::synthetic::fill(dvv, 23, 1.0);
-            mlacp::synthetic::fill(latent, 24, 1.0);
-            mlacp::synthetic::fill(kv_a, 25, 1.0);
-            mlacp::synthetic::fill(x, 26, 1.0);
-            mlacp::synthetic::fill(w_sel, 27, 0.1);
-            mlacp::synthetic::fill(w_kva, 28, 0.1);
-            mlacp::synthetic::fill(g_kv, 29, 0.2, 1.0);
-            mlacp::synthetic::fill(rstd, 30, 0.1, 1.0);
+            mlacp::testing::synthetic::fill(dq, 21, 1.0);
+            mlacp::testing::synthetic::fill(dk, 22, 1.0);
+            mlacp::testing::synthetic::fill(dvv, 23, 1.0);
+            mlacp::testing::synthetic::fill(latent, 24, 1.0);
+            mlacp::testing::synthetic::fill(kv_a, 25, 1.0);
+            mlacp::testing::synthetic::fill(x, 26, 1.0);
+            mlacp::testing::synthetic::fill(w_sel, 27, 0.1);
+            mlacp::testing::synthetic::fill(w_kva, 28, 0.1);
+            mlacp::testing::synthetic::fill(g_kv, 29, 0.2, 1.0);
+            mlacp::testing::synthetic::fill(rstd, 30, 0.1, 1.0);
             // Scratch, allocated once (the layer allocates them per call; allocation is not what is measured here).
             Tensor3 dkv("d kv", 1, S, width), dkpe("d k_pe", 1, S, dr), grad_latent("d latent", 1, S, R);
             Tensor3 grad_payload("d payload", 1, S, R + dr), d_kv_a("d kv_a", 1, s, R + dr);
@@ -301,9 +301,9 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows) {
             const int S = rows;
             Tensor3 grad_payload("d payload", 1, S, R + dr);
             Matrix grad_kv("d kv", S, W), latent("latent", S, R), dw("dw_kvb", W, R);
-            mlacp::synthetic::fill(grad_payload, 31, 1.0);
-            mlacp::synthetic::fill(grad_kv, 32, 1.0);
-            mlacp::synthetic::fill(latent, 33, 1.0);
+            mlacp::testing::synthetic::fill(grad_payload, 31, 1.0);
+            mlacp::testing::synthetic::fill(grad_kv, 32, 1.0);
+            mlacp::testing::synthetic::fill(latent, 33, 1.0);
             Pair p;
             p.compute_name = "w_kvb wgrad";
             p.comm_name = "latent reduce-scatter";

@@ -7,7 +7,7 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/mla/mla_attention.hpp>
-#include <mlacp/mla/synthetic.hpp>
+#include <mlacp/testing/synthetic.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <cstdio>
@@ -44,9 +44,10 @@ int attention_throws(const mlacp::Mesh& mesh) {
   FaultyCore core;
   core.faulty_rank = mesh.size() - 1;
   core.rank = mesh.rank();
-  mlacp::MlaAttention<double, Space, FaultyCore> layer(c, mlacp::synthetic::weights<double, Mem>(c, 1), mesh, core);
+  mlacp::MlaAttention<double, Space, FaultyCore> layer(c, mlacp::testing::synthetic::weights<double, Mem>(c, 1), mesh,
+                                                       core);
   Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / mesh.size(), c.hidden);
-  mlacp::synthetic::fill(x, 2, 1.0);
+  mlacp::testing::synthetic::fill(x, 2, 1.0);
   auto forward = layer.forward(Space(), x);
   try {
     layer.backward(Space(), forward, x);

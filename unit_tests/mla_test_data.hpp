@@ -2,8 +2,8 @@
 // Deterministic test data for the MLA layer tests: the same weights and full-sequence tensors on every rank.
 #pragma once
 
-#include <mlacp/mla/synthetic.hpp>
 #include <mlacp/mla/weights.hpp>
+#include <mlacp/testing/synthetic.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
@@ -12,13 +12,13 @@
 
 namespace mlacp::test {
 
-using synthetic::fill;
+using testing::synthetic::fill;
 inline std::vector<double> pseudo_random(std::size_t n, std::uint64_t seed, double scale) {
-  return synthetic::uniform(n, seed, scale);
+  return testing::synthetic::uniform(n, seed, scale);
 }
 template <class T, class MemSpace>
 MlaWeights<T, MemSpace> make_weights(const MlaConfig& c, std::uint64_t seed) {
-  return synthetic::weights<T, MemSpace>(c, seed);
+  return testing::synthetic::weights<T, MemSpace>(c, seed);
 }
 
 /// An MLA configuration in MLA_SPEC's order of names.

@@ -6,10 +6,10 @@
 #include <mlacp/mla/attention_core.hpp>
 #include <mlacp/mla/kv_layout.hpp>
 #include <mlacp/mla/reductions.hpp>
-#include <mlacp/mla/reference_forward.hpp>
 #include <mlacp/mla/rms_norm.hpp>
 #include <mlacp/mla/rope.hpp>
 #include <mlacp/mla/view_utils.hpp>
+#include <mlacp/testing/reference_forward.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -659,9 +659,9 @@ TYPED_TEST(MlaKernels, KvGradientFromHeadBlocksMatchesUnpacked) {
 // ---- reference forward ----------------------------------------------------------------------------------------------
 
 template <class T>
-mlacp::reference::MlaWeights<T> random_weights(const mlacp::reference::ReferenceDims& d, std::uint32_t seed,
-                                               bool biases) {
-  using W = mlacp::reference::MlaWeights<T>;
+mlacp::testing::reference::ReferenceWeights<T> random_weights(const mlacp::testing::reference::ReferenceDims& d,
+                                                              std::uint32_t seed, bool biases) {
+  using W = mlacp::testing::reference::ReferenceWeights<T>;
   const int dqk = d.dn + d.dr;
   auto host_matrix = [&](const char* name, int rows, int cols, std::uint32_t s) {
     typename W::matrix_type m(std::string(name), rows, cols);
@@ -690,9 +690,9 @@ mlacp::reference::MlaWeights<T> random_weights(const mlacp::reference::Reference
 }
 
 template <class T>
-typename mlacp::reference::MlaWeights<T>::tensor3_type host_input(const mlacp::reference::ReferenceDims& d,
-                                                                  std::uint32_t seed) {
-  typename mlacp::reference::MlaWeights<T>::tensor3_type x("x", d.B, d.S, d.D);
+typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type host_input(
+    const mlacp::testing::reference::ReferenceDims& d, std::uint32_t seed) {
+  typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type x("x", d.B, d.S, d.D);
   const Vec values = random_vec(x.size(), seed);
   for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<T>(values[i]);
   return x;
@@ -702,11 +702,11 @@ TYPED_TEST(MlaKernels, ReferenceSingleTokenIsTheValuePath) {
   // One token, one head: the softmax is 1, so y = (RMSNorm(x w_kva^T [:R]) w_kvb_v^T + b_kvb_v) w_o^T + b_o,
   // independent of q and of RoPE.
   using T = TypeParam;
-  const mlacp::reference::ReferenceDims d{1, 1, 4, 1, 2, 2, 3, 4};
+  const mlacp::testing::reference::ReferenceDims d{1, 1, 4, 1, 2, 2, 3, 4};
   const auto w = random_weights<T>(d, 100, true);
   const auto x = host_input<T>(d, 101);
-  typename mlacp::reference::MlaWeights<T>::tensor3_type y("y", d.B, d.S, d.D);
-  mlacp::reference::mla_forward(d, w, x, y);
+  typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type y("y", d.B, d.S, d.D);
+  mlacp::testing::reference::mla_forward(d, w, x, y);
   Vec c(d.R);
   double ss = 0.0;
   for (int j = 0; j < d.R; ++j) {
@@ -730,15 +730,16 @@ TYPED_TEST(MlaKernels, ReferenceSingleTokenIsTheValuePath) {
 
 TYPED_TEST(MlaKernels, ReferenceIsCausal) {
   using T = TypeParam;
-  const mlacp::reference::ReferenceDims d{2, 5, 6, 2, 3, 4, 3, 5};
+  const mlacp::testing::reference::ReferenceDims d{2, 5, 6, 2, 3, 4, 3, 5};
   const auto w = random_weights<T>(d, 200, true);
   const auto x = host_input<T>(d, 201);
-  typename mlacp::reference::MlaWeights<T>::tensor3_type y0("y0", d.B, d.S, d.D), y1("y1", d.B, d.S, d.D);
-  mlacp::reference::mla_forward(d, w, x, y0);
+  typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type y0("y0", d.B, d.S, d.D),
+      y1("y1", d.B, d.S, d.D);
+  mlacp::testing::reference::mla_forward(d, w, x, y0);
   for (int b = 0; b < d.B; ++b) {
     for (int i = 0; i < d.D; ++i) x(b, d.S - 1, i) += T(0.25);
   }
-  mlacp::reference::mla_forward(d, w, x, y1);
+  mlacp::testing::reference::mla_forward(d, w, x, y1);
   for (int b = 0; b < d.B; ++b) {
     double last_change = 0.0;
     for (int i = 0; i < d.D; ++i) {
@@ -753,12 +754,12 @@ TYPED_TEST(MlaKernels, ReferenceMatchesTheKernelsComposed) {
   // The spec's forward recomputed from the kernels (RMSNorm, RoPE on q_pe and on the rank-3 payload, attention core),
   // with the projections done by plain host loops here: an independent check of the reference's layouts.
   using T = TypeParam;
-  const mlacp::reference::ReferenceDims d{2, 6, 7, 3, 3, 4, 5, 6};
+  const mlacp::testing::reference::ReferenceDims d{2, 6, 7, 3, 3, 4, 5, 6};
   const int dqk = d.dn + d.dr, n_tok = d.B * d.S;
   const auto w = random_weights<T>(d, 300, true);
   const auto x = host_input<T>(d, 301);
-  typename mlacp::reference::MlaWeights<T>::tensor3_type y_ref("y_ref", d.B, d.S, d.D);
-  mlacp::reference::mla_forward(d, w, x, y_ref);
+  typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type y_ref("y_ref", d.B, d.S, d.D);
+  mlacp::testing::reference::mla_forward(d, w, x, y_ref);
 
   auto linear = [&](const Vec& in, int n_in, const auto& wm, const auto& bias, int n_out) {
     Vec out(static_cast<std::size_t>(n_tok) * n_out);
@@ -772,7 +773,7 @@ TYPED_TEST(MlaKernels, ReferenceMatchesTheKernelsComposed) {
     return out;
   };
   const Vec xv(x.data(), x.data() + x.size());
-  const typename mlacp::reference::MlaWeights<T>::vector_type no_bias;
+  const typename mlacp::testing::reference::ReferenceWeights<T>::vector_type no_bias;
   ExecSpace space;
   View4<T> q("q", d.B, d.S, d.H, dqk);
   from_vec(q, linear(xv, d.D, w.w_q, w.b_q, d.H * dqk));

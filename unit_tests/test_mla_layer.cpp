@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/mla/mla_attention.hpp>
-#include <mlacp/mla/reference_forward.hpp>
+#include <mlacp/testing/reference_forward.hpp>
 
 #include <functional>
 #include <string>
@@ -286,7 +286,7 @@ TEST(MlaLayerMemory, ConsumedOrDestroyedForwardReleasesItsMemory) {
 
 // ---- the P = 1 layer itself against independent references ---------------------------------------------------
 
-// The layer's forward on one rank equals the plain-loop host reference of MLA_SPEC (reference::mla_forward).
+// The layer's forward on one rank equals the plain-loop host reference of MLA_SPEC (testing::reference::mla_forward).
 // A pending Forward refers to its layer: the layer can be neither copied nor moved away from under it.
 static_assert(!std::is_copy_constructible_v<mlacp::MlaAttention<double>> &&
                   !std::is_move_constructible_v<mlacp::MlaAttention<double>> &&
@@ -365,7 +365,7 @@ TEST(MlaLayerMath, SingleRankForwardMatchesPlainLoopReference) {
       mlacp::MlaAttention<double> layer(config, w, self);
       const auto y = layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output();
 
-      mlacp::reference::MlaWeights<double> hw;
+      mlacp::testing::reference::ReferenceWeights<double> hw;
       auto host = [](const auto& v) { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v); };
       hw.w_q = host(w.w_q);
       hw.w_kva = host(w.w_kva);
@@ -377,10 +377,11 @@ TEST(MlaLayerMath, SingleRankForwardMatchesPlainLoopReference) {
         hw.b_kvb = host(w.b_kvb);
         hw.b_o = host(w.b_o);
       }
-      const mlacp::reference::ReferenceDims dims{config.batch, config.seq,  config.hidden, config.heads,
-                                                 config.nope,  config.rope, config.vdim,   config.latent};
-      mlacp::reference::MlaWeights<double>::tensor3_type y_ref("y_ref", config.batch, config.seq, config.hidden);
-      mlacp::reference::mla_forward(dims, hw, host(x), y_ref);
+      const mlacp::testing::reference::ReferenceDims dims{config.batch, config.seq,  config.hidden, config.heads,
+                                                          config.nope,  config.rope, config.vdim,   config.latent};
+      mlacp::testing::reference::ReferenceWeights<double>::tensor3_type y_ref("y_ref", config.batch, config.seq,
+                                                                              config.hidden);
+      mlacp::testing::reference::mla_forward(dims, hw, host(x), y_ref);
       std::vector<double> want(y_ref.data(), y_ref.data() + y_ref.size());
       EXPECT_LE(mlacp::test::relative_error(mlacp::test::host_values(y), want), 1e-12)
           << mlacp::to_string(strategy) << (bias ? " with" : " without") << " bias";

@@ -16,7 +16,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/flop_count.hpp>
 #include <mlacp/mla/mla_attention.hpp>
-#include <mlacp/mla/synthetic.hpp>
+#include <mlacp/testing/synthetic.hpp>
 #include <mlacp/version.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -199,8 +199,8 @@ GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, MPI_Comm comm) {
   using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
   const int m = c.batch * s, k = c.hidden, n = c.heads * c.qk_dim();
   Matrix a("gemm a", m, k), b("gemm b", n, k), out("gemm c", m, n);
-  mlacp::synthetic::fill(a, 11, 1.0);
-  mlacp::synthetic::fill(b, 12, 1.0);
+  mlacp::testing::synthetic::fill(a, 11, 1.0);
+  mlacp::testing::synthetic::fill(b, 12, 1.0);
   const Space space;
   GemmRate rate;
   rate.repeats = 5;
@@ -239,7 +239,7 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   const Space space;
 
   // The layer validates the configuration on every rank (before any other collective).
-  const auto weights = mlacp::synthetic::weights<T, Mem>(c, o.seed);
+  const auto weights = mlacp::testing::synthetic::weights<T, Mem>(c, o.seed);
   mlacp::MlaAttention<T> layer(c, weights, mesh);
   const int s = layer.local_seq();
   // The full x and dy only when the reference or the dump needs them: at large S they would count in the peak
@@ -249,15 +249,15 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   if (need_full) {
     x_full = Tensor3("x", c.batch, c.seq, c.hidden);
     dy_full = Tensor3("dy", c.batch, c.seq, c.hidden);
-    mlacp::synthetic::fill(x_full, o.seed + 100, 1.0);
-    mlacp::synthetic::fill(dy_full, o.seed + 200, 1.0);
+    mlacp::testing::synthetic::fill(x_full, o.seed + 100, 1.0);
+    mlacp::testing::synthetic::fill(dy_full, o.seed + 200, 1.0);
     const auto begin = static_cast<std::size_t>(rank * s);
     const auto tokens = std::make_pair(begin, begin + static_cast<std::size_t>(s));
     Kokkos::deep_copy(x, Kokkos::subview(x_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
     Kokkos::deep_copy(dy, Kokkos::subview(dy_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
   } else {
-    mlacp::synthetic::fill(x, o.seed + 100 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
-    mlacp::synthetic::fill(dy, o.seed + 200 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
+    mlacp::testing::synthetic::fill(x, o.seed + 100 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
+    mlacp::testing::synthetic::fill(dy, o.seed + 200 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
   }
 
   const GemmRate gemm = gemm_rate<T>(c, s, mesh.comm());

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// A REFERENCE implementation of the MLA forward pass (MLA_SPEC steps 1-7) on the full sequence in one process (P = 1),
-// for tests and the check tool. It is deliberately naive and host-only: plain loops over host Views, double
-// accumulation, an O(S^2) softmax that materialises every score row, no Kokkos kernels. It is NOT a fast path and
-// shares no code with the library's kernels, so that it can check them.
+// Test support (not installed). A REFERENCE implementation of the MLA forward pass (MLA_SPEC steps 1-7) on the full
+// sequence in one process (P = 1), for tests and the check tool. It is deliberately naive and host-only: plain loops
+// over host Views, double accumulation, an O(S^2) softmax that materialises every score row, no Kokkos kernels. It is
+// NOT a fast path and shares no code with the library's kernels, so that it can check them.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace mlacp::reference {
+namespace mlacp::testing::reference {
 
 /// The dimensions of MLA_SPEC (see its table of names); P = 1, so S is the whole sequence.
 struct ReferenceDims {
@@ -34,7 +34,7 @@ struct ReferenceDims {
 /// The MLA weights in MLA_SPEC's shapes, as host Views (nn.Linear form, W is [out, in]). The biases b_q, b_kvb and
 /// b_o may be empty Views (no bias).
 template <class T>
-struct MlaWeights {
+struct ReferenceWeights {
   using vector_type = Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace>;
   using matrix_type = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
   using tensor3_type = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace>;
@@ -52,7 +52,7 @@ struct MlaWeights {
 namespace detail {
 
 inline void require(bool ok, const std::string& what) {
-  if (!ok) throw mlacp::InvalidArgument("mlacp::reference::mla_forward: " + what);
+  if (!ok) throw mlacp::InvalidArgument("mlacp::testing::reference::mla_forward: " + what);
 }
 
 template <class V>
@@ -102,8 +102,9 @@ inline void rope(double* v, int dr, double p) {
 /// y = MLA(x) per MLA_SPEC steps 1-7 on the full sequence: x, y `[B, S, D]` host Views. Throws
 /// mlacp::InvalidArgument when a shape disagrees with dims.
 template <class T>
-void mla_forward(const ReferenceDims& dims, const MlaWeights<T>& w, const typename MlaWeights<T>::tensor3_type& x,
-                 const typename MlaWeights<T>::tensor3_type& y) {
+void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
+                 const typename ReferenceWeights<T>::tensor3_type& x,
+                 const typename ReferenceWeights<T>::tensor3_type& y) {
   using detail::require;
   using detail::require_extents;
   const int B = dims.B, S = dims.S, D = dims.D, H = dims.H, dn = dims.dn, dr = dims.dr, dv = dims.dv, R = dims.R;
@@ -120,7 +121,7 @@ void mla_forward(const ReferenceDims& dims, const MlaWeights<T>& w, const typena
   detail::require_optional("b_o", w.b_o, D);
   require_extents("x", x, B, S, D);
   require_extents("y", y, B, S, D);
-  const typename MlaWeights<T>::vector_type no_bias;
+  const typename ReferenceWeights<T>::vector_type no_bias;
 
   const std::size_t n_tok = static_cast<std::size_t>(S);
   for (int b = 0; b < B; ++b) {
@@ -183,4 +184,4 @@ void mla_forward(const ReferenceDims& dims, const MlaWeights<T>& w, const typena
   }
 }
 
-}  // namespace mlacp::reference
+}  // namespace mlacp::testing::reference

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// Deterministic synthetic weights and tensors for checks and benchmarks: the same values on every rank and machine
-// for the same seed, so that each rank can build the full-sequence reference and its own shard without
-// communication.
+// Test and tool support (not installed): deterministic synthetic weights and tensors for checks and benchmarks: the
+// same values on every rank and machine for the same seed, so that each rank can build the full-sequence reference and
+// its own shard without communication.
 #pragma once
 
 #include <mlacp/mla/weights.hpp>
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace mlacp::synthetic {
+namespace mlacp::testing::synthetic {
 
 /// `n` values uniform in [-scale, scale) from a seeded 64-bit LCG.
 inline std::vector<double> uniform(std::size_t n, std::uint64_t seed, double scale) {
@@ -52,4 +52,4 @@ MlaWeights<T, MemSpace> weights(const MlaConfig& c, std::uint64_t seed) {
   return w;
 }
 
-}  // namespace mlacp::synthetic
+}  // namespace mlacp::testing::synthetic
