@@ -176,12 +176,9 @@ GemmRate measure_gemm_rate(MPI_Comm comm, int m, int k, int n, int repeats = 5) 
 }
 
 // Kokkos Tools region for a scope (users' space-time-stack / NVTX connector show the benchmark's phases).
-class Region {
+class Region : public compat::ScopedRegion {
  public:
-  explicit Region(const std::string& name) { Kokkos::Profiling::pushRegion("mlacp-perf::" + name); }
-  ~Region() { Kokkos::Profiling::popRegion(); }
-  Region(const Region&) = delete;
-  Region& operator=(const Region&) = delete;
+  explicit Region(const std::string& name) : compat::ScopedRegion("mlacp-perf::" + name) {}
 };
 
 // ---- JSON -----------------------------------------------------------------------------------------------------------

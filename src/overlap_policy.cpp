@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-#include <mlacp/mla/linear.hpp>
+#include <mlacp/panelled_gemm.hpp>
 
 #include <cstdlib>
 

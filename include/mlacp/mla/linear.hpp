@@ -1,109 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // The GEMMs of the MLA block in nn.Linear form (y = x W^T + b, W is [out, in]) on row-major tensors viewed as
-// matrices, with named compute phases (Kokkos Tools regions and the event recorder) and, for weight gradients
-// overlapped with a collective, panels between which in-flight collectives are progressed.
+// matrices, through the panelled GEMM of panelled_gemm.hpp (progress of in-flight collectives between panels).
 #pragma once
 
-#include <mlacp/compat.hpp>
-#include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/reductions.hpp>
-#include <mlacp/progress.hpp>
+#include <mlacp/panelled_gemm.hpp>
 
 #include <Kokkos_Core.hpp>
-#include <algorithm>
 #include <cstdint>
-#include <functional>
-#include <string>
 
 namespace mlacp {
-
-/// How mlacp's GEMMs make pending collectives progress on host execution spaces (MPI implementations such as Open MPI
-/// move a nonblocking collective only inside MPI calls): while any collective is pending, a GEMM is split into at
-/// most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Device execution
-/// spaces never poll (NCCL progresses on its own).
-struct OverlapPolicy {
-  int panels = 32;
-  std::int64_t min_panel_rows = 128;
-};
-
-/// The process-wide policy (defaults above; MLACP_WGRAD_PANELS overrides `panels`, 1 disables panelling).
-OverlapPolicy& overlap_policy();
-
 namespace detail {
-
-template <class T, class MemSpace>
-using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-template <class T, class MemSpace>
-using Vector = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-
-/// A row-major [rows, cols] matrix over the first rows*cols elements of a contiguous View.
-template <class ViewType>
-Matrix<typename ViewType::value_type, typename ViewType::memory_space> as_matrix(const ViewType& v, std::int64_t rows,
-                                                                                 std::int64_t cols) {
-  return Matrix<typename ViewType::value_type, typename ViewType::memory_space>(
-      v.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
-}
-
-/// A named compute phase: a Kokkos Tools region, and compute_begin/compute_end events. When recording, the instance
-/// is fenced at the end so that the end time is the time the work finished, not the time it was enqueued.
-template <class ExecSpace>
-class ComputePhase {
- public:
-  ComputePhase(const ExecSpace& space, std::string name) : space_(space), name_(std::move(name)) {
-    Kokkos::Profiling::pushRegion("mlacp::" + name_);
-    if (events::enabled()) events::record(EventKind::compute_begin, name_);
-  }
-  ~ComputePhase() {
-    if (events::enabled()) {
-      compat::fence(space_, "mlacp: end of " + name_);
-      events::record(EventKind::compute_end, name_);
-    }
-    Kokkos::Profiling::popRegion();
-  }
-  ComputePhase(const ComputePhase&) = delete;
-  ComputePhase& operator=(const ComputePhase&) = delete;
-
- private:
-  ExecSpace space_;
-  std::string name_;
-};
-
-/// C = beta*C + A op(B) (trans_a "N": A [M, K], panels are row blocks of A and C) or C = beta*C + A^T op(B)
-/// (trans_a "T": A [K, M], the reduction runs over A's rows, panels are row blocks of A and B accumulated into C).
-/// While collectives are pending on a host execution space, the GEMM runs in panels (overlap_policy()) with
-/// mlacp::progress() before each panel and at the end, so that MPI advances them during the compute. Otherwise (no
-/// collective pending, or a device execution space, where NCCL needs no host polling) it is one GEMM call.
-template <class ExecSpace, class AMat, class BMat, class CMat>
-void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char* trans_b,
-                        typename CMat::const_value_type alpha, const AMat& a, const BMat& b,
-                        typename CMat::const_value_type beta, const CMat& c) {
-  using T = typename CMat::non_const_value_type;
-  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
-  const auto rows = static_cast<std::int64_t>(a.extent(0));
-  const OverlapPolicy policy = overlap_policy();
-  std::int64_t panels = 1;
-  if (host && pending_collectives() > 0 && policy.panels > 1)
-    panels = std::clamp<std::int64_t>(rows / std::max<std::int64_t>(1, policy.min_panel_rows), 1, policy.panels);
-  if (panels == 1) {
-    if (host) progress();
-    compat::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
-    if (host) progress();
-    return;
-  }
-  const bool reduce_over_rows = trans_a[0] == 'T' || trans_a[0] == 't';
-  for (std::int64_t p = 0; p < panels; ++p) {
-    const auto range =
-        std::make_pair(static_cast<std::size_t>(rows * p / panels), static_cast<std::size_t>(rows * (p + 1) / panels));
-    progress();
-    const auto a_panel = Kokkos::subview(a, range, Kokkos::ALL());
-    if (reduce_over_rows)
-      compat::gemm(space, trans_a, trans_b, alpha, a_panel, Kokkos::subview(b, range, Kokkos::ALL()),
-                   p == 0 ? beta : T(1), c);
-    else
-      compat::gemm(space, trans_a, trans_b, alpha, a_panel, b, beta, Kokkos::subview(c, range, Kokkos::ALL()));
-  }
-  progress();
-}
 
 /// y[n, :] += b for every row of the row-major y [N, out] (rows `y.stride(0)` apart): one work item per row, a
 /// contiguous inner loop (no divide per element).
