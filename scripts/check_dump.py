@@ -1,13 +1,86 @@
 #!/usr/bin/env python3
-"""Loads an mlacp-mla-block --dump directory with numpy and checks it against MLA_SPEC's dump format.
+"""Loads an mlacp-mla-block --dump directory with numpy and checks it against MLA_SPEC, independently of mlacp.
 
-usage: check_dump.py DIR   (exit 0 when every file loads with the expected dtype and shape)
+usage: check_dump.py DIR   (exit 0 when every check passes)
+
+1. Every file loads with MLA_SPEC's dtype and shape, and holds finite values.
+2. y equals MLA_SPEC's forward recomputed here in float64 numpy from the dumped x and weights (full sequence, one
+   process), within MLA_SPEC's tolerance (1e-10 double, 1e-4 float).
+3. Every gradient (dx and each weight's) is checked against finite differences of L = sum(y * dy) of that numpy
+   forward along a random direction u: |(L(p + h u) - L(p - h u)) / 2h - <grad, u>| <= tol * |grad| |u|.
 """
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+
+def mla_forward(p, x, c):
+    """MLA_SPEC steps 1-7 on the full sequence in float64 (P = 1): y [B, S, D]."""
+    B, S, _ = x.shape
+    H, dn, dr, dv, R = c["heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+    dqk = dn + dr
+    q = (x @ p["w_q"].T + p.get("b_q", 0.0)).reshape(B, S, H, dqk)
+    a = x @ p["w_kva"].T
+    lat, k_pe = a[..., :R], a[..., R:]
+    lat = lat / np.sqrt(np.mean(lat * lat, axis=-1, keepdims=True) + 1e-6) * p["g_kv"]
+    inv_freq = 10000.0 ** (-2.0 * np.arange(dr // 2) / dr)
+    angle = np.arange(S)[:, None] * inv_freq[None, :]
+    cos, sin = np.concatenate([np.cos(angle)] * 2, -1), np.concatenate([np.sin(angle)] * 2, -1)
+
+    def rot(t, cos_, sin_):
+        half = t.shape[-1] // 2
+        return t * cos_ + np.concatenate([-t[..., half:], t[..., :half]], -1) * sin_
+
+    q = np.concatenate([q[..., :dn], rot(q[..., dn:], cos[:, None, :], sin[:, None, :])], -1)
+    k_pe = rot(k_pe, cos, sin)
+    kv = (lat @ p["w_kvb"].T + p.get("b_kvb", 0.0)).reshape(B, S, H, dn + dv)
+    k = np.concatenate([kv[..., :dn], np.broadcast_to(k_pe[:, :, None, :], (B, S, H, dr))], -1)
+    v = kv[..., dn:]
+    scores = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(dqk)
+    scores = np.where(np.tril(np.ones((S, S), dtype=bool)), scores, -np.inf)
+    prob = np.exp(scores - scores.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    o = np.einsum("bhij,bjhd->bihd", prob, v).reshape(B, S, H * dv)
+    return o @ p["w_o"].T + p.get("b_o", 0.0)
+
+
+def check_values(d, c):
+    """Checks 2 and 3 of the module docstring; a list of problems."""
+    tol = 1e-10 if c["dtype"] == "double" else 1e-4
+    names = ["w_q", "w_kva", "g_kv", "w_kvb", "w_o"] + (["b_q", "b_kvb", "b_o"] if c["bias"] else [])
+    p = {n: np.load(d / f"{n}.npy").astype(np.float64) for n in names}
+    x = np.load(d / "x.npy").astype(np.float64)
+    dy = np.load(d / "dy.npy").astype(np.float64)
+    problems = []
+    y = np.load(d / "y.npy").astype(np.float64)
+    want = mla_forward(p, x, c)
+    err = np.linalg.norm(y - want) / np.linalg.norm(want)
+    if err > tol:
+        problems.append(f"y differs from the numpy forward by {err:.3e} (tolerance {tol:g})")
+    # Finite differences in float64 have a truncation error of about h^2 relative: compare the gradients at
+    # max(tol, 1e-7) of |grad| |u|.
+    fd_tol = max(tol, 1e-7)
+    rng = np.random.default_rng(7)
+    for n in ["x"] + names:
+        grad = np.load(d / f"d{n}.npy").astype(np.float64)
+        base = x if n == "x" else p[n]
+        u = rng.standard_normal(base.shape)
+        h = 1e-4 * max(np.linalg.norm(base), 1.0) / np.linalg.norm(u)
+
+        def loss(shift):
+            moved = base + shift * u
+            if n == "x":
+                return float(np.sum(mla_forward(p, moved, c) * dy))
+            return float(np.sum(mla_forward({**p, n: moved}, x, c) * dy))
+
+        fd = (loss(h) - loss(-h)) / (2 * h)
+        analytic = float(np.sum(grad * u))
+        err = abs(fd - analytic) / (np.linalg.norm(grad) * np.linalg.norm(u))
+        if err > fd_tol:
+            problems.append(f"d{n}: <grad, u> = {analytic:.6e}, finite differences {fd:.6e} (error {err:.3e})")
+    return problems
 
 
 def main(directory: str) -> int:
@@ -36,17 +109,12 @@ def main(directory: str) -> int:
             problems.append(f"{name}.npy: {a.dtype}{a.shape}, expected {np.dtype(dtype)}{shape}")
         elif not np.all(np.isfinite(a)):
             problems.append(f"{name}.npy has non-finite values")
-    # One number recomputed from the dump itself: the output projection's weight gradient is dy^T o, so its
-    # bias gradient (when present) is the column sum of dy over every token.
-    if c["bias"] and not problems:
-        db_o = np.load(d / "db_o.npy").astype(np.float64)
-        want = np.load(d / "dy.npy").astype(np.float64).sum(axis=(0, 1))
-        err = np.linalg.norm(db_o - want) / np.linalg.norm(want)
-        if err > (1e-10 if c["dtype"] == "double" else 1e-4):
-            problems.append(f"db_o differs from the column sums of dy by {err:.3e}")
+    if not problems:
+        problems += check_values(d, c)
     for p in problems:
         print("check_dump:", p)
-    print(f"check_dump: {len(shapes)} tensors in {d}: {'OK' if not problems else 'FAILED'}")
+    print(f"check_dump: {len(shapes)} tensors in {d}, y against a numpy forward, every gradient against finite "
+          f"differences: {'OK' if not problems else 'FAILED'}")
     return 0 if not problems else 1
 
 

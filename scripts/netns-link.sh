@@ -36,7 +36,6 @@ export OMPI_MCA_btl=tcp,self
 export OMPI_MCA_btl_tcp_if_include=lo
 export OMPI_MCA_oob_tcp_if_include=lo
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
-export MLACP_LINK_RATE=$rate
 
 exec unshare -n -- bash -c '
 set -euo pipefail

@@ -403,16 +403,15 @@ TEST(CollectiveHandle, AllToAllCompletesWhileTheCallerOnlyComputesAndPollsTest) 
   Kokkos::deep_copy(x, 1.0);
   auto handle = mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), x, 1, 2, mesh, "polled");
   const auto start = std::chrono::steady_clock::now();
-  double work = 0;
+  volatile double work = 0;  // the compute's result is kept (volatile), not asserted on
   int polls = 0;
   bool done = false;
   while (!done && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
-    for (int i = 0; i < 1000; ++i) work += std::sqrt(static_cast<double>(i + polls));  // the caller's compute
+    for (int i = 0; i < 1000; ++i) work = work + std::sqrt(static_cast<double>(i + polls));  // the caller's compute
     ++polls;
     done = handle.test();
   }
   EXPECT_TRUE(done) << "the all-to-all did not complete within 30 s of polling test() (" << polls << " polls)";
-  EXPECT_GT(work, 0.0);
   EXPECT_FALSE(handle.waited());
   auto result = handle.wait();
   const auto values = to_host(result);

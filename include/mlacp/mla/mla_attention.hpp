@@ -89,7 +89,6 @@ class MlaAttention {
 
     /// The layer's output y [B, s, D] (valid as long as it is held, also after backward).
     const tensor3& output() const { return y_; }
-    bool has_forward() const { return owner_ != nullptr; }
     bool backward_done() const { return backward_done_; }
     /// Whether this Forward still holds a workspace of its layer (from forward until backward consumes it).
     bool holds_workspace() const { return ws_ != nullptr; }
