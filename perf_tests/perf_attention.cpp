@@ -5,9 +5,10 @@
 // and the reference core (one thread per row) where it is fast enough to time.
 //
 // FLOPs per (batch, head): E = S(S+1)/2 causal score elements; forward 2E(dqk+dv), backward 2E(3dqk+2dv) (score
-// recompute, dP, dV, dQ, dK). GEMM rate: a square n x n x n GEMM (n = 512) of the same value type through Kokkos
-// Kernels (the BLAS TPL on host builds), median of the repeats. "fraction" = (FLOPs / GEMM rate) / measured time.
-// Every rank runs the same work (P ranks load P cores, as the layer does); times are the max over ranks.
+// recompute, dP, dV, dQ, dK). GEMM rate: a square 512 x 512 x 512 GEMM of the same value type through Kokkos
+// Kernels (the BLAS TPL on host builds; perf_common.hpp's measure_gemm_rate), median of the repeats. "fraction" =
+// (FLOPs / GEMM rate) / measured time. Every rank runs the same work (P ranks load P cores, as the layer does); times
+// are the max over ranks.
 //
 //   mpirun -n 2 mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--dtype float|double|both]
 //                                    [--seq S[,S...]] [--heads h] [--tiles QxK[,QxK...]] [--shapes small,deepseek]
@@ -45,17 +46,6 @@ struct HeadShape {
   std::string name;
   int dqk, dv;
 };
-
-template <class T>
-double gemm_rate(MPI_Comm comm, int warmup, int repeats) {
-  const int n = 512;
-  Kokkos::View<T**, Kokkos::LayoutRight, Mem> a("a", n, n), b("b", n, n), c("c", n, n);
-  Kokkos::deep_copy(a, T(0.5));
-  Kokkos::deep_copy(b, T(0.25));
-  const Space space;
-  const Samples s = measure(comm, warmup, repeats, [&] { mlacp::compat::gemm(space, "N", "N", T(1), a, b, T(0), c); });
-  return 2.0 * n * n * n / s.median();
-}
 
 template <class T>
 struct Problem {
@@ -113,7 +103,7 @@ Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, 
 template <class T>
 void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows) {
   const int repeats = o.repeats_or(2, 5), warmup = o.quick ? 1 : o.warmup;
-  const double rate = gemm_rate<T>(comm, warmup, std::max(repeats, 5));
+  const double rate = measure_gemm_rate<T>(comm, 512, 512, 512, std::max(repeats, 5)).flops_per_s;
   const int h = o.get_int("heads", 4);
   const std::vector<std::string> seqs = split(o.get("seq", o.quick ? "256" : "512,2048"), ',');
   const std::vector<std::string> tiles = split(o.get("tiles", o.quick ? "0x0,32x64" : "0x0"), ',');

@@ -4,6 +4,8 @@
 // tiles, team scratch), tiles that do and do not divide S, query and key tiles of different sizes, scores large
 // enough to overflow without the running max, the gradient flags, long sequences in float against double, and the
 // tile options.
+#include "kernel_test_support.hpp"
+
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
 #include <mlacp/mla/attention_core.hpp>
@@ -22,22 +24,17 @@ namespace {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
 using MemSpace = ExecSpace::memory_space;
-template <class T>
-using View3 = Kokkos::View<T***, Kokkos::LayoutRight, MemSpace>;
-template <class T>
-using View4 = Kokkos::View<T****, Kokkos::LayoutRight, MemSpace>;
-using Vec = std::vector<double>;
 using mlacp::FlashAttentionPath;
+using mlacp::test::kernels::rel_error;
+using mlacp::test::kernels::to_vec;
+using mlacp::test::kernels::Vec;
+using mlacp::test::kernels::View3;
+using mlacp::test::kernels::View4;
 
+/// Exact up to rounding; float's bound allows the tiled core's different summation order over long key ranges.
 template <class T>
 double tol() {
   return std::is_same_v<T, double> ? 1e-12 : 2e-5;
-}
-
-template <class V>
-Vec to_vec(const V& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return Vec(h.data(), h.data() + h.span());
 }
 
 template <class V>
@@ -50,16 +47,6 @@ void fill(const V& v, std::uint32_t seed, double magnitude, bool integers = fals
     h.data()[i] = static_cast<typename V::non_const_value_type>(integers ? std::round(x) : x);
   }
   Kokkos::deep_copy(v, h);
-}
-
-double rel_error(const Vec& a, const Vec& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  double num = 0.0, den = 0.0;
-  for (std::size_t i = 0; i < a.size() && i < ref.size(); ++i) {
-    num += (a[i] - ref[i]) * (a[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 /// ||a - ref|| / max(||ref||, 1): relative where the reference is of order one or more, absolute where it vanishes
