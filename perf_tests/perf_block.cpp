@@ -228,6 +228,34 @@ int run(int argc, char** argv) {
   }
   doc.raw("strategies", jlist(docs));
 
+  // What the default configuration's checked mode costs: the overlapped forward + backward with checked mode on (the
+  // default, one small agreement per collective and per layer call) and off, interleaved, latent strategy.
+  Samples checked_on, checked_off;
+  {
+    const Space space;
+    mlacp::MlaConfig lc = c;
+    lc.strategy = mlacp::MlaStrategy::latent;
+    const Layer layer(lc, mlacp::testing::synthetic::weights<T, Mem>(lc, 7), mesh);
+    Tensor3 x("x", lc.batch, layer.local_seq(), lc.hidden);
+    mlacp::testing::synthetic::fill(x, 300 + static_cast<std::uint64_t>(rank), 1.0);
+    for (int it = 0; it < warmup + repeats; ++it) {
+      for (const bool checked : {true, false}) {
+        mesh.set_checked(checked);
+        const Samples one = measure(mesh.comm(), 0, 1, [&] {
+          auto forward = layer.forward(space, x);
+          layer.backward(space, forward, x);
+        });
+        if (it >= warmup) (checked ? checked_on : checked_off).times.push_back(one.times.front());
+      }
+    }
+    mesh.set_checked(false);
+  }
+  doc.obj("checked_mode_cost", JsonObject()
+                                   .str("what", "latent forward + backward, overlapped, checked mode on vs off")
+                                   .samples("checked_on", checked_on)
+                                   .samples("checked_off", checked_off)
+                                   .num("on_over_off", checked_on.median() / checked_off.median()));
+
   if (rank == 0) {
     std::cout << "mlacp-perf-block: P=" << P << " transport=" << o.transport << " rate=" << o.rate << " "
               << c.describe() << " repeats=" << repeats << " (median of max over ranks)\n";
@@ -252,6 +280,9 @@ int run(int argc, char** argv) {
     for (const Result& r : results)
       std::cout << " " << r.strategy << " " << fixed(flops.backward / gemm.flops_per_s / r.overlapped.median(), 3);
     std::cout << "\n";
+    std::cout << "checked mode (the default) on / off, latent forward + backward: " << ms(checked_on.median())
+              << "ms / " << ms(checked_off.median()) << "ms = " << fixed(checked_on.median() / checked_off.median(), 3)
+              << "\n";
     write_json(o.json, doc.text());
     if (!timeline_path.empty()) {
       JsonObject t = header("mlacp-perf-block timeline", o, P, 1);
