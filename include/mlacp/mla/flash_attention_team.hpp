@@ -35,13 +35,13 @@ struct FlashTeam {
   using TR = KokkosBatched::Trans::Transpose;
   using Algo = KokkosBatched::Algo::Gemm::Unblocked;
 
-  /// A team policy over `league` teams with `bytes` of scratch per team, at level 0 where it fits.
+  /// The scratch level of `bytes` per team: 0 (fast, small) where it fits, else 1.
+  static int level(std::size_t bytes) { return bytes <= static_cast<std::size_t>(policy::scratch_size_max(0)) ? 0 : 1; }
+  /// A team policy over `league` teams with `bytes` of scratch per team at level(bytes).
   static policy make(const ExecSpace& space, std::int64_t league, std::size_t bytes) {
     policy p(space, league, Kokkos::AUTO);
-    const int level = bytes <= static_cast<std::size_t>(policy::scratch_size_max(0)) ? 0 : 1;
-    return p.set_scratch_size(level, Kokkos::PerTeam(bytes));
+    return p.set_scratch_size(level(bytes), Kokkos::PerTeam(bytes));
   }
-  static int level(std::size_t bytes) { return bytes <= static_cast<std::size_t>(policy::scratch_size_max(0)) ? 0 : 1; }
 };
 
 /// Rows [row0, row0 + n) of head `hd` of batch `b` of a [B, S, h, d] View as an [n, d] subview (any layout).
