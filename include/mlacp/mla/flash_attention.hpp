@@ -24,7 +24,6 @@
 #include <mlacp/mla/flash_attention_team.hpp>
 
 #include <memory>
-#include <typeinfo>
 
 namespace mlacp {
 
@@ -101,7 +100,7 @@ class FlashAttentionCore {
         return;
       }
     }
-    ws.reserve(0, 0, (do_dq || do_dk) ? static_cast<std::int64_t>(nb * nh * ns) : 0);
+    if (do_dq || do_dk) ws.reserve_row_term(static_cast<std::int64_t>(nb * nh * ns));
     detail::flash_backward_team(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, tq, tk, ws.row_term);
   }
 

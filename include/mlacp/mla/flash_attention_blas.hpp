@@ -42,9 +42,10 @@ auto head_rows(const View4& t, std::int64_t b, std::int64_t hd, std::int64_t row
   return tile;
 }
 
+/// Rows [row0, row0 + rows) and the first `cols` columns of a matrix (a LayoutRight subview).
 template <class Mat>
-auto top_left(const Mat& m, std::int64_t rows, std::int64_t cols) {
-  return Kokkos::subview(m, std::make_pair<std::size_t, std::size_t>(0, static_cast<std::size_t>(rows)),
+auto rows_cols(const Mat& m, std::int64_t row0, std::int64_t rows, std::int64_t cols) {
+  return Kokkos::subview(m, std::make_pair(static_cast<std::size_t>(row0), static_cast<std::size_t>(row0 + rows)),
                          std::make_pair<std::size_t, std::size_t>(0, static_cast<std::size_t>(cols)));
 }
 
@@ -69,12 +70,6 @@ void for_each_row_block(std::int64_t i0, std::int64_t nq, std::int64_t j0, std::
   }
 }
 
-template <class Mat>
-auto rows_cols(const Mat& m, std::int64_t row0, std::int64_t rows, std::int64_t cols) {
-  return Kokkos::subview(m, std::make_pair(static_cast<std::size_t>(row0), static_cast<std::size_t>(row0 + rows)),
-                         std::make_pair<std::size_t, std::size_t>(0, static_cast<std::size_t>(cols)));
-}
-
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class T, class Mem>
 void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
                         std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
@@ -83,7 +78,7 @@ void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V&
   const double scale = 1.0 / compat::math::sqrt(static_cast<double>(q.extent(3)));
   tile_q = std::min(tile_q, n_s);
   tile_k = std::min(tile_k, n_s);
-  ws.reserve(tile_q, tile_k, 0);
+  ws.reserve_tiles(tile_q, tile_k);
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   using lse_type = typename Lse::non_const_value_type;
   using o_type = typename O::non_const_value_type;
@@ -98,7 +93,7 @@ void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V&
           const bool first = j0 == 0;
           for_each_row_block(
               i0, nq, j0, std::min(tile_k, i0 + nq - j0), [&](std::int64_t a, std::int64_t na, std::int64_t nk) {
-                const auto s = top_left(ws.scores, na, nk);
+                const auto s = rows_cols(ws.scores, 0, na, nk);
                 const auto o_a = rows_cols(o_i, a, na, d_v);
                 compat::gemm(space, "N", "T", T(1), head_rows(q, b, hd, i0 + a, na), head_rows(k, b, hd, j0, nk), T(0),
                              s);
@@ -154,7 +149,8 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
   tile_q = std::min(tile_q, n_s);
   tile_k = std::min(tile_k, n_s);
   const bool need_ds = do_dq || do_dk;
-  ws.reserve(tile_q, tile_k, need_ds ? n_b * n_h * n_s : 0);
+  ws.reserve_tiles(tile_q, tile_k);
+  if (need_ds) ws.reserve_row_term(n_b * n_h * n_s);
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   const auto row_term = ws.row_term;
   if (need_ds) flash_row_term(space, o, d_o, row_term);
@@ -174,7 +170,7 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                 const auto q_a = head_rows(q, b, hd, row0, na);
                 const auto do_a = head_rows(d_o, b, hd, row0, na);
                 const auto k_j = head_rows(k, b, hd, j0, nk);
-                const auto p = top_left(ws.scores, na, nk);
+                const auto p = rows_cols(ws.scores, 0, na, nk);
                 compat::gemm(space, "N", "T", T(1), q_a, k_j, T(0), p);
                 const bool masked = j0 + nk - 1 > row0;
                 Kokkos::parallel_for(
@@ -184,7 +180,7 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                     });
                 if (do_dv) compat::gemm(space, "T", "N", T(1), p, do_a, T(1), head_rows(dv, b, hd, j0, nk));
                 if (!need_ds) return;
-                const auto ds = top_left(ws.grads, na, nk);
+                const auto ds = rows_cols(ws.grads, 0, na, nk);
                 compat::gemm(space, "N", "T", T(1), do_a, head_rows(v, b, hd, j0, nk), T(0), ds);
                 const std::int64_t d0 = lse_row * n_s + row0;
                 Kokkos::parallel_for(

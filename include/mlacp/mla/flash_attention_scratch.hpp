@@ -18,14 +18,17 @@ struct FlashScratch {
   Kokkos::View<double*, MemSpace> row_max, row_sum;                // [query_tile]
   Kokkos::View<double*, MemSpace> row_term;                        // D [B * h * S]
 
-  void reserve(std::int64_t tq, std::int64_t tk, std::int64_t rows) {
-    if (scores.extent(0) != static_cast<std::size_t>(tq) || scores.extent(1) != static_cast<std::size_t>(tk)) {
-      scores = decltype(scores)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash scores"), tq, tk);
-      grads = decltype(grads)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash dS"), tq, tk);
-      row_max = decltype(row_max)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash m"), tq);
-      row_sum = decltype(row_sum)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash l"), tq);
-    }
-    if (rows > 0 && row_term.extent(0) < static_cast<std::size_t>(rows))
+  /// The host path's [tq, tk] score tiles and [tq] row statistics (reallocated only when the tiles change).
+  void reserve_tiles(std::int64_t tq, std::int64_t tk) {
+    if (scores.extent(0) == static_cast<std::size_t>(tq) && scores.extent(1) == static_cast<std::size_t>(tk)) return;
+    scores = decltype(scores)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash scores"), tq, tk);
+    grads = decltype(grads)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash dS"), tq, tk);
+    row_max = decltype(row_max)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash m"), tq);
+    row_sum = decltype(row_sum)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash l"), tq);
+  }
+  /// At least `rows` entries of the backward's row term D (grown, never shrunk).
+  void reserve_row_term(std::int64_t rows) {
+    if (row_term.extent(0) < static_cast<std::size_t>(rows))
       row_term = decltype(row_term)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash D"), rows);
   }
 };
