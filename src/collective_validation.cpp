@@ -29,13 +29,15 @@ const char* collective_name(CollectiveKind kind) noexcept {
 
 namespace {
 
-std::string shape_string(const CollectiveCall& call) {
+std::string extents_string(const std::array<std::int64_t, max_collective_rank>& extents, int rank) {
   std::ostringstream out;
   out << '[';
-  for (int d = 0; d < call.rank; ++d) out << (d ? ", " : "") << call.extents[static_cast<std::size_t>(d)];
+  for (int d = 0; d < rank; ++d) out << (d ? ", " : "") << extents[static_cast<std::size_t>(d)];
   out << ']';
   return out.str();
 }
+
+std::string shape_string(const CollectiveCall& call) { return extents_string(call.extents, call.rank); }
 
 std::string check_dimension(const CollectiveCall& call, const char* what, int dim) {
   if (dim >= 0 && dim < call.rank) return {};
@@ -89,16 +91,10 @@ std::string local_error(const CollectiveCall& call, int group_size) {
     else
       expected[a] *= group_size;
     if (call.kind == CollectiveKind::all_to_all) expected[static_cast<std::size_t>(call.dim_b)] /= group_size;
-    auto text = [&](const std::array<std::int64_t, max_collective_rank>& e) {
-      std::ostringstream out;
-      out << '[';
-      for (int d = 0; d < call.rank; ++d) out << (d ? ", " : "") << e[static_cast<std::size_t>(d)];
-      out << ']';
-      return out.str();
-    };
     if (call.into_extents != expected)
-      return std::string(collective_name(call.kind)) + ": the destination View has shape " + text(call.into_extents) +
-             "; expected the result's shape " + text(expected) + " (input " + shape_string(call) +
+      return std::string(collective_name(call.kind)) + ": the destination View has shape " +
+             extents_string(call.into_extents, call.rank) + "; expected the result's shape " +
+             extents_string(expected, call.rank) + " (input " + shape_string(call) +
              ", P = " + std::to_string(group_size) + ")";
     if (call.into_aliases_input)
       return std::string(collective_name(call.kind)) +

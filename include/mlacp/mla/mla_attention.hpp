@@ -21,6 +21,7 @@
 #include <mlacp/mla/view_utils.hpp>
 #include <mlacp/mla/weights.hpp>
 
+#include <array>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -228,28 +229,29 @@ class MlaAttention {
     const auto R = static_cast<std::size_t>(config_.latent), dr = static_cast<std::size_t>(config_.rope);
     const auto dv = static_cast<std::size_t>(config_.vdim);
     std::string error;
-    auto check = [&](const char* name, const auto& view, std::vector<std::size_t> expected) {
+    // The View's extents against `expected` (its rank's std::array), in attention_core.hpp's shape notation.
+    auto check = [&](const char* name, const auto& view, const auto& expected) {
       if (!error.empty() || view.data() == nullptr) return;
-      std::vector<std::size_t> got;
-      for (std::size_t d = 0; d < expected.size(); ++d) got.push_back(view.extent(d));
+      auto got = expected;
+      for (std::size_t d = 0; d < got.size(); ++d) got[d] = view.extent(d);
       if (got == expected) return;
-      auto text = [](const std::vector<std::size_t>& e) {
-        std::string t = "[";
-        for (std::size_t d = 0; d < e.size(); ++d) t += (d ? ", " : "") + std::to_string(e[d]);
-        return t + "]";
-      };
-      error = std::string("mlacp::MlaAttention::backward: gradient ") + name + " has shape " + text(got) +
-              "; expected " + text(expected) + " on rank " + std::to_string(mesh_->rank());
+      error = std::string("mlacp::MlaAttention::backward: gradient ") + name + " has shape " +
+              detail::extents_string(got) + "; expected " + detail::extents_string(expected) + " on rank " +
+              std::to_string(mesh_->rank());
     };
-    check("w_q", g.w_q, {H * qk, D});
-    check("b_q", g.b_q, {H * qk});
-    check("w_kva", g.w_kva, {R + dr, D});
-    check("g_kv", g.g_kv, {R});
-    check("w_kvb", g.w_kvb, {H * kv, R});
-    check("b_kvb", g.b_kvb, {H * kv});
-    check("w_o", g.w_o, {D, H * dv});
-    check("b_o", g.b_o, {D});
-    check("dx", g.dx, {static_cast<std::size_t>(config_.batch), static_cast<std::size_t>(local_seq()), D});
+    using shape1 = std::array<std::size_t, 1>;
+    using shape2 = std::array<std::size_t, 2>;
+    check("w_q", g.w_q, shape2{H * qk, D});
+    check("b_q", g.b_q, shape1{H * qk});
+    check("w_kva", g.w_kva, shape2{R + dr, D});
+    check("g_kv", g.g_kv, shape1{R});
+    check("w_kvb", g.w_kvb, shape2{H * kv, R});
+    check("b_kvb", g.b_kvb, shape1{H * kv});
+    check("w_o", g.w_o, shape2{D, H * dv});
+    check("b_o", g.b_o, shape1{D});
+    check(
+        "dx", g.dx,
+        std::array<std::size_t, 3>{static_cast<std::size_t>(config_.batch), static_cast<std::size_t>(local_seq()), D});
     return error;
   }
 
