@@ -7,6 +7,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/progress.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -30,16 +31,13 @@ OverlapPolicy& overlap_policy();
 
 namespace detail {
 
-template <class T, class MemSpace>
-using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-template <class T, class MemSpace>
-using Vector = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-
-/// A row-major [rows, cols] matrix over the first rows*cols elements of a contiguous View.
+/// A row-major [rows, cols] matrix over the first rows*cols elements of a contiguous View (a window: it does not keep
+/// v's allocation alive).
 template <class ViewType>
-Matrix<typename ViewType::value_type, typename ViewType::memory_space> as_matrix(const ViewType& v, std::int64_t rows,
-                                                                                 std::int64_t cols) {
-  return Matrix<typename ViewType::value_type, typename ViewType::memory_space>(
+Matrix<typename ViewType::value_type, typename ViewType::memory_space, Unmanaged> as_matrix(const ViewType& v,
+                                                                                            std::int64_t rows,
+                                                                                            std::int64_t cols) {
+  return Matrix<typename ViewType::value_type, typename ViewType::memory_space, Unmanaged>(
       v.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
 }
 

@@ -5,7 +5,7 @@
 
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/kv_layout.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <string>
 

@@ -8,18 +8,12 @@
 // are; checked where a View comes from a caller).
 #pragma once
 
+#include <mlacp/view_types.hpp>
+
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 
 namespace mlacp::detail {
-
-template <class T, class MemSpace>
-using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, MemSpace>;
-template <class T, class MemSpace>
-using Tensor4 = Kokkos::View<T****, Kokkos::LayoutRight, MemSpace>;
-/// P per-rank blocks of a rank-4 tensor, [P, ...] (the backward all-to-alls' send and receive layout).
-template <class T, class MemSpace>
-using Tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, MemSpace>;
 
 /// kv [B, n, h, dn+dv] (head i: dn key columns then dv value columns) and the shared rotary key, columns
 /// [kpe_first, kpe_first + dr) of the rank-3 kpe [B, n, W] (dr = k.extent(3) - dn) -> k [B, n, h, dn+dr] =

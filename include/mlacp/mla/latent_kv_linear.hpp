@@ -7,6 +7,7 @@
 #include <mlacp/mla/kv_layout.hpp>
 #include <mlacp/mla/linear.hpp>
 #include <mlacp/reduce_scatter.hpp>
+#include <mlacp/view_types.hpp>
 
 namespace mlacp {
 
@@ -15,18 +16,18 @@ class LatentKVLinear {
  public:
   using memory_space = typename ExecSpace::memory_space;
   using tensor3 = detail::Tensor3<T, memory_space>;
-  using matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
-  using vector = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
-  using weight_rows = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using matrix = detail::Matrix<T, memory_space>;
+  using vector = detail::Vector<T, memory_space>;
+  /// The rank's head rows of w_kvb (or of its gradient), and of b_kvb: windows on the layer's Views.
+  using weight_rows = detail::Matrix<T, memory_space, detail::Unmanaged>;
+  using bias_part = detail::Vector<T, memory_space, detail::Unmanaged>;
 
   /// gathered [B, S, R+dr] (a completed all-gather of [c, k_pe]), w_sel [h*(dn+dv), R] and b_sel (the rank's head
   /// rows of w_kvb / b_kvb; b_sel may be empty) -> kv_out [B, S, h*(dn+dv)] and the shared key kpe_out [B, S, dr]
   /// (empty: not copied, e.g. when the caller reads it from `gathered`'s last dr columns). `latent_storage` [B, S, R]:
   /// where the latent saved for backward is kept (a layer's workspace); empty: allocated.
-  void forward(
-      const ExecSpace& space, const tensor3& gathered, const weight_rows& w_sel,
-      const Kokkos::View<T*, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& b_sel,
-      const Mesh& mesh, const tensor3& kv_out, const tensor3& kpe_out, tensor3 latent_storage = {}) {
+  void forward(const ExecSpace& space, const tensor3& gathered, const weight_rows& w_sel, const bias_part& b_sel,
+               const Mesh& mesh, const tensor3& kv_out, const tensor3& kpe_out, tensor3 latent_storage = {}) {
     if (forwarded_) throw UsageError("mlacp::LatentKVLinear: forward called twice on the same invocation");
     const auto B = static_cast<std::int64_t>(gathered.extent(0)), S = static_cast<std::int64_t>(gathered.extent(1));
     const auto R = static_cast<int>(w_sel.extent(1));
@@ -53,11 +54,9 @@ class LatentKVLinear {
   /// `grad_payload` [B, S, R+dr] (the reduce-scatter's input, read until the wait) and `grad_latent` [B, S, R]: scratch
   /// (a layer's workspace); empty: allocated. `reduced` [B, s, R+dr]: where the reduce-scatter's result goes; empty:
   /// allocated.
-  tensor3 backward(
-      const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared, bool needs_payload_grad,
-      const weight_rows& dw_sel,
-      const Kokkos::View<T*, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& db_sel,
-      bool overlap = true, tensor3 grad_payload = {}, tensor3 grad_latent = {}, const tensor3& reduced = {}) {
+  tensor3 backward(const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared, bool needs_payload_grad,
+                   const weight_rows& dw_sel, const bias_part& db_sel, bool overlap = true, tensor3 grad_payload = {},
+                   tensor3 grad_latent = {}, const tensor3& reduced = {}) {
     if (!forwarded_) throw UsageError("mlacp::LatentKVLinear: backward before forward");
     if (backwarded_) throw UsageError("mlacp::LatentKVLinear: a second backward of the same forward");
     backwarded_ = true;

@@ -20,6 +20,7 @@
 #include <mlacp/mla/latent_kv_linear.hpp>
 #include <mlacp/mla/output_projection.hpp>
 #include <mlacp/mla/rope.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <cstddef>
@@ -51,20 +52,20 @@ struct ForwardWorkspace {
   using tensor4 = Tensor4<T, memory_space>;
 
   // Owned buffers, allocated on first use.
-  tensor3 y;                                                 ///< [B, s, D], the output
-  tensor3 kv_a;                                              ///< [B, s, R+dr], x w_kva^T
-  Kokkos::View<T*, Kokkos::LayoutRight, memory_space> rstd;  ///< [B*s]
-  tensor3 c;                                                 ///< [B, s, R] (expanded) normalised latent
-  tensor3 latent;                                            ///< [B, S, R] (latent) gathered latent
-  tensor4 q_local;                                           ///< [B, s, H, dqk] (the head-local q when P = 1)
-  tensor4 k_local, v_local;                                  ///< (expanded) token-local k, v
-  tensor4 k, v;                                              ///< (latent) head-local k, v
-  tensor4 o;                                                 ///< [B, S, h, dv]
+  tensor3 y;                     ///< [B, s, D], the output
+  tensor3 kv_a;                  ///< [B, s, R+dr], x w_kva^T
+  Vector<T, memory_space> rstd;  ///< [B*s]
+  tensor3 c;                     ///< [B, s, R] (expanded) normalised latent
+  tensor3 latent;                ///< [B, S, R] (latent) gathered latent
+  tensor4 q_local;               ///< [B, s, H, dqk] (the head-local q when P = 1)
+  tensor4 k_local, v_local;      ///< (expanded) token-local k, v
+  tensor4 k, v;                  ///< (latent) head-local k, v
+  tensor4 o;                     ///< [B, S, h, dv]
   // Destinations of the forward collectives whose results backward reads (P > 1; at P == 1 a collective returns its
   // input): the head-local q (and k, v in the expanded strategy) and the token-local attention output.
-  tensor4 q_heads, k_heads, v_heads;                          ///< [B, S, h, d]
-  tensor4 o_tokens;                                           ///< [B, s, H, dv]
-  Kokkos::View<T***, Kokkos::LayoutRight, memory_space> lse;  ///< [B, h, S]
+  tensor4 q_heads, k_heads, v_heads;  ///< [B, S, h, d]
+  tensor4 o_tokens;                   ///< [B, s, H, dv]
+  Tensor3<T, memory_space> lse;       ///< [B, h, S]
 
   // Saved for backward: head-local q, k, v (buffers above or collective results), and the pieces' state.
   tensor4 q_saved, k_saved, v_saved;

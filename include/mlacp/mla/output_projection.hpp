@@ -5,8 +5,8 @@
 
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/kv_layout.hpp>
 #include <mlacp/mla/linear.hpp>
+#include <mlacp/view_types.hpp>
 
 namespace mlacp {
 
@@ -18,8 +18,8 @@ class OutputProjection {
   using tensor3 = detail::Tensor3<T, memory_space>;
   using tensor4 = detail::Tensor4<T, memory_space>;
   using tensor5 = detail::Tensor5<T, memory_space>;
-  using matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
-  using vector = Kokkos::View<T*, Kokkos::LayoutRight, memory_space>;
+  using matrix = detail::Matrix<T, memory_space>;
+  using vector = detail::Vector<T, memory_space>;
 
   /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all, waits, flattens
   /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs. `y_out` [B, s, D]: where
@@ -76,10 +76,10 @@ class OutputProjection {
         for (std::int64_t j = 0; j < P; ++j) {
           const auto columns =
               std::make_pair(static_cast<std::size_t>(j * h * dv), static_cast<std::size_t>((j + 1) * h * dv));
-          detail::linear_dgrad(
-              space, dy2, Kokkos::subview(w_o_, Kokkos::ALL(), columns), T(0),
-              detail::Matrix<T, memory_space>(blocks.data() + j * B * s * h * dv, static_cast<std::size_t>(B * s),
-                                              static_cast<std::size_t>(h * dv)));
+          detail::linear_dgrad(space, dy2, Kokkos::subview(w_o_, Kokkos::ALL(), columns), T(0),
+                               detail::Matrix<T, memory_space, detail::Unmanaged>(blocks.data() + j * B * s * h * dv,
+                                                                                  static_cast<std::size_t>(B * s),
+                                                                                  static_cast<std::size_t>(h * dv)));
         }
       }
       grad_a2a = launch_all_to_all(space, blocks, 2, 0, *mesh_, "dO a2a", received);

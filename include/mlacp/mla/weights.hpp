@@ -4,6 +4,7 @@
 
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <string>
@@ -15,8 +16,8 @@ namespace mlacp {
 /// config.bias. The same struct type holds the gradients (MlaGradients).
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 struct MlaParameters {
-  using matrix_type = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
-  using vector_type = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
+  using matrix_type = detail::Matrix<T, MemSpace>;
+  using vector_type = detail::Vector<T, MemSpace>;
 
   matrix_type w_q;    ///< [H*dqk, D]
   vector_type b_q;    ///< [H*dqk]
@@ -54,7 +55,7 @@ using MlaWeights = MlaParameters<T, MemSpace>;
 /// Gradients of the weights (this rank's partial sums, MLA_SPEC "Weights") and of the input x [B, s, D].
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 struct MlaGradients : MlaParameters<T, MemSpace> {
-  Kokkos::View<T***, Kokkos::LayoutRight, MemSpace> dx;  ///< [B, s, D]
+  detail::Tensor3<T, MemSpace> dx;  ///< [B, s, D]
 };
 
 namespace detail {
