@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// What the MLA layer's two schedules (latent_schedule.hpp, expanded_schedule.hpp) share: the layer's settings and
+// memory as one context, the input and gradient checks that run on every rank before any collective, and the compute
+// pieces both strategies run (the q projection, the kv_a projection, attention + output projection, the output and
+// attention backward, the Q branch's and the payload's backward). The MlaAttention plan owns the memory and dispatches
+// to one schedule; a schedule says only what is its own: which collectives run, in which order, and what overlaps them.
+#pragma once
+
+#include <mlacp/all_gather.hpp>
+#include <mlacp/detail/collective_validation.hpp>
+#include <mlacp/detail/finite_check.hpp>
+#include <mlacp/error.hpp>
+#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/flash_attention.hpp>
+#include <mlacp/mla/input_a2a.hpp>
+#include <mlacp/mla/kv_layout.hpp>
+#include <mlacp/mla/latent_kv_linear.hpp>
+#include <mlacp/mla/linear.hpp>
+#include <mlacp/mla/mla_workspace.hpp>
+#include <mlacp/mla/output_projection.hpp>
+#include <mlacp/mla/rms_norm.hpp>
+#include <mlacp/mla/rope.hpp>
+#include <mlacp/mla/view_utils.hpp>
+#include <mlacp/mla/weights.hpp>
+#include <mlacp/view_types.hpp>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace mlacp::detail {
+
+/// Which gradients of the pass need which part of the backward.
+inline bool needs_q(const MlaRequiresGrad& r) { return r.x || r.w_q || r.b_q; }
+inline bool needs_payload(const MlaRequiresGrad& r) { return r.x || r.w_kva || r.g_kv; }
+inline bool needs_kv(const MlaRequiresGrad& r) { return needs_payload(r) || r.w_kvb || r.b_kvb; }
+inline bool needs_attention(const MlaRequiresGrad& r) { return needs_q(r) || needs_kv(r); }
+
+/// One forward pass as a schedule sees it: its input x [B, s, D], the gradients its backward will produce, and the
+/// workspace it borrowed from the layer's pool.
+template <class T, class ExecSpace>
+struct ForwardPass {
+  const Tensor3<T, typename ExecSpace::memory_space>& x;
+  const MlaRequiresGrad& flags;
+  ForwardWorkspace<T, ExecSpace>& w;
+};
+
+/// The layer's settings (configuration, weights, mesh, attention core) and its per-call scratch, with the pieces both
+/// schedules use. It refers to what the layer owns (the layer is not movable, so the references stay valid); its
+/// const operations write the scratch, which is a cache of this configuration.
+template <class T, class ExecSpace, class Core>
+class SchedulePieces {
+ public:
+  using memory_space = typename ExecSpace::memory_space;
+  using tensor3 = Tensor3<T, memory_space>;
+  using tensor4 = Tensor4<T, memory_space>;
+  using tensor5 = Tensor5<T, memory_space>;
+  using matrix_rows = Matrix<T, memory_space, Unmanaged>;
+  using vector_part = Vector<T, memory_space, Unmanaged>;
+  using weights_type = MlaWeights<T, memory_space>;
+  using gradients_type = MlaGradients<T, memory_space>;
+  using forward_workspace = ForwardWorkspace<T, ExecSpace>;
+  using scratch_type = LayerScratch<T, ExecSpace>;
+  using pass_type = ForwardPass<T, ExecSpace>;
+
+  SchedulePieces(const MlaConfig& config, const weights_type& weights, const Mesh& mesh, const Core& core,
+                 scratch_type& scratch)
+      : config_(&config), weights_(&weights), mesh_(&mesh), core_(&core), scratch_(&scratch) {}
+
+  const MlaConfig& config() const { return *config_; }
+  const weights_type& weights() const { return *weights_; }
+  const Mesh& mesh() const { return *mesh_; }
+  scratch_type& scratch() const { return *scratch_; }
+  int local_seq() const { return config_->seq / mesh_->size(); }
+  int local_heads() const { return config_->heads / mesh_->size(); }
+
+  // ---- checks (before any collective, agreed by every rank) ----
+
+  /// Every setting that changes which collective runs or which numbers come out; the doubles as their bit patterns
+  /// (equal settings have equal bits, and the message names the setting).
+  AgreementFields config_fields() const {
+    auto bits = [](double v) {
+      std::int64_t b = 0;
+      std::memcpy(&b, &v, sizeof b);
+      return b;
+    };
+    const MlaConfig& c = *config_;
+    return {{"batch", c.batch},
+            {"seq", c.seq},
+            {"hidden", c.hidden},
+            {"heads", c.heads},
+            {"nope", c.nope},
+            {"rope", c.rope},
+            {"vdim", c.vdim},
+            {"latent", c.latent},
+            {"bias", c.bias},
+            {"strategy", static_cast<int>(c.strategy)},
+            {"overlap", c.overlap},
+            {"rope_base (bit pattern of the double)", bits(c.rope_base)},
+            {"rms_eps (bit pattern of the double)", bits(c.rms_eps)}};
+  }
+
+  /// The caller's gradient Views that are provided (allocated) must have exactly their weight's shape (dx: x's), else
+  /// a message naming the first that does not; "" when all fit. Empty Views are allocated later where needed.
+  std::string gradients_error(const gradients_type& g) const {
+    const MlaConfig& c = *config_;
+    const auto H = static_cast<std::size_t>(c.heads), D = static_cast<std::size_t>(c.hidden);
+    const auto qk = static_cast<std::size_t>(c.qk_dim()), kv = static_cast<std::size_t>(c.nope + c.vdim);
+    const auto R = static_cast<std::size_t>(c.latent), dr = static_cast<std::size_t>(c.rope);
+    const auto dv = static_cast<std::size_t>(c.vdim);
+    std::string error;
+    // The View's extents against `expected` (its rank's std::array), in attention_core.hpp's shape notation.
+    auto check = [&](const char* name, const auto& view, const auto& expected) {
+      if (!error.empty() || view.data() == nullptr) return;
+      auto got = expected;
+      for (std::size_t d = 0; d < got.size(); ++d) got[d] = view.extent(d);
+      if (got == expected) return;
+      error = std::string("mlacp::MlaAttention::backward: gradient ") + name + " has shape " + extents_string(got) +
+              "; expected " + extents_string(expected) + " on rank " + std::to_string(mesh_->rank());
+    };
+    using shape1 = std::array<std::size_t, 1>;
+    using shape2 = std::array<std::size_t, 2>;
+    check("w_q", g.w_q, shape2{H * qk, D});
+    check("b_q", g.b_q, shape1{H * qk});
+    check("w_kva", g.w_kva, shape2{R + dr, D});
+    check("g_kv", g.g_kv, shape1{R});
+    check("w_kvb", g.w_kvb, shape2{H * kv, R});
+    check("b_kvb", g.b_kvb, shape1{H * kv});
+    check("w_o", g.w_o, shape2{D, H * dv});
+    check("b_o", g.b_o, shape1{D});
+    check("dx", g.dx,
+          std::array<std::size_t, 3>{static_cast<std::size_t>(c.batch), static_cast<std::size_t>(local_seq()), D});
+    return error;
+  }
+
+  /// Checks t's shape and agrees with the other ranks on it and on the flags; `usage_error` (misuse found by the
+  /// caller) takes precedence and is raised as UsageError, then t's shape, then `other_error` (e.g. the gradients'),
+  /// then the finite check (on the caller's instance `space`, which orders it after whatever wrote t).
+  void check_input(const ExecSpace& space, const char* where, const char* name, const tensor3& t,
+                   const MlaRequiresGrad& r, const std::string& usage_error, const std::string& other_error) const {
+    const auto B = static_cast<std::size_t>(config_->batch), s = static_cast<std::size_t>(local_seq());
+    const auto D = static_cast<std::size_t>(config_->hidden);
+    std::string error = usage_error;
+    if (error.empty() &&
+        (t.extent(0) != B || t.extent(1) != s || t.extent(2) != D || (t.data() == nullptr && t.size() != 0)))
+      error = std::string("mlacp::MlaAttention::") + where + ": " + name + " has shape [" +
+              std::to_string(t.extent(0)) + ", " + std::to_string(t.extent(1)) + ", " + std::to_string(t.extent(2)) +
+              "]" + (t.data() == nullptr ? " (unallocated)" : "") + "; expected [B, S/P, D] = [" + std::to_string(B) +
+              ", " + std::to_string(s) + ", " + std::to_string(D) +
+              "] on a group of P = " + std::to_string(mesh_->size());
+    if (error.empty()) error = other_error;
+    if (error.empty() && mesh_->check_finite()) {
+      const auto bad = count_non_finite(space, t);
+      if (bad > 0)
+        error = std::string("mlacp::MlaAttention::") + where + ": " + name + " holds " + std::to_string(bad) +
+                " non-finite value(s) (NaN or Inf) on rank " + std::to_string(mesh_->rank()) + " (finite check on)";
+    }
+    const int flags = r.x | r.w_q << 1 | r.b_q << 2 | r.w_kva << 3 | r.g_kv << 4 | r.w_kvb << 5 | r.b_kvb << 6 |
+                      r.w_o << 7 | r.b_o << 8;
+    agree_or_throw(*mesh_, std::string("mlacp::MlaAttention::") + where, error,
+                   {{std::string(name) + ".extent(0)", static_cast<std::int64_t>(t.extent(0))},
+                    {std::string(name) + ".extent(1)", static_cast<std::int64_t>(t.extent(1))},
+                    {std::string(name) + ".extent(2)", static_cast<std::int64_t>(t.extent(2))},
+                    {"the gradient flags (MlaRequiresGrad)", flags}},
+                   std::string(name) + " [" + std::to_string(t.extent(0)) + ", " + std::to_string(t.extent(1)) + ", " +
+                       std::to_string(t.extent(2)) + "]",
+                   !usage_error.empty());
+  }
+
+  /// Gradient Views the caller did not provide and that are needed are allocated (zeroed) with their shapes; provided
+  /// ones (checked with every rank before anything ran, gradients_error) are used as they are.
+  void allocate_missing(gradients_type& g, const MlaRequiresGrad& r) const {
+    const MlaConfig& c = *config_;
+    const auto H = static_cast<std::size_t>(c.heads), D = static_cast<std::size_t>(c.hidden);
+    const auto qk = static_cast<std::size_t>(c.qk_dim()), kv = static_cast<std::size_t>(c.nope + c.vdim);
+    const auto R = static_cast<std::size_t>(c.latent), dr = static_cast<std::size_t>(c.rope);
+    const auto dv = static_cast<std::size_t>(c.vdim);
+    auto matrix = [&](auto& view, const char* name, std::size_t rows, std::size_t cols, bool needed) {
+      using view_type = std::remove_reference_t<decltype(view)>;
+      if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, rows, cols);
+    };
+    auto vector = [&](auto& view, const char* name, std::size_t n, bool needed) {
+      using view_type = std::remove_reference_t<decltype(view)>;
+      if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, n);
+    };
+    matrix(g.w_q, "w_q", H * qk, D, r.w_q);
+    matrix(g.w_kva, "w_kva", R + dr, D, r.w_kva);
+    vector(g.g_kv, "g_kv", R, r.g_kv);
+    matrix(g.w_kvb, "w_kvb", H * kv, R, r.w_kvb);
+    matrix(g.w_o, "w_o", D, H * dv, r.w_o);
+    vector(g.b_q, "b_q", H * qk, r.b_q && c.bias);
+    vector(g.b_kvb, "b_kvb", H * kv, r.b_kvb && c.bias);
+    vector(g.b_o, "b_o", D, r.b_o && c.bias);
+    if (r.x && g.dx.data() == nullptr)
+      g.dx = tensor3("mlacp::dx", static_cast<std::size_t>(c.batch), static_cast<std::size_t>(local_seq()), D);
+  }
+
+  // ---- where the collectives write, and the rank's part of w_kvb ----
+
+  /// A collective's destination in the layer's memory (allocated once); empty at P == 1, where a collective returns
+  /// its input and writes nothing.
+  template <class ViewType, class... Extents>
+  ViewType into(ViewType& slot, const char* label, Extents... n) const {
+    return mesh_->size() > 1 ? ensure(slot, label, n...) : ViewType();
+  }
+  /// The P head blocks [P, B, s, h, d] an inverse all-to-all receives.
+  tensor5 blocks_into(tensor5& slot, const char* label, int d) const {
+    return into(slot, label, mesh_->size(), config_->batch, local_seq(), local_heads(), d);
+  }
+
+  /// The rank's head rows of w_kvb (and of its gradient): rows [r*h*(dn+dv), (r+1)*h*(dn+dv)).
+  template <class M>
+  matrix_rows rows_of(const M& m) const {
+    if (m.data() == nullptr) return matrix_rows();
+    const auto [begin, end] = selected_rows();
+    return matrix_rows(m.data() + begin * m.extent(1), end - begin, m.extent(1));
+  }
+  template <class V>
+  vector_part part_of(const V& v) const {
+    if (v.data() == nullptr) return vector_part();
+    const auto [begin, end] = selected_rows();
+    return vector_part(v.data() + begin, end - begin);
+  }
+
+  /// The RoPE table of this rank's token positions (fixed per rank and configuration): built on first use, read by
+  /// every rotation of q, k_pe and their gradients.
+  const RopeTable<memory_space>& rope_table(const ExecSpace& space) const {
+    auto& table = scratch_->rope;
+    const std::int64_t offset = static_cast<std::int64_t>(mesh_->rank()) * local_seq();
+    if (!table.matches(local_seq(), offset, config_->rope, config_->rope_base))
+      table = make_rope_table(space, local_seq(), offset, config_->rope, config_->rope_base);
+    return table;
+  }
+
+  // ---- forward pieces ----
+
+  /// q = RoPE(x w_q^T + b_q) [B, s, H, dqk], in the workspace.
+  tensor4 project_q(const ExecSpace& space, const pass_type& p) const {
+    const MlaConfig& c = *config_;
+    const int B = c.batch, s = local_seq(), D = c.hidden, H = c.heads, dqk = c.qk_dim();
+    const tensor4& q = ensure(p.w.q_local, "mlacp::q", B, s, H, dqk);
+    ComputePhase<ExecSpace> phase(space, "w_q fprop");
+    linear_forward(space, as_matrix(p.x, B * s, D), weights_->w_q, weights_->b_q, as_matrix(q, B * s, H * dqk));
+    rope_forward(space, q, c.nope, q, c.nope, rope_table(space));
+    return q;
+  }
+
+  /// kv_a = x w_kva^T [B, s, R+dr] (saved for the RMSNorm backward), then RMSNorm(c) into columns [0, R) of
+  /// `latent_out` and RoPE(k_pe) into columns [rope_first, rope_first + dr) of `rope_out`: each kernel writes straight
+  /// where its result is used (the payload in the latent strategy, c and k_pe in the expanded one), no copies.
+  void project_kv_a(const ExecSpace& space, const pass_type& p, const tensor3& latent_out, const tensor3& rope_out,
+                    int rope_first) const {
+    const MlaConfig& c = *config_;
+    const int B = c.batch, s = local_seq(), D = c.hidden, R = c.latent, dr = c.rope;
+    ComputePhase<ExecSpace> phase(space, "w_kva fprop");
+    const tensor3& kv_a = ensure(p.w.kv_a, "mlacp::kv_a", B, s, R + dr);
+    linear_forward(space, as_matrix(p.x, B * s, D), weights_->w_kva, vector_part(), as_matrix(kv_a, B * s, R + dr));
+    rms_norm_forward(space, kv_a, weights_->g_kv, latent_out, ensure(p.w.rstd, "mlacp::rstd", B * s), c.rms_eps);
+    rope_forward(space, as_rank4(kv_a), R, as_rank4(rope_out), rope_first, rope_table(space));
+  }
+
+  /// The attention core on the saved head-local q, k, v, then the output projection (its all-to-all and w_o): y.
+  tensor3 attend_and_project(const ExecSpace& space, const pass_type& p) const {
+    const MlaConfig& c = *config_;
+    const int B = c.batch, S = c.seq, s = local_seq(), h = local_heads();
+    forward_workspace& w = p.w;
+    ensure(w.o, "mlacp::o", B, S, h, c.vdim);
+    ensure(w.lse, "mlacp::lse", B, h, S);
+    {
+      ComputePhase<ExecSpace> phase(space, "attention fprop");
+      core_->forward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
+    }
+    return w.out_proj.forward(space, w.o, weights_->w_o, weights_->b_o, *mesh_, ensure(w.y, "mlacp::y", B, s, c.hidden),
+                              into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim));
+  }
+
+  // ---- backward pieces ----
+
+  /// The output projection's backward (dO all-to-all overlapped with the w_o wgrad), then the attention backward on
+  /// head-local data: dq (if the Q branch needs it), dk and dv (if the KV path needs them). False when nothing upstream
+  /// of the attention needs a gradient (then nothing more runs).
+  bool output_and_attention_backward(const ExecSpace& space, const pass_type& p, const tensor3& dy, gradients_type& g,
+                                     tensor4& dq, tensor4& dk, tensor4& dv) const {
+    const MlaConfig& c = *config_;
+    const MlaRequiresGrad& r = p.flags;
+    const int B = c.batch, S = c.seq, s = local_seq(), h = local_heads(), P = mesh_->size();
+    scratch_type& scratch = *scratch_;
+    forward_workspace& w = p.w;
+    tensor4 d_o = w.out_proj.backward(
+        space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(), r.b_o && c.bias ? g.b_o : decltype(g.b_o)(),
+        c.overlap, needs_attention(r) ? ensure(scratch.d_o_blocks, "mlacp::dO blocks", P, B, s, h, c.vdim) : tensor5(),
+        needs_attention(r) ? into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, c.vdim) : tensor5());
+    if (!needs_attention(r)) return false;
+    // The core overwrites its gradients: the scratch needs no zeroing.
+    if (needs_q(r)) dq = ensure(scratch.dq, "mlacp::dq", B, S, h, c.qk_dim());
+    if (needs_kv(r)) {
+      dk = ensure(scratch.dk, "mlacp::dk", B, S, h, c.qk_dim());
+      dv = ensure(scratch.dv, "mlacp::dv", B, S, h, c.vdim);
+    }
+    ComputePhase<ExecSpace> phase(space, "attention bprop");
+    core_->backward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, dq, dk, dv);
+    return true;
+  }
+
+  /// The token-local dq as the P head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads
+  /// [r*h, (r+1)*h)) -> w_q / b_q gradients and dx += dq w_q, one GEMM per block on w_q's rows of its heads (no
+  /// unpack).
+  void q_branch_backward(const ExecSpace& space, const pass_type& p, const tensor5& dq_blocks,
+                         gradients_type& g) const {
+    const MlaConfig& c = *config_;
+    const int B = c.batch, s = local_seq(), D = c.hidden, dqk = c.qk_dim();
+    const auto parts = static_cast<std::int64_t>(dq_blocks.extent(0)),
+               h = static_cast<std::int64_t>(dq_blocks.extent(3));
+    const std::int64_t rows = static_cast<std::int64_t>(B) * s, width = h * dqk;
+    ComputePhase<ExecSpace> phase(space, "q backward");
+    // RoPE acts per token and head: the blocks are P*B batches of [s, h, dqk] with the same positions.
+    const tensor4 blocks(dq_blocks.data(), parts * B, s, h, dqk);
+    rope_backward(space, blocks, c.nope, blocks, c.nope, rope_table(space));
+    const auto x2 = as_matrix(p.x, rows, D);
+    for (std::int64_t r = 0; r < parts; ++r) {
+      const matrix_rows block(dq_blocks.data() + r * rows * width, static_cast<std::size_t>(rows),
+                              static_cast<std::size_t>(width));
+      const auto heads = std::make_pair(static_cast<std::size_t>(r * width), static_cast<std::size_t>((r + 1) * width));
+      if (p.flags.w_q) linear_wgrad(space, block, x2, Kokkos::subview(g.w_q, heads, Kokkos::ALL()));
+      if (p.flags.b_q && c.bias) bias_grad(space, block, Kokkos::subview(g.b_q, heads));
+      if (p.flags.x)
+        linear_dgrad(space, block, Kokkos::subview(weights_->w_q, heads, Kokkos::ALL()), T(1),
+                     as_matrix(g.dx, rows, D));
+    }
+  }
+
+  /// The local payload gradient -> g_kv / w_kva gradients and dx += d(kv_a) w_kva. The latent's gradient is columns
+  /// [0, R) of `d_latent` [B, s, >= R]; the rotated key's is columns [rope_first, rope_first + dr) of `d_rope`. The
+  /// RoPE transpose writes straight into d(kv_a)'s last dr columns and the RMSNorm backward into its first R.
+  void payload_backward(const ExecSpace& space, const pass_type& p, const tensor3& d_latent, const tensor3& d_rope,
+                        int rope_first, gradients_type& g) const {
+    const MlaConfig& c = *config_;
+    const int B = c.batch, s = local_seq(), D = c.hidden, R = c.latent, dr = c.rope;
+    const tensor3& d_kv_a = ensure(scratch_->d_kv_a, "mlacp::d kv_a", B, s, R + dr);
+    rope_backward(space, as_rank4(d_rope), rope_first, as_rank4(d_kv_a), R, rope_table(space));
+    rms_norm_backward(space, p.w.kv_a, weights_->g_kv, p.w.rstd, d_latent, d_kv_a,
+                      p.flags.g_kv ? g.g_kv : decltype(g.g_kv)());
+    const auto da2 = as_matrix(d_kv_a, B * s, R + dr);
+    if (p.flags.w_kva) linear_wgrad(space, da2, as_matrix(p.x, B * s, D), g.w_kva);
+    if (p.flags.x) linear_dgrad(space, da2, weights_->w_kva, T(1), as_matrix(g.dx, B * s, D));
+  }
+
+ private:
+  std::pair<std::size_t, std::size_t> selected_rows() const {
+    const auto width =
+        static_cast<std::size_t>(local_heads()) * static_cast<std::size_t>(config_->nope + config_->vdim);
+    return {static_cast<std::size_t>(mesh_->rank()) * width, static_cast<std::size_t>(mesh_->rank() + 1) * width};
+  }
+
+  const MlaConfig* config_;
+  const weights_type* weights_;
+  const Mesh* mesh_;
+  const Core* core_;
+  scratch_type* scratch_;
+};
+
+}  // namespace mlacp::detail
