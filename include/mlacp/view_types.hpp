@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The View types mlacp's headers name, defined once: row-major (LayoutRight) Views of rank 1 to 5 in a memory space,
-// owning their allocation by default or, with the `Unmanaged` traits, windows on memory another View owns (a row
-// block of a weight, a matrix over a tensor's data) that cost no reference count.
+// The View types mlacp's headers name, defined once: row-major (LayoutRight) Views of rank 1 to 5 in a memory space
+// (or a Kokkos::Device), owning their allocation by default or, with the `Unmanaged` traits, windows on memory another
+// View owns (a row block of a weight, a matrix over a tensor's data) that cost no reference count.
 #pragma once
 
 #include <Kokkos_Core.hpp>

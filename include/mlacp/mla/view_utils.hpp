@@ -6,6 +6,7 @@
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -35,8 +36,7 @@ auto as_rank4(const View3& v) {
   static_assert(compat::view_rank_v<View3> == 3, "mlacp::as_rank4: expects a rank-3 View");
   static_assert(std::is_same_v<typename View3::array_layout, Kokkos::LayoutRight>,
                 "mlacp::as_rank4: expects a LayoutRight View");
-  using result_type = Kokkos::View<typename View3::value_type****, Kokkos::LayoutRight, typename View3::device_type,
-                                   Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using result_type = detail::Tensor4<typename View3::value_type, typename View3::device_type, detail::Unmanaged>;
   if (v.size() != 0 && !v.span_is_contiguous()) {
     throw mlacp::InvalidArgument("mlacp::as_rank4: the rank-3 View (label '" + v.label() +
                                  "') is not contiguous; expected a contiguous LayoutRight View");
