@@ -117,8 +117,8 @@ std::string check_partitions(const CollectiveCall& call, int group_size, int me)
     const auto& counts = b ? call.counts_b : call.counts_a;
     if (static_cast<int>(counts.size()) != group_size)
       return who + ": " + partition_name(call, b) + " " + counts_string(counts) + " has " +
-             std::to_string(counts.size()) + " parts; expected one part per rank of the mesh, P = " +
-             std::to_string(group_size);
+             std::to_string(counts.size()) +
+             " parts; expected one part per rank of the mesh, P = " + std::to_string(group_size);
     if (sum(counts) > INT_MAX)
       return who + ": " + partition_name(call, b) + " " + counts_string(counts) + " has the total " +
              std::to_string(sum(counts)) + "; expected at most INT_MAX (" + std::to_string(INT_MAX) +
@@ -128,9 +128,9 @@ std::string check_partitions(const CollectiveCall& call, int group_size, int me)
   auto mismatch = [&](int dim, const char* what, bool b, const char* expected_what, std::int64_t expected) {
     std::ostringstream out;
     out << who << ": " << what << " " << dim << " has extent " << call.extents[static_cast<std::size_t>(dim)]
-        << " on rank " << me << "; expected " << partition_name(call, b) << "'s " << expected_what << " = "
-        << expected << " (partition " << counts_string(b ? call.counts_b : call.counts_a) << ", View shape "
-        << shape_string(call) << ")";
+        << " on rank " << me << "; expected " << partition_name(call, b) << "'s " << expected_what << " = " << expected
+        << " (partition " << counts_string(b ? call.counts_b : call.counts_a) << ", View shape " << shape_string(call)
+        << ")";
     return out.str();
   };
   const auto extent_a = call.extents[static_cast<std::size_t>(call.dim_a)];
@@ -192,8 +192,7 @@ std::string local_error(const CollectiveCall& call, int group_size, int me) {
       if (call.dim_a == call.dim_b)
         return std::string(collective_name(call.kind)) + ": gather_dim and scatter_dim are both " +
                std::to_string(call.dim_a) + "; expected two different dimensions";
-      if (!call.uneven &&
-          !(error = check_divisible(call, "scattered dimension", call.dim_b, group_size)).empty())
+      if (!call.uneven && !(error = check_divisible(call, "scattered dimension", call.dim_b, group_size)).empty())
         return error;
       break;
     case CollectiveKind::all_gather:
@@ -201,8 +200,7 @@ std::string local_error(const CollectiveCall& call, int group_size, int me) {
       break;
     case CollectiveKind::reduce_scatter:
       if (!(error = check_dimension(call, "dim", call.dim_a)).empty()) return error;
-      if (!call.uneven &&
-          !(error = check_divisible(call, "scattered dimension", call.dim_a, group_size)).empty())
+      if (!call.uneven && !(error = check_divisible(call, "scattered dimension", call.dim_a, group_size)).empty())
         return error;
       break;
   }
@@ -225,10 +223,9 @@ std::string local_error(const CollectiveCall& call, int group_size, int me) {
            "); split the View";
   if (call.uneven) {
     // Counts and displacements travel in units of one index of the partitioned dimension (mpi::in_units).
-    const std::int64_t units[2] = {slice(call.extents, call.rank, call.dim_a),
-                                   call.kind == CollectiveKind::all_to_all
-                                       ? slice(call.extents, call.rank, call.dim_b)
-                                       : 0};
+    const std::int64_t units[2] = {
+        slice(call.extents, call.rank, call.dim_a),
+        call.kind == CollectiveKind::all_to_all ? slice(call.extents, call.rank, call.dim_b) : 0};
     for (const auto unit : units)
       if (unit > INT_MAX)
         return std::string(collective_name(call.kind)) + ": one index of a partitioned dimension holds " +

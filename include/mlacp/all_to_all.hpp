@@ -98,8 +98,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_to_all);
   const detail::AroundDim scattered = detail::around_dim(view, scatter_dim);
   const auto sent = impl::scatter_send_v<T, MemSpace>(space, view, scattered, scatter, name);
-  launch.result = impl::allocate_result(into, name, view, gather_dim, gather.total(), scatter_dim,
-                                        scatter.count(mesh.rank()));
+  launch.result =
+      impl::allocate_result(into, name, view, gather_dim, gather.total(), scatter_dim, scatter.count(mesh.rank()));
   const detail::AroundDim gathered = detail::around_dim(launch.result, gather_dim);
   const auto receive = impl::gather_receive_v<T, MemSpace>(space, launch.result, gathered, gather, name);
   launch.send = sent.buffer;

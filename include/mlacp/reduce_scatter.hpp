@@ -110,7 +110,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   // Pairwise: rank i's block for this rank (count values, the same on every rank) arrives at i * count; this rank's
   // own block is neither sent nor copied, the sum reads it where it is sent from.
   launch.operation = detail::Operation::exchange_blocks;
-  const auto received = detail::allocate_buffer<T, MemSpace>(space, name + " recv", count * static_cast<std::size_t>(parts));
+  const auto received =
+      detail::allocate_buffer<T, MemSpace>(space, name + " recv", count * static_cast<std::size_t>(parts));
   launch.recv = received.view;
   for (int i = 0; i < parts; ++i) {
     launch.recv_blocks.counts.push_back(count);

@@ -55,7 +55,8 @@ MPI_Datatype contiguous(int unit, MPI_Datatype type, int& rc) {
 
 BlocksInUnits in_units(const detail::PeerBlocks& blocks, const std::string& what) {
   std::size_t unit = 0;
-  for (std::size_t j = 0; j < blocks.counts.size(); ++j) unit = std::gcd(std::gcd(unit, blocks.counts[j]), blocks.offsets[j]);
+  for (std::size_t j = 0; j < blocks.counts.size(); ++j)
+    unit = std::gcd(std::gcd(unit, blocks.counts[j]), blocks.offsets[j]);
   if (unit == 0) unit = 1;  // every block empty
   BlocksInUnits out;
   auto checked = [&](std::size_t value, const char* name, std::size_t j) {
@@ -87,8 +88,8 @@ int start_all_to_all_v(const void* send, const BlocksInUnits& send_blocks, void*
   return rc;
 }
 
-int start_all_gather_v(const void* send, void* recv, const BlocksInUnits& recv_blocks, MPI_Datatype type,
-                       MPI_Comm comm, MPI_Request* request) {
+int start_all_gather_v(const void* send, void* recv, const BlocksInUnits& recv_blocks, MPI_Datatype type, MPI_Comm comm,
+                       MPI_Request* request) {
   int rank = 0;
   int rc = MPI_Comm_rank(comm, &rank);
   if (rc != MPI_SUCCESS) return rc;

@@ -263,9 +263,8 @@ TEST(UnevenCollectiveValidation, ExtentThatDoesNotMatchThisRanksCountIsRefusedOn
                   raised});
   View4 full("full", 2, static_cast<std::size_t>(seq.total()) + (me == bad ? 2 : 0), h, 3);
   expect_invalid([&] { mlacp::launch_reduce_scatter(space, full, 1, seq, mesh); },
-                 {"mlacp::launch_reduce_scatter: dim 1 has extent " + std::to_string(seq.total() + 2) +
-                      " on rank " + std::to_string(bad) + "; expected the partition (dim 1)'s total = " +
-                      std::to_string(seq.total()),
+                 {"mlacp::launch_reduce_scatter: dim 1 has extent " + std::to_string(seq.total() + 2) + " on rank " +
+                      std::to_string(bad) + "; expected the partition (dim 1)'s total = " + std::to_string(seq.total()),
                   raised});
 }
 
@@ -308,8 +307,7 @@ TEST(UnevenCollectiveValidation, CheckedModeCatchesPartitionsThatDifferAcrossRan
   expect_invalid([&] { mlacp::launch_all_to_all(space, x, 1, 2, mine, heads, mesh, "q a2a"); },
                  {"mlacp::launch_all_to_all 'q a2a': the ranks of the mesh disagree on count(0) of the gather "
                   "partition (gather_dim 1) (from " +
-                      std::to_string(agreed.count(0)) + " to " + std::to_string(agreed.count(0) + 1) +
-                      " across ranks",
+                      std::to_string(agreed.count(0)) + " to " + std::to_string(agreed.count(0) + 1) + " across ranks",
                   "the gather partition (gather_dim 1) " + mine.str(), "every rank must pass the same partitions",
                   "[nothing was sent]"});
   View4 g("g", 2, static_cast<std::size_t>(mine.count(me)), 3, 3);

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
-#include <mlacp/partition.hpp>
 #include <mlacp/diagnostics.hpp>
+#include <mlacp/partition.hpp>
 #include <mlacp/progress.hpp>
 #include <mlacp/watchdog.hpp>
 
@@ -443,7 +443,8 @@ std::vector<std::vector<T>> gather_all_v(const std::vector<T>& local) {
   std::vector<int> sizes(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
   MPI_Allgather(&bytes, 1, MPI_INT, sizes.data(), 1, MPI_INT, MPI_COMM_WORLD);
   for (int r = 1; r < size; ++r)
-    displs[static_cast<std::size_t>(r)] = displs[static_cast<std::size_t>(r - 1)] + sizes[static_cast<std::size_t>(r - 1)];
+    displs[static_cast<std::size_t>(r)] =
+        displs[static_cast<std::size_t>(r - 1)] + sizes[static_cast<std::size_t>(r - 1)];
   std::vector<char> all(static_cast<std::size_t>(displs.back() + sizes.back()));
   MPI_Allgatherv(local.data(), bytes, MPI_BYTE, all.data(), sizes.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD);
   std::vector<std::vector<T>> per_rank;
@@ -483,8 +484,9 @@ std::vector<T> reference_all_to_all_v(const std::vector<std::vector<T>>& all, co
     const int source = owner_of(gather, idx[static_cast<std::size_t>(g)]);
     idx[static_cast<std::size_t>(g)] -= gather.offset(source);
     idx[static_cast<std::size_t>(s)] += scatter.offset(me);
-    out[static_cast<std::size_t>(k)] = all[static_cast<std::size_t>(source)][static_cast<std::size_t>(
-        ravel(idx, a2a_input_extents(base, g, s, gather, scatter, source)))];
+    out[static_cast<std::size_t>(k)] =
+        all[static_cast<std::size_t>(source)]
+           [static_cast<std::size_t>(ravel(idx, a2a_input_extents(base, g, s, gather, scatter, source)))];
   }
   return out;
 }
@@ -505,8 +507,8 @@ void check_all_to_all_v(const Extents& base, int g, int s, const mlacp::Partitio
   auto result =
       mlacp::launch_all_to_all(Kokkos::DefaultExecutionSpace(), view, g, s, gather, scatter, mesh, "a2a v", into)
           .wait();
-  const std::string where = "gather " + std::to_string(g) + " " + gather.str() + " scatter " + std::to_string(s) +
-                            " " + scatter.str() + (with_into ? " into" : "");
+  const std::string where = "gather " + std::to_string(g) + " " + gather.str() + " scatter " + std::to_string(s) + " " +
+                            scatter.str() + (with_into ? " into" : "");
   ASSERT_EQ(extents_of(result), expected_e) << where;
   if (with_into && mesh.size() > 1 && product(expected_e) > 0) {
     EXPECT_EQ(result.data(), into.data()) << where;
@@ -609,7 +611,8 @@ void check_all_gather_and_reduce_scatter_v(const Extents& base, int dim, const m
     Extents idx = unravel(k, se);
     idx[d] += part.offset(me);
     for (int r = 0; r < p; ++r)
-      sum[static_cast<std::size_t>(k)] += full_all[static_cast<std::size_t>(r)][static_cast<std::size_t>(ravel(idx, ge))];
+      sum[static_cast<std::size_t>(k)] +=
+          full_all[static_cast<std::size_t>(r)][static_cast<std::size_t>(ravel(idx, ge))];
   }
   EXPECT_EQ(to_host(reduced), sum) << "reduce_scatter " << where;
 }
@@ -716,7 +719,9 @@ TEST(Partition, EvenRuleAndAccessors) {
   mlacp::test::expect_error<mlacp::InvalidArgument>([] { mlacp::Partition(-1, 2); },
                                                     "mlacp::Partition: total = -1; expected total >= 0");
   mlacp::test::expect_error<mlacp::InvalidArgument>(
-      [] { mlacp::Partition::from_counts({2, -1}); },
+      [] {
+        mlacp::Partition::from_counts({2, -1});
+      },
       "mlacp::Partition::from_counts: count(1) = -1 in {2, -1}; expected counts >= 0");
   mlacp::test::expect_error<mlacp::InvalidArgument>([] { mlacp::Partition::from_counts({}); },
                                                     "expected one count per rank (parts >= 1)");

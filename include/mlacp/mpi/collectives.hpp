@@ -49,8 +49,8 @@ int start_all_to_all_v(const void* send, const BlocksInUnits& send_blocks, void*
 
 /// MPI_Iallgatherv: this rank's block (recv_blocks.counts[rank] units at `send`) to every rank, block i of `recv` from
 /// rank i. `recv_blocks` must stay alive until the request completes.
-int start_all_gather_v(const void* send, void* recv, const BlocksInUnits& recv_blocks, MPI_Datatype type,
-                       MPI_Comm comm, MPI_Request* request);
+int start_all_gather_v(const void* send, void* recv, const BlocksInUnits& recv_blocks, MPI_Datatype type, MPI_Comm comm,
+                       MPI_Request* request);
 
 /// MPI_Ireduce_scatter with MPI_SUM: `recv` = the sum over ranks of their block `rank` of `send`, whose blocks are
 /// concatenated in rank order, rank i's `counts[i]` values (the reduction runs on the basic type: counts are values).

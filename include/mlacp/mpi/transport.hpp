@@ -43,9 +43,8 @@ struct Transport {
     MPI_Request handle = MPI_REQUEST_NULL;
     if (reads_directly<MemSpace>() && !mesh.host_staging()) {
       compat::fence(space, name + ": send buffer complete before MPI reads it");
-      check_mpi(
-          issue(request, request.send.data(), request.recv.data(), mesh, started, &handle),
-          name + ": MPI launch");
+      check_mpi(issue(request, request.send.data(), request.recv.data(), mesh, started, &handle),
+                name + ": MPI launch");
       started.transport = make_request_transport(handle, mesh.comm(), request.info);
       return started;
     }
@@ -55,9 +54,8 @@ struct Transport {
         detail::allocate_buffer<T, Kokkos::HostSpace>(space, name + " host recv", request.recv.size());
     Kokkos::deep_copy(space, host_send.view, request.send);
     compat::fence(space, name + ": host staging complete before MPI reads it");
-    check_mpi(
-        issue(request, host_send.view.data(), host_recv.view.data(), mesh, started, &handle),
-        name + ": MPI launch");
+    check_mpi(issue(request, host_send.view.data(), host_recv.view.data(), mesh, started, &handle),
+              name + ": MPI launch");
     started.transport = make_request_transport(handle, mesh.comm(), request.info);
     started.arrived = [space, recv = request.recv, staged = host_recv.view]() {
       Kokkos::deep_copy(space, recv, staged);

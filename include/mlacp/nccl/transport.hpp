@@ -101,9 +101,9 @@ struct Transport {
                                         const detail::TransportRequest<T, MemSpace>& request) {
     detail::StartedTransport started;
     started.resources.emplace_back(communicator);  // the transport polls and may abort it until it completes
-    started.transport = launch(request.operation, request.send.data(), request.recv.data(), request.count,
-                               datatype<T>(), sizeof(T), *communicator, space.cuda_stream(), request.info,
-                               request.send_blocks, request.recv_blocks);
+    started.transport =
+        launch(request.operation, request.send.data(), request.recv.data(), request.count, datatype<T>(), sizeof(T),
+               *communicator, space.cuda_stream(), request.info, request.send_blocks, request.recv_blocks);
     return started;
   }
 };
