@@ -351,4 +351,25 @@ TEST(UnevenCollectiveValidation, DestinationOfTheWrongShapeAndUncheckedLocalChec
                  {"gather_dim 1 has extent " + std::to_string(seq.count(me) + 1) + " on rank " + std::to_string(me)});
 }
 
+// MPI's counts are ints: an uneven collective whose partition or message does not fit is refused, on every rank,
+// before anything is read (the Views here are unmanaged around one double: nothing of them is ever touched).
+TEST(UnevenCollectiveValidation, CountsBeyondMpisIntAreRefused) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int p = mesh.size();
+  const Kokkos::DefaultExecutionSpace space;
+  double one = 0;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(p), 0);
+  counts[0] = std::int64_t{1} << 31;
+  const auto huge = mlacp::Partition::from_counts(counts);
+  View4 x(&one, 1, static_cast<std::size_t>(huge.total()), 1, 1);
+  expect_invalid([&] { mlacp::launch_reduce_scatter(space, x, 1, huge, mesh); },
+                 {"mlacp::launch_reduce_scatter: the partition (dim 1) " + huge.str() +
+                  " has the total 2147483648; "
+                  "expected at most INT_MAX (2147483647) for MPI's int counts"});
+  const mlacp::Partition rows(4 * p, p);
+  View4 y(&one, 1, static_cast<std::size_t>(rows.total()), std::size_t{1} << 20, 1024);
+  expect_invalid([&] { mlacp::launch_reduce_scatter(space, y, 1, rows, mesh); },
+                 {"4294967296 elements per rank and message exceed MPI's int count limit (2147483647)"});
+}
+
 }  // namespace
