@@ -7,6 +7,7 @@
 #include <mlacp/mpi/agreement.hpp>
 #include <mlacp/mpi/communicator.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <sstream>
@@ -57,8 +58,126 @@ std::string check_divisible(const CollectiveCall& call, const char* what, int di
   return out.str();
 }
 
-// The local checks; an empty string when the call is valid on this rank.
-std::string local_error(const CollectiveCall& call, int group_size) {
+std::string counts_string(const std::vector<std::int64_t>& counts) {
+  std::ostringstream out;
+  out << '{';
+  for (std::size_t r = 0; r < counts.size(); ++r) out << (r ? ", " : "") << counts[r];
+  out << '}';
+  return out.str();
+}
+
+std::int64_t sum(const std::vector<std::int64_t>& counts) {
+  std::int64_t total = 0;
+  for (const auto c : counts) total += c;
+  return total;
+}
+
+// What a partition of an uneven call is called in messages: "the gather partition (gather_dim 1)".
+std::string partition_name(const CollectiveCall& call, bool b) {
+  if (call.kind != CollectiveKind::all_to_all) return "the partition (dim " + std::to_string(call.dim_a) + ")";
+  return b ? "the scatter partition (scatter_dim " + std::to_string(call.dim_b) + ")"
+           : "the gather partition (gather_dim " + std::to_string(call.dim_a) + ")";
+}
+
+// The shape of the result on rank `me`.
+std::array<std::int64_t, max_collective_rank> result_extents(const CollectiveCall& call, int group_size, int me) {
+  auto expected = call.extents;
+  const auto a = static_cast<std::size_t>(call.dim_a);
+  const auto r = static_cast<std::size_t>(me);
+  switch (call.kind) {
+    case CollectiveKind::all_to_all: {
+      const auto b = static_cast<std::size_t>(call.dim_b);
+      expected[a] = call.uneven ? sum(call.counts_a) : expected[a] * group_size;
+      expected[b] = call.uneven ? call.counts_b[r] : expected[b] / group_size;
+      break;
+    }
+    case CollectiveKind::all_gather:
+      expected[a] = call.uneven ? sum(call.counts_a) : expected[a] * group_size;
+      break;
+    case CollectiveKind::reduce_scatter:
+      expected[a] = call.uneven ? call.counts_a[r] : expected[a] / group_size;
+      break;
+  }
+  return expected;
+}
+
+// The values of one index of dimension `dim` of a tensor of these extents (the product of the others).
+std::int64_t slice(const std::array<std::int64_t, max_collective_rank>& extents, int rank, int dim) {
+  std::int64_t n = 1;
+  for (int d = 0; d < rank; ++d)
+    if (d != dim) n *= extents[static_cast<std::size_t>(d)];
+  return n;
+}
+
+// The checks of an uneven call's partitions against the mesh and the View; empty when they hold.
+std::string check_partitions(const CollectiveCall& call, int group_size, int me) {
+  const std::string who = collective_name(call.kind);
+  const bool two = call.kind == CollectiveKind::all_to_all;
+  for (int b = 0; b < (two ? 2 : 1); ++b) {
+    const auto& counts = b ? call.counts_b : call.counts_a;
+    if (static_cast<int>(counts.size()) != group_size)
+      return who + ": " + partition_name(call, b) + " " + counts_string(counts) + " has " +
+             std::to_string(counts.size()) +
+             " parts; expected one part per rank of the mesh, P = " + std::to_string(group_size);
+    if (sum(counts) > INT_MAX)
+      return who + ": " + partition_name(call, b) + " " + counts_string(counts) + " has the total " +
+             std::to_string(sum(counts)) + "; expected at most INT_MAX (" + std::to_string(INT_MAX) +
+             ") for MPI's int counts";
+  }
+  const auto r = static_cast<std::size_t>(me);
+  auto mismatch = [&](int dim, const char* what, bool b, const char* expected_what, std::int64_t expected) {
+    std::ostringstream out;
+    out << who << ": " << what << " " << dim << " has extent " << call.extents[static_cast<std::size_t>(dim)]
+        << " on rank " << me << "; expected " << partition_name(call, b) << "'s " << expected_what << " = " << expected
+        << " (partition " << counts_string(b ? call.counts_b : call.counts_a) << ", View shape " << shape_string(call)
+        << ")";
+    return out.str();
+  };
+  const auto extent_a = call.extents[static_cast<std::size_t>(call.dim_a)];
+  switch (call.kind) {
+    case CollectiveKind::all_to_all: {
+      if (extent_a != call.counts_a[r])
+        return mismatch(call.dim_a, "gather_dim", false, ("count(" + std::to_string(me) + ")").c_str(),
+                        call.counts_a[r]);
+      const auto extent_b = call.extents[static_cast<std::size_t>(call.dim_b)];
+      if (extent_b != sum(call.counts_b)) return mismatch(call.dim_b, "scatter_dim", true, "total", sum(call.counts_b));
+      break;
+    }
+    case CollectiveKind::all_gather:
+      if (extent_a != call.counts_a[r])
+        return mismatch(call.dim_a, "dim", false, ("count(" + std::to_string(me) + ")").c_str(), call.counts_a[r]);
+      break;
+    case CollectiveKind::reduce_scatter:
+      if (extent_a != sum(call.counts_a)) return mismatch(call.dim_a, "dim", false, "total", sum(call.counts_a));
+      break;
+  }
+  return {};
+}
+
+// The largest number of values one message of the call carries (for MPI's int counts).
+std::int64_t largest_message(const CollectiveCall& call, int group_size, int me) {
+  std::int64_t elements = 1;
+  for (int d = 0; d < call.rank; ++d) elements *= call.extents[static_cast<std::size_t>(d)];
+  if (!call.uneven) return call.kind == CollectiveKind::all_gather ? elements : elements / group_size;
+  std::int64_t largest = 0;
+  auto blocks = [&](const std::vector<std::int64_t>& counts, std::int64_t per_index) {
+    for (const auto c : counts) largest = std::max(largest, c * per_index);
+  };
+  switch (call.kind) {
+    case CollectiveKind::all_to_all:
+      blocks(call.counts_b, slice(call.extents, call.rank, call.dim_b));
+      blocks(call.counts_a, slice(result_extents(call, group_size, me), call.rank, call.dim_a));
+      break;
+    case CollectiveKind::all_gather:
+    case CollectiveKind::reduce_scatter:
+      blocks(call.counts_a, slice(call.extents, call.rank, call.dim_a));
+      break;
+  }
+  return largest;
+}
+
+// The local checks; an empty string when the call is valid on this rank (rank `me` of `group_size`).
+std::string local_error(const CollectiveCall& call, int group_size, int me) {
   // (MPI_Finalize is checked by validate_collective before anything, as the agreement itself needs MPI.)
   if (!Kokkos::is_initialized())
     return std::string(collective_name(call.kind)) + ": called while Kokkos is not initialized (or already finalized)";
@@ -73,24 +192,21 @@ std::string local_error(const CollectiveCall& call, int group_size) {
       if (call.dim_a == call.dim_b)
         return std::string(collective_name(call.kind)) + ": gather_dim and scatter_dim are both " +
                std::to_string(call.dim_a) + "; expected two different dimensions";
-      if (!(error = check_divisible(call, "scattered dimension", call.dim_b, group_size)).empty()) return error;
+      if (!call.uneven && !(error = check_divisible(call, "scattered dimension", call.dim_b, group_size)).empty())
+        return error;
       break;
     case CollectiveKind::all_gather:
       if (!(error = check_dimension(call, "dim", call.dim_a)).empty()) return error;
       break;
     case CollectiveKind::reduce_scatter:
       if (!(error = check_dimension(call, "dim", call.dim_a)).empty()) return error;
-      if (!(error = check_divisible(call, "scattered dimension", call.dim_a, group_size)).empty()) return error;
+      if (!call.uneven && !(error = check_divisible(call, "scattered dimension", call.dim_a, group_size)).empty())
+        return error;
       break;
   }
+  if (call.uneven && !(error = check_partitions(call, group_size, me)).empty()) return error;
   if (call.has_into) {
-    auto expected = call.extents;
-    const auto a = static_cast<std::size_t>(call.dim_a);
-    if (call.kind == CollectiveKind::reduce_scatter)
-      expected[a] /= group_size;
-    else
-      expected[a] *= group_size;
-    if (call.kind == CollectiveKind::all_to_all) expected[static_cast<std::size_t>(call.dim_b)] /= group_size;
+    const auto expected = result_extents(call, group_size, me);
     if (call.into_extents != expected)
       return std::string(collective_name(call.kind)) + ": the destination View has shape " +
              extents_string(call.into_extents, call.rank) + "; expected the result's shape " +
@@ -100,27 +216,65 @@ std::string local_error(const CollectiveCall& call, int group_size) {
       return std::string(collective_name(call.kind)) +
              ": the destination View is the input's own memory; expected a separate View";
   }
-  std::int64_t elements = 1;
-  for (int d = 0; d < call.rank; ++d) elements *= call.extents[static_cast<std::size_t>(d)];
-  const std::int64_t per_message = call.kind == CollectiveKind::all_gather ? elements : elements / group_size;
+  const std::int64_t per_message = largest_message(call, group_size, me);
   if (per_message > INT_MAX)
     return std::string(collective_name(call.kind)) + ": " + std::to_string(per_message) +
            " elements per rank and message exceed MPI's int count limit (" + std::to_string(INT_MAX) +
            "); split the View";
+  if (call.uneven) {
+    // Counts and displacements travel in units of one index of the partitioned dimension (mpi::in_units).
+    const std::int64_t units[2] = {
+        slice(call.extents, call.rank, call.dim_a),
+        call.kind == CollectiveKind::all_to_all ? slice(call.extents, call.rank, call.dim_b) : 0};
+    for (const auto unit : units)
+      if (unit > INT_MAX)
+        return std::string(collective_name(call.kind)) + ": one index of a partitioned dimension holds " +
+               std::to_string(unit) + " values, beyond MPI's int count limit (" + std::to_string(INT_MAX) +
+               "); split the View";
+  }
   return {};
 }
 
-// The fields every rank must agree on, in order, with their names for the message.
-AgreementFields agreement_fields(const CollectiveCall& call) {
+// The fields every rank must agree on, in order, with their names for the message. The same number on every rank
+// of a mesh of `group_size` ranks, whatever each passed (the agreement is one allreduce of them).
+AgreementFields agreement_fields(const CollectiveCall& call, int group_size) {
   AgreementFields fields;
+  const bool two = call.kind == CollectiveKind::all_to_all;
   fields.emplace_back("the operation", static_cast<std::int64_t>(call.kind));
+  fields.emplace_back("the split (0: even, 1: uneven, with Partitions)", call.uneven ? 1 : 0);
   fields.emplace_back("the View rank", call.rank);
-  for (int d = 0; d < max_collective_rank; ++d)
-    fields.emplace_back("extent(" + std::to_string(d) + ")", call.extents[static_cast<std::size_t>(d)]);
-  fields.emplace_back(call.kind == CollectiveKind::all_to_all ? "gather_dim" : "dim", call.dim_a);
+  fields.emplace_back(two ? "gather_dim" : "dim", call.dim_a);
   fields.emplace_back("scatter_dim", call.dim_b);
+  for (int d = 0; d < max_collective_rank; ++d) {
+    // An uneven call's gathered dimension holds this rank's count: its partition is agreed on instead.
+    const bool own_count = call.uneven && d == call.dim_a && call.kind != CollectiveKind::reduce_scatter;
+    fields.emplace_back("extent(" + std::to_string(d) + ")", own_count ? 0 : call.extents[static_cast<std::size_t>(d)]);
+  }
   fields.emplace_back("the value size (sizeof float or double)", call.value_size);
+  for (int b = 0; b < 2; ++b) {
+    const auto& counts = b ? call.counts_b : call.counts_a;
+    const std::string which = b == 0 || two ? partition_name(call, b) : "the second partition (none)";
+    fields.emplace_back("the number of parts of " + which, static_cast<std::int64_t>(counts.size()));
+    for (int r = 0; r < group_size; ++r)
+      fields.emplace_back("count(" + std::to_string(r) + ") of " + which,
+                          static_cast<std::size_t>(r) < counts.size() ? counts[static_cast<std::size_t>(r)] : -1);
+  }
   return fields;
+}
+
+// An uneven call's partitions, for messages (empty for an even call): ", the gather partition (gather_dim 1) {3, 2}".
+std::string partitions_string(const CollectiveCall& call) {
+  if (!call.uneven) return {};
+  std::string text = ", " + partition_name(call, false) + " " + counts_string(call.counts_a);
+  if (call.kind == CollectiveKind::all_to_all)
+    text += ", " + partition_name(call, true) + " " + counts_string(call.counts_b);
+  return text;
+}
+
+// What this rank passed, for the agreement's message: the shape, and the partitions of an uneven call.
+std::string call_context(const CollectiveCall& call) {
+  if (!call.uneven) return "shape " + shape_string(call);
+  return "shape " + shape_string(call) + partitions_string(call) + "; every rank must pass the same partitions";
 }
 
 }  // namespace
@@ -207,15 +361,15 @@ CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::stri
                    (call.kind == CollectiveKind::all_to_all ? "(gather_dim=" + std::to_string(call.dim_a) +
                                                                   ", scatter_dim=" + std::to_string(call.dim_b) + ")"
                                                             : "(dim=" + std::to_string(call.dim_a) + ")");
-  info.shape = shape_string(call);
+  info.shape = shape_string(call) + partitions_string(call);
   info.bytes = bytes;
   return info;
 }
 
 void validate_collective(const Mesh& mesh, const CollectiveCall& call, const std::string& name) {
   if (mpi::finalized()) throw UsageError(std::string(collective_name(call.kind)) + ": called after MPI_Finalize");
-  agree_or_throw(mesh, std::string(collective_name(call.kind)) + " '" + name + "'", local_error(call, mesh.size()),
-                 agreement_fields(call), "shape " + shape_string(call));
+  agree_or_throw(mesh, std::string(collective_name(call.kind)) + " '" + name + "'",
+                 local_error(call, mesh.size(), mesh.rank()), agreement_fields(call, mesh.size()), call_context(call));
 }
 
 }  // namespace mlacp::detail

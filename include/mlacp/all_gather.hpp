@@ -6,24 +6,19 @@
 
 namespace mlacp {
 
-/// Launches an all-gather (MPI_Iallgather, or ncclAllGather) that concatenates the ranks' Views along `dim` in rank
-/// order: the result's extent(dim) is P times the input's. The input is copied into a buffer the handle owns, so the
-/// caller may reuse it at once. Requirements and errors as launch_all_to_all (without the divisibility check). P == 1
-/// returns `view`. `into`: an optional destination of the result's shape, as for launch_all_to_all.
+namespace impl {
+/// The even all-gather after its prologue (also the uneven one's, when its partition is uniform).
 template <class ExecSpace, class ViewType>
-AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace& space, const ViewType& view, int dim,
-                                                                 const Mesh& mesh,
-                                                                 const std::string& name = "all_gather",
-                                                                 const collective_result_t<ViewType>& into = {}) {
+AsyncCollective<collective_result_t<ViewType>> all_gather_even(const ExecSpace& space, const ViewType& view, int dim,
+                                                               const Mesh& mesh, const std::string& name,
+                                                               const collective_result_t<ViewType>& into,
+                                                               const detail::CollectiveCall& call) {
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into);
-  if (p.done) return std::move(*p.done);
-
   compat::ScopedRegion region("mlacp::launch_all_gather " + name);
   const int parts = mesh.size();
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_gather);
+  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::all_gather);
   const auto send = detail::allocate_buffer<T, MemSpace>(space, name + " send", view.size());
   Kokkos::deep_copy(space, send.view,
                     Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
@@ -35,6 +30,58 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   launch.send = send.view;
   launch.recv = receive.buffer;
   launch.count = view.size();
+  launch.finish = receive.unpack;
+  launch.extend_lifetime(send);
+  launch.extend_lifetime(receive.owner);
+  return impl::start(space, mesh, std::move(launch));
+}
+
+}  // namespace impl
+
+/// Launches an all-gather (MPI_Iallgather, or ncclAllGather) that concatenates the ranks' Views along `dim` in rank
+/// order: the result's extent(dim) is P times the input's. The input is copied into a buffer the handle owns, so the
+/// caller may reuse it at once. Requirements and errors as launch_all_to_all (without the divisibility check). P == 1
+/// returns `view`. `into`: an optional destination of the result's shape, as for launch_all_to_all.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace& space, const ViewType& view, int dim,
+                                                                 const Mesh& mesh,
+                                                                 const std::string& name = "all_gather",
+                                                                 const collective_result_t<ViewType>& into = {}) {
+  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into);
+  if (p.done) return std::move(*p.done);
+  return impl::all_gather_even(space, view, dim, mesh, name, into, p.call);
+}
+
+/// The uneven all-gather (MPI_Iallgatherv; NCCL: one ncclBroadcast per root in a group; nothing padded): rank r
+/// passes view.extent(dim) == part.count(r), and the result, extent(dim) = part.total(), holds rank j's View at rows
+/// part.offset(j) .. part.offset(j) + part.count(j) - 1. Counts may be 0. The partition needs mesh.size() parts and
+/// must be the same on every rank; the errors of launch_all_to_all's uneven form apply. A uniform partition takes the
+/// even path. P == 1 returns `view`; `into` as for launch_all_to_all. It is the adjoint of the uneven
+/// launch_reduce_scatter with the same partition.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace& space, const ViewType& view, int dim,
+                                                                 const Partition& part, const Mesh& mesh,
+                                                                 const std::string& name = "all_gather",
+                                                                 const collective_result_t<ViewType>& into = {}) {
+  using T = typename ViewType::non_const_value_type;
+  using MemSpace = typename ViewType::memory_space;
+  using Result = collective_result_t<ViewType>;
+  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into, &part);
+  if (p.done) return std::move(*p.done);
+  if (part.uniform()) return impl::all_gather_even(space, view, dim, mesh, name, into, p.call);
+
+  compat::ScopedRegion region("mlacp::launch_all_gather " + name);
+  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_gather);
+  const auto send = detail::allocate_buffer<T, MemSpace>(space, name + " send", view.size());
+  Kokkos::deep_copy(space, send.view,
+                    Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                        view.data(), view.size()));
+  launch.result = impl::allocate_result(into, name, view, dim, part.total());
+  const detail::AroundDim gathered = detail::around_dim(launch.result, dim);
+  const auto receive = impl::gather_receive_v<T, MemSpace>(space, launch.result, gathered, part, name);
+  launch.send = send.view;
+  launch.recv = receive.buffer;
+  launch.recv_blocks = impl::peer_blocks(part, gathered.outer, gathered.inner);
   launch.finish = receive.unpack;
   launch.extend_lifetime(send);
   launch.extend_lifetime(receive.owner);

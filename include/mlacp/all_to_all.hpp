@@ -6,6 +6,39 @@
 
 namespace mlacp {
 
+namespace impl {
+/// The even all-to-all after its prologue (also the uneven one's, when both partitions are uniform).
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> all_to_all_even(const ExecSpace& space, const ViewType& view,
+                                                               int gather_dim, int scatter_dim, const Mesh& mesh,
+                                                               const std::string& name,
+                                                               const collective_result_t<ViewType>& into,
+                                                               const detail::CollectiveCall& call) {
+  using T = typename ViewType::non_const_value_type;
+  using MemSpace = typename ViewType::memory_space;
+  using Result = collective_result_t<ViewType>;
+  compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
+  const int parts = mesh.size();
+  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::all_to_all);
+  const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, scatter_dim), parts, name);
+  launch.result =
+      impl::allocate_result(into, name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
+                            scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
+  detail::AroundDim received = detail::around_dim(launch.result, gather_dim);
+  received.mid /= parts;
+  const auto receive = impl::gather_receive<T, MemSpace>(space, launch.result, received, parts, name);
+  launch.send = sent.buffer;
+  launch.recv = receive.buffer;
+  launch.count = view.size() / static_cast<std::size_t>(parts);
+  launch.finish = receive.unpack;
+  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
+  launch.extend_lifetime(sent.owner);
+  launch.extend_lifetime(receive.owner);
+  return impl::start(space, mesh, std::move(launch));
+}
+
+}  // namespace impl
+
 /// Launches an all-to-all that gathers `gather_dim` (its extent grows by P) and scatters `scatter_dim` (its extent
 /// shrinks by P), with the semantics of hyper_parallel's async_ulysses_seq_to_head_launch: `scatter_dim` is split into
 /// P contiguous blocks, block j goes to rank j, and the received blocks are concatenated along `gather_dim` in rank
@@ -28,26 +61,51 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
                                                                  int gather_dim, int scatter_dim, const Mesh& mesh,
                                                                  const std::string& name = "all_to_all",
                                                                  const collective_result_t<ViewType>& into = {}) {
-  using T = typename ViewType::non_const_value_type;
-  using MemSpace = typename ViewType::memory_space;
-  using Result = collective_result_t<ViewType>;
   auto p =
       impl::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name, into);
   if (p.done) return std::move(*p.done);
+  return impl::all_to_all_even(space, view, gather_dim, scatter_dim, mesh, name, into, p.call);
+}
+
+/// The uneven all-to-all (MPI_Ialltoallv; NCCL: grouped ncclSend/ncclRecv; nothing padded): `scatter` splits
+/// `scatter_dim` (view.extent(scatter_dim) == scatter.total()) and block j, rows scatter.offset(j) ..
+/// scatter.offset(j) + scatter.count(j) - 1, goes to rank j; `gather` describes the gathered dimension
+/// (view.extent(gather_dim) == gather.count(rank)) and rank j's block lands at rows gather.offset(j) .. of the result.
+/// The result has extent(gather_dim) = gather.total() and extent(scatter_dim) = scatter.count(rank). On [B, s_r, H,
+/// d] with tokens split by `seq` and heads by `heads`: (1, 2, seq, heads) sends token-local to head-local, (2, 1,
+/// heads, seq) the inverse. Counts may be 0. Both partitions need mesh.size() parts and must be the same on every
+/// rank (checked mode verifies it, with the shapes); a View extent that does not match its partition, a partition of
+/// another number of parts, or ranks passing different partitions raise InvalidArgument on every rank before
+/// anything is sent. Uniform partitions take the even path. Otherwise as the even launch_all_to_all (in-place
+/// send / receive, pooled buffers, `into`, P == 1 returns `view`).
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace& space, const ViewType& view,
+                                                                 int gather_dim, int scatter_dim,
+                                                                 const Partition& gather, const Partition& scatter,
+                                                                 const Mesh& mesh,
+                                                                 const std::string& name = "all_to_all",
+                                                                 const collective_result_t<ViewType>& into = {}) {
+  using T = typename ViewType::non_const_value_type;
+  using MemSpace = typename ViewType::memory_space;
+  using Result = collective_result_t<ViewType>;
+  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name,
+                                     into, &gather, &scatter);
+  if (p.done) return std::move(*p.done);
+  if (gather.uniform() && scatter.uniform())
+    return impl::all_to_all_even(space, view, gather_dim, scatter_dim, mesh, name, into, p.call);
 
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
-  const int parts = mesh.size();
   impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_to_all);
-  const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, scatter_dim), parts, name);
+  const detail::AroundDim scattered = detail::around_dim(view, scatter_dim);
+  const auto sent = impl::scatter_send_v<T, MemSpace>(space, view, scattered, scatter, name);
   launch.result =
-      impl::allocate_result(into, name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
-                            scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
-  detail::AroundDim received = detail::around_dim(launch.result, gather_dim);
-  received.mid /= parts;
-  const auto receive = impl::gather_receive<T, MemSpace>(space, launch.result, received, parts, name);
+      impl::allocate_result(into, name, view, gather_dim, gather.total(), scatter_dim, scatter.count(mesh.rank()));
+  const detail::AroundDim gathered = detail::around_dim(launch.result, gather_dim);
+  const auto receive = impl::gather_receive_v<T, MemSpace>(space, launch.result, gathered, gather, name);
   launch.send = sent.buffer;
   launch.recv = receive.buffer;
-  launch.count = view.size() / static_cast<std::size_t>(parts);
+  launch.send_blocks = impl::peer_blocks(scatter, scattered.outer, scattered.inner);
+  launch.recv_blocks = impl::peer_blocks(gather, gathered.outer, gathered.inner);
   launch.finish = receive.unpack;
   launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
   launch.extend_lifetime(sent.owner);

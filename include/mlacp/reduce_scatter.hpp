@@ -8,27 +8,19 @@
 
 namespace mlacp {
 
-/// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
-/// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
-/// mesh's reduce_scatter_algorithm(): pairwise (default: the blocks exchanged with MPI_Ialltoallv, this rank's own
-/// not copied, then the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL,
-/// ncclReduceScatter. As for launch_all_to_all, `view` must not be written until wait() (where its blocks are
-/// contiguous MPI reads it directly). Requirements and errors as launch_all_to_all (extent(dim) must be divisible by
-/// P). P == 1 returns `view`. `into`: an optional destination of the result's shape, as for launch_all_to_all.
+namespace impl {
+/// The even reduce-scatter after its prologue (also the uneven one's, when its partition is uniform).
 template <class ExecSpace, class ViewType>
-AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
-                                                                     int dim, const Mesh& mesh,
-                                                                     const std::string& name = "reduce_scatter",
-                                                                     const collective_result_t<ViewType>& into = {}) {
+AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpace& space, const ViewType& view,
+                                                                   int dim, const Mesh& mesh, const std::string& name,
+                                                                   const collective_result_t<ViewType>& into,
+                                                                   const detail::CollectiveCall& call) {
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into);
-  if (p.done) return std::move(*p.done);
-
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
   const int parts = mesh.size();
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::reduce_scatter_sum);
+  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::reduce_scatter_sum);
   const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, dim), parts, name);
   launch.result = impl::allocate_result(into, name, view, dim,
                                         static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
@@ -50,6 +42,83 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   launch.extend_lifetime(received);
   const int me = mesh.rank();
   const T* own = sent.buffer.data() + static_cast<std::ptrdiff_t>(me) * static_cast<std::ptrdiff_t>(count);
+  const T* blocks = received.view.data();
+  T* out = result_buffer.data();
+  launch.finish = [space, blocks, own, me, out, count, parts, name]() {
+    detail::sum_blocks(space, blocks, own, me, out, static_cast<std::int64_t>(count), parts, name + " sum");
+  };
+  return impl::start(space, mesh, std::move(launch));
+}
+
+}  // namespace impl
+
+/// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
+/// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
+/// mesh's reduce_scatter_algorithm(): pairwise (default: the blocks exchanged with MPI_Ialltoallv, this rank's own
+/// not copied, then the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL,
+/// ncclReduceScatter. As for launch_all_to_all, `view` must not be written until wait() (where its blocks are
+/// contiguous MPI reads it directly). Requirements and errors as launch_all_to_all (extent(dim) must be divisible by
+/// P). P == 1 returns `view`. `into`: an optional destination of the result's shape, as for launch_all_to_all.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
+                                                                     int dim, const Mesh& mesh,
+                                                                     const std::string& name = "reduce_scatter",
+                                                                     const collective_result_t<ViewType>& into = {}) {
+  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into);
+  if (p.done) return std::move(*p.done);
+  return impl::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
+}
+
+/// The uneven SUM reduce-scatter: every rank passes view.extent(dim) == part.total(); the ranks' Views are summed and
+/// rank r receives rows part.offset(r) .. part.offset(r) + part.count(r) - 1 of the sum (extent(dim) =
+/// part.count(r), possibly 0). It is the adjoint of the uneven launch_all_gather with the same partition. Over MPI
+/// the mesh's reduce_scatter_algorithm(): pairwise (MPI_Ialltoallv of the blocks, this rank's own not copied, then
+/// the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter with the partition's counts); over NCCL,
+/// one ncclReduce per root in a group. Nothing is padded. The partition needs mesh.size() parts and must be the
+/// same on every rank; the errors of launch_all_to_all's uneven form apply. A uniform partition takes the even path.
+/// P == 1 returns `view`; `into` as for launch_all_to_all.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
+                                                                     int dim, const Partition& part, const Mesh& mesh,
+                                                                     const std::string& name = "reduce_scatter",
+                                                                     const collective_result_t<ViewType>& into = {}) {
+  using T = typename ViewType::non_const_value_type;
+  using MemSpace = typename ViewType::memory_space;
+  using Result = collective_result_t<ViewType>;
+  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into, &part);
+  if (p.done) return std::move(*p.done);
+  if (part.uniform()) return impl::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
+
+  compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
+  const int parts = mesh.size();
+  const int me = mesh.rank();
+  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::reduce_scatter_sum);
+  const detail::AroundDim scattered = detail::around_dim(view, dim);
+  const auto sent = impl::scatter_send_v<T, MemSpace>(space, view, scattered, part, name);
+  launch.result = impl::allocate_result(into, name, view, dim, part.count(me));
+  const auto count = static_cast<std::size_t>(scattered.outer * part.count(me) * scattered.inner);
+  launch.send = sent.buffer;
+  launch.send_blocks = impl::peer_blocks(part, scattered.outer, scattered.inner);
+  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
+  launch.extend_lifetime(sent.owner);
+  // The result is LayoutRight and contiguous: the backend's reduce-scatter writes it directly, or the block sum does.
+  const detail::Buffer<T, MemSpace> result_buffer(launch.result.data(), count);
+  if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
+    launch.recv = result_buffer;
+    return impl::start(space, mesh, std::move(launch));
+  }
+  // Pairwise: rank i's block for this rank (count values, the same on every rank) arrives at i * count; this rank's
+  // own block is neither sent nor copied, the sum reads it where it is sent from.
+  launch.operation = detail::Operation::exchange_blocks;
+  const auto received =
+      detail::allocate_buffer<T, MemSpace>(space, name + " recv", count * static_cast<std::size_t>(parts));
+  launch.recv = received.view;
+  for (int i = 0; i < parts; ++i) {
+    launch.recv_blocks.counts.push_back(count);
+    launch.recv_blocks.offsets.push_back(static_cast<std::size_t>(i) * count);
+  }
+  launch.extend_lifetime(received);
+  const T* own = sent.buffer.data() + launch.send_blocks.offsets[static_cast<std::size_t>(me)];
   const T* blocks = received.view.data();
   T* out = result_buffer.data();
   launch.finish = [space, blocks, own, me, out, count, parts, name]() {

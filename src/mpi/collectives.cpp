@@ -1,5 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <mlacp/error.hpp>
 #include <mlacp/mpi/collectives.hpp>
+
+#include <climits>
+#include <cstddef>
+#include <numeric>
 
 namespace mlacp::mpi {
 
@@ -34,6 +39,71 @@ int start_exchange_blocks(const void* send, void* recv, int count, MPI_Datatype 
     rc = MPI_Ialltoallv(send, counts, displacements, block, recv, counts, displacements, block, comm, request);
   if (block != MPI_DATATYPE_NULL) MPI_Type_free(&block);  // freed once the pending exchange no longer needs it
   return rc;
+}
+
+namespace {
+
+// A contiguous datatype of `unit` values of `type`, committed (MPI_DATATYPE_NULL on failure, with `rc` set).
+MPI_Datatype contiguous(int unit, MPI_Datatype type, int& rc) {
+  MPI_Datatype block = MPI_DATATYPE_NULL;
+  rc = MPI_Type_contiguous(unit, type, &block);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&block);
+  return block;
+}
+
+}  // namespace
+
+BlocksInUnits in_units(const detail::PeerBlocks& blocks, const std::string& what) {
+  std::size_t unit = 0;
+  for (std::size_t j = 0; j < blocks.counts.size(); ++j)
+    unit = std::gcd(std::gcd(unit, blocks.counts[j]), blocks.offsets[j]);
+  if (unit == 0) unit = 1;  // every block empty
+  BlocksInUnits out;
+  auto checked = [&](std::size_t value, const char* name, std::size_t j) {
+    if (value <= static_cast<std::size_t>(INT_MAX)) return static_cast<int>(value);
+    throw InvalidArgument("mlacp: " + what + ": the " + name + " of block " + std::to_string(j) + " is " +
+                          std::to_string(value) + " units of " + std::to_string(unit) +
+                          " values; expected at most INT_MAX (" + std::to_string(INT_MAX) + ") for MPI's int counts");
+  };
+  out.unit = checked(unit, "unit", 0);
+  for (std::size_t j = 0; j < blocks.counts.size(); ++j) {
+    out.counts.push_back(checked(blocks.counts[j] / unit, "count", j));
+    out.displacements.push_back(checked(blocks.offsets[j] / unit, "displacement", j));
+  }
+  return out;
+}
+
+int start_all_to_all_v(const void* send, const BlocksInUnits& send_blocks, void* recv, const BlocksInUnits& recv_blocks,
+                       MPI_Datatype type, MPI_Comm comm, MPI_Request* request) {
+  int rc = MPI_SUCCESS;
+  MPI_Datatype send_type = contiguous(send_blocks.unit, type, rc);
+  MPI_Datatype recv_type = MPI_DATATYPE_NULL;
+  if (rc == MPI_SUCCESS) recv_type = contiguous(recv_blocks.unit, type, rc);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Ialltoallv(send, send_blocks.counts.data(), send_blocks.displacements.data(), send_type, recv,
+                        recv_blocks.counts.data(), recv_blocks.displacements.data(), recv_type, comm, request);
+  // Freed once the pending exchange no longer needs them.
+  if (send_type != MPI_DATATYPE_NULL) MPI_Type_free(&send_type);
+  if (recv_type != MPI_DATATYPE_NULL) MPI_Type_free(&recv_type);
+  return rc;
+}
+
+int start_all_gather_v(const void* send, void* recv, const BlocksInUnits& recv_blocks, MPI_Datatype type, MPI_Comm comm,
+                       MPI_Request* request) {
+  int rank = 0;
+  int rc = MPI_Comm_rank(comm, &rank);
+  if (rc != MPI_SUCCESS) return rc;
+  MPI_Datatype block = contiguous(recv_blocks.unit, type, rc);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Iallgatherv(send, recv_blocks.counts[static_cast<std::size_t>(rank)], block, recv,
+                         recv_blocks.counts.data(), recv_blocks.displacements.data(), block, comm, request);
+  if (block != MPI_DATATYPE_NULL) MPI_Type_free(&block);
+  return rc;
+}
+
+int start_reduce_scatter_v(const void* send, void* recv, const int* counts, MPI_Datatype type, MPI_Comm comm,
+                           MPI_Request* request) {
+  return MPI_Ireduce_scatter(send, recv, counts, type, MPI_SUM, comm, request);
 }
 
 }  // namespace mlacp::mpi

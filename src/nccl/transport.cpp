@@ -117,10 +117,31 @@ std::vector<PeerTransfer> all_to_all_plan(int rank, int nranks, std::size_t coun
   return plan;
 }
 
+std::vector<PeerTransferV> all_to_all_plan_v(int rank, int nranks, const detail::PeerBlocks& send_blocks,
+                                             const detail::PeerBlocks& recv_blocks, bool include_self) {
+  const auto n = static_cast<std::size_t>(nranks);
+  if (nranks <= 0 || rank < 0 || rank >= nranks || send_blocks.counts.size() != n || send_blocks.offsets.size() != n ||
+      recv_blocks.counts.size() != n || recv_blocks.offsets.size() != n)
+    throw InvalidArgument("mlacp::nccl::all_to_all_plan_v: rank " + std::to_string(rank) + " of " +
+                          std::to_string(nranks) + " ranks with " + std::to_string(send_blocks.counts.size()) +
+                          " send and " + std::to_string(recv_blocks.counts.size()) +
+                          " receive blocks; expected 0 <= rank < nranks and one block per rank on each side");
+  std::vector<PeerTransferV> plan;
+  plan.reserve(n);
+  for (int step = include_self ? 0 : 1; step < nranks; ++step) {
+    const auto peer = static_cast<std::size_t>((rank + step) % nranks);
+    if (send_blocks.counts[peer] == 0 && recv_blocks.counts[peer] == 0) continue;
+    plan.push_back(PeerTransferV{static_cast<int>(peer), send_blocks.offsets[peer], send_blocks.counts[peer],
+                                 recv_blocks.offsets[peer], recv_blocks.counts[peer]});
+  }
+  return plan;
+}
+
 std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, const void* send, void* recv,
                                                  std::size_t count, ncclDataType_t type, std::size_t type_size,
                                                  Communicator& communicator, cudaStream_t compute_stream,
-                                                 CollectiveInfo info) {
+                                                 CollectiveInfo info, const detail::PeerBlocks& send_blocks,
+                                                 const detail::PeerBlocks& recv_blocks) {
   const std::string name = info.name;
   cudaEvent_t ready = nullptr;
   cudaEvent_t done = nullptr;
@@ -143,6 +164,58 @@ std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, co
     }
     check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
   };
+  auto grouped_exchange_v = [&](bool include_self) {
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (const auto& t :
+         all_to_all_plan_v(communicator.rank(), communicator.size(), send_blocks, recv_blocks, include_self)) {
+      // A zero count on one side is skipped: the peer skips the matching call (its counts mirror these).
+      if (t.send_count > 0)
+        check(ncclSend(static_cast<const char*>(send) + t.send_offset * type_size, t.send_count, type, t.peer, comm,
+                       stream),
+              "ncclSend of '" + name + "'");
+      if (t.recv_count > 0)
+        check(ncclRecv(static_cast<char*>(recv) + t.recv_offset * type_size, t.recv_count, type, t.peer, comm, stream),
+              "ncclRecv of '" + name + "'");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
+  };
+  const bool uneven = !send_blocks.empty() || !recv_blocks.empty();
+  if (uneven) {
+    switch (operation) {
+      case detail::Operation::all_to_all:
+        grouped_exchange_v(true);
+        break;
+      case detail::Operation::exchange_blocks:
+        grouped_exchange_v(false);
+        break;
+      case detail::Operation::all_gather:
+        // One broadcast per root (every rank knows every count; an empty block is skipped by all).
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int root = 0; root < communicator.size(); ++root) {
+          const auto r = static_cast<std::size_t>(root);
+          if (recv_blocks.counts[r] == 0) continue;
+          check(ncclBroadcast(send, static_cast<char*>(recv) + recv_blocks.offsets[r] * type_size,
+                              recv_blocks.counts[r], type, root, comm, stream),
+                "ncclBroadcast of '" + name + "'");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
+        break;
+      case detail::Operation::reduce_scatter_sum:
+        // One reduction per root onto its block (the receive buffer is written on the root only).
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int root = 0; root < communicator.size(); ++root) {
+          const auto r = static_cast<std::size_t>(root);
+          if (send_blocks.counts[r] == 0) continue;
+          check(ncclReduce(static_cast<const char*>(send) + send_blocks.offsets[r] * type_size, recv,
+                           send_blocks.counts[r], type, ncclSum, root, comm, stream),
+                "ncclReduce of '" + name + "'");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
+        break;
+    }
+    check_cuda(cudaEventRecord(done, stream), "cudaEventRecord for '" + name + "'");
+    return transport;
+  }
   switch (operation) {
     case detail::Operation::all_to_all:
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)

@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/diagnostics.hpp>
+#include <mlacp/partition.hpp>
 
 #include <cstdlib>
 #include <functional>
@@ -229,6 +230,146 @@ TEST(MeshSettings, SettersAgreeAcrossRanks) {
   expect_invalid([&] { mesh.set_checked(first); },
                  {"mlacp::Mesh::set_checked: the ranks of the mesh disagree on checked mode", "on on rank(s) 0"});
   EXPECT_TRUE(mesh.checked());
+}
+
+// ---- The uneven (v) collectives: partitions against the mesh, the View and the other ranks. ----
+
+TEST(UnevenCollectiveValidation, ExtentThatDoesNotMatchThisRanksCountIsRefusedOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int p = mesh.size();
+  const int me = mesh.rank();
+  const int bad = p - 1;
+  const Kokkos::DefaultExecutionSpace space;
+  const mlacp::Partition seq(3 * p + 1, p), heads(p + 1, p);
+  const auto s = static_cast<std::size_t>(seq.count(me));
+  const auto h = static_cast<std::size_t>(heads.total());
+  // The last rank's View has one token more than its count.
+  View4 x("x", 2, s + (me == bad ? 1 : 0), h, 3);
+  const std::string raised = p > 1 ? "[raised on rank " + std::to_string(bad) + " of " + std::to_string(p) : "";
+  expect_invalid([&] { mlacp::launch_all_to_all(space, x, 1, 2, seq, heads, mesh, "q a2a"); },
+                 {"mlacp::launch_all_to_all: gather_dim 1 has extent " + std::to_string(seq.count(bad) + 1) +
+                      " on rank " + std::to_string(bad) + "; expected the gather partition (gather_dim 1)'s count(" +
+                      std::to_string(bad) + ") = " + std::to_string(seq.count(bad)) + " (partition " + seq.str(),
+                  raised});
+  // The scattered dimension must be the scatter partition's total.
+  View4 y("y", 2, s, h + (me == bad ? 1 : 0), 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(space, y, 1, 2, seq, heads, mesh); },
+                 {"scatter_dim 2 has extent " + std::to_string(h + 1) + " on rank " + std::to_string(bad) +
+                      "; expected the scatter partition (scatter_dim 2)'s total = " + std::to_string(h),
+                  raised});
+  expect_invalid([&] { mlacp::launch_all_gather(space, x, 1, seq, mesh); },
+                 {"mlacp::launch_all_gather: dim 1 has extent " + std::to_string(seq.count(bad) + 1) + " on rank " +
+                      std::to_string(bad) + "; expected the partition (dim 1)'s count(" + std::to_string(bad) + ")",
+                  raised});
+  View4 full("full", 2, static_cast<std::size_t>(seq.total()) + (me == bad ? 2 : 0), h, 3);
+  expect_invalid([&] { mlacp::launch_reduce_scatter(space, full, 1, seq, mesh); },
+                 {"mlacp::launch_reduce_scatter: dim 1 has extent " + std::to_string(seq.total() + 2) + " on rank " +
+                      std::to_string(bad) + "; expected the partition (dim 1)'s total = " + std::to_string(seq.total()),
+                  raised});
+}
+
+TEST(UnevenCollectiveValidation, PartitionOfAnotherNumberOfPartsIsRefused) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int p = mesh.size();
+  const Kokkos::DefaultExecutionSpace space;
+  const mlacp::Partition wrong(7, p + 1), heads(2 * p, p);
+  View4 x("x", 2, static_cast<std::size_t>(wrong.count(mesh.rank())), static_cast<std::size_t>(2 * p), 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(space, x, 1, 2, wrong, heads, mesh); },
+                 {"mlacp::launch_all_to_all: the gather partition (gather_dim 1) " + wrong.str() + " has " +
+                  std::to_string(p + 1) + " parts; expected one part per rank of the mesh, P = " + std::to_string(p)});
+  View4 y("y", 2, 7, static_cast<std::size_t>(2 * p), 3);
+  expect_invalid([&] { mlacp::launch_reduce_scatter(space, y, 1, wrong, mesh); },
+                 {"mlacp::launch_reduce_scatter: the partition (dim 1) " + wrong.str() + " has " +
+                  std::to_string(p + 1) + " parts; expected one part per rank of the mesh, P = " + std::to_string(p)});
+  // Different numbers of parts on different ranks: the same error everywhere, no hang.
+  if (p == 1) return;
+  const mlacp::Partition mine = mesh.rank() == 0 ? mlacp::Partition(3 * p, p) : mlacp::Partition(3 * p, p + 1);
+  View4 z("z", 2, static_cast<std::size_t>(mine.count(mesh.rank())), 3, 3);
+  expect_invalid([&] { mlacp::launch_all_gather(space, z, 1, mine, mesh); },
+                 {"parts; expected one part per rank of the mesh, P = " + std::to_string(p), "[raised on rank 1 of "});
+}
+
+TEST(UnevenCollectiveValidation, CheckedModeCatchesPartitionsThatDifferAcrossRanks) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int p = mesh.size();
+  if (p == 1) GTEST_SKIP() << "needs two ranks";
+  const int me = mesh.rank();
+  const Kokkos::DefaultExecutionSpace space;
+  // The same total, split differently on the last rank: each rank's View matches its own partition, so only the
+  // agreement can see it (without it the ranks would send blocks of sizes their peers do not expect).
+  const mlacp::Partition agreed(3 * p + 1, p);
+  auto counts = agreed.counts();
+  counts[0] += 1;
+  counts[1] -= 1;
+  const mlacp::Partition mine = me == p - 1 ? mlacp::Partition::from_counts(counts) : agreed;
+  const mlacp::Partition heads(2 * p, p);
+  View4 x("x", 2, static_cast<std::size_t>(mine.count(me)), static_cast<std::size_t>(2 * p), 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(space, x, 1, 2, mine, heads, mesh, "q a2a"); },
+                 {"mlacp::launch_all_to_all 'q a2a': the ranks of the mesh disagree on count(0) of the gather "
+                  "partition (gather_dim 1) (from " +
+                      std::to_string(agreed.count(0)) + " to " + std::to_string(agreed.count(0) + 1) + " across ranks",
+                  "the gather partition (gather_dim 1) " + mine.str(), "every rank must pass the same partitions",
+                  "[nothing was sent]"});
+  View4 g("g", 2, static_cast<std::size_t>(mine.count(me)), 3, 3);
+  expect_invalid([&] { mlacp::launch_all_gather(space, g, 1, mine, mesh); },
+                 {"mlacp::launch_all_gather 'all_gather': the ranks of the mesh disagree on count(0) of the partition "
+                  "(dim 1)"});
+  View4 r("r", 2, static_cast<std::size_t>(agreed.total()), 3, 3);
+  expect_invalid([&] { mlacp::launch_reduce_scatter(space, r, 1, mine, mesh); },
+                 {"mlacp::launch_reduce_scatter 'reduce_scatter': the ranks of the mesh disagree on count(0) of the "
+                  "partition (dim 1)"});
+  // An even call on some ranks and an uneven one on others.
+  const mlacp::Partition even(3 * p, p);
+  View4 e("e", 2, 3, 3, 3);
+  expect_invalid(
+      [&] {
+        if (me == 0)
+          mlacp::launch_all_gather(space, e, 1, mesh);
+        else
+          mlacp::launch_all_gather(space, e, 1, even, mesh);
+      },
+      {"the ranks of the mesh disagree on the split (0: even, 1: uneven, with Partitions)"});
+}
+
+TEST(UnevenCollectiveValidation, DestinationOfTheWrongShapeAndUncheckedLocalChecks) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int p = mesh.size();
+  const int me = mesh.rank();
+  const Kokkos::DefaultExecutionSpace space;
+  const mlacp::Partition seq(2 * p + 1, p), heads(p + 1, p);
+  View4 x("x", 1, static_cast<std::size_t>(seq.count(me)), static_cast<std::size_t>(heads.total()), 3);
+  // The result is [1, S, heads.count(me), 3]; a destination one head too wide is refused, on every rank with the
+  // message of rank 0 (the lowest failing rank).
+  View4 wrong("wrong", 1, static_cast<std::size_t>(seq.total()), static_cast<std::size_t>(heads.count(me) + 1), 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(space, x, 1, 2, seq, heads, mesh, "a2a", wrong); },
+                 {"the destination View has shape [1, " + std::to_string(seq.total()) + ", " +
+                  std::to_string(heads.count(0) + 1) + ", 3]; expected the result's shape [1, " +
+                  std::to_string(seq.total()) + ", " + std::to_string(heads.count(0)) + ", 3]"});
+  mesh.set_checked(false);
+  View4 y("y", 1, static_cast<std::size_t>(seq.count(me) + 1), static_cast<std::size_t>(heads.total()), 3);
+  expect_invalid([&] { mlacp::launch_all_to_all(space, y, 1, 2, seq, heads, mesh); },
+                 {"gather_dim 1 has extent " + std::to_string(seq.count(me) + 1) + " on rank " + std::to_string(me)});
+}
+
+// MPI's counts are ints: an uneven collective whose partition or message does not fit is refused, on every rank,
+// before anything is read (the Views here are unmanaged around one double: nothing of them is ever touched).
+TEST(UnevenCollectiveValidation, CountsBeyondMpisIntAreRefused) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int p = mesh.size();
+  const Kokkos::DefaultExecutionSpace space;
+  double one = 0;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(p), 0);
+  counts[0] = std::int64_t{1} << 31;
+  const auto huge = mlacp::Partition::from_counts(counts);
+  View4 x(&one, 1, static_cast<std::size_t>(huge.total()), 1, 1);
+  expect_invalid([&] { mlacp::launch_reduce_scatter(space, x, 1, huge, mesh); },
+                 {"mlacp::launch_reduce_scatter: the partition (dim 1) " + huge.str() +
+                  " has the total 2147483648; "
+                  "expected at most INT_MAX (2147483647) for MPI's int counts"});
+  const mlacp::Partition rows(4 * p, p);
+  View4 y(&one, 1, static_cast<std::size_t>(rows.total()), std::size_t{1} << 20, 1024);
+  expect_invalid([&] { mlacp::launch_reduce_scatter(space, y, 1, rows, mesh); },
+                 {"4294967296 elements per rank and message exceed MPI's int count limit (2147483647)"});
 }
 
 }  // namespace

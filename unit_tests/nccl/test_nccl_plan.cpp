@@ -14,6 +14,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -47,6 +48,52 @@ TEST(NcclPlan, EveryPeerExactlyOnceWithRankOrderedBlocks) {
       EXPECT_EQ(peers.size(), static_cast<std::size_t>(nranks));
     }
   }
+}
+
+// The uneven plan: every rank's send to a peer is that peer's receive from it (same count), in the ring order, and
+// a pair with nothing to move in either direction is left out on both sides. Counts of an uneven all-to-all of
+// [tokens split by seq, heads split by heads] with `inner` values per (token, head).
+TEST(NcclPlan, UnevenPlanPairsEverySendWithTheMatchingReceive) {
+  const std::vector<std::vector<std::size_t>> splits{{3, 0, 2, 1}, {0, 0, 5, 0}, {1, 1, 1, 2}};
+  const std::size_t inner = 7;
+  for (const auto& seq : splits)
+    for (const auto& heads : splits) {
+      const int nranks = static_cast<int>(seq.size());
+      std::vector<std::vector<mlacp::nccl::PeerTransferV>> plans;
+      for (int rank = 0; rank < nranks; ++rank) {
+        // Send block j: this rank's tokens x heads(j); receive block i: rank i's tokens x this rank's heads.
+        mlacp::detail::PeerBlocks send, recv;
+        std::size_t s = 0, r = 0;
+        for (int j = 0; j < nranks; ++j) {
+          const auto send_count = seq[static_cast<std::size_t>(rank)] * heads[static_cast<std::size_t>(j)] * inner;
+          const auto recv_count = seq[static_cast<std::size_t>(j)] * heads[static_cast<std::size_t>(rank)] * inner;
+          send.counts.push_back(send_count);
+          send.offsets.push_back(s);
+          recv.counts.push_back(recv_count);
+          recv.offsets.push_back(r);
+          s += send_count;
+          r += recv_count;
+        }
+        plans.push_back(mlacp::nccl::all_to_all_plan_v(rank, nranks, send, recv));
+        for (const auto& t : plans.back()) {
+          EXPECT_EQ(t.send_offset, send.offsets[static_cast<std::size_t>(t.peer)]);
+          EXPECT_EQ(t.recv_offset, recv.offsets[static_cast<std::size_t>(t.peer)]);
+          EXPECT_TRUE(t.send_count > 0 || t.recv_count > 0) << "a pair with nothing to move is left out";
+        }
+      }
+      for (int a = 0; a < nranks; ++a)
+        for (const auto& t : plans[static_cast<std::size_t>(a)]) {
+          bool matched = false;
+          for (const auto& u : plans[static_cast<std::size_t>(t.peer)])
+            if (u.peer == a) {
+              matched = true;
+              EXPECT_EQ(u.recv_count, t.send_count) << a << " -> " << t.peer;
+              EXPECT_EQ(u.send_count, t.recv_count) << t.peer << " -> " << a;
+            }
+          EXPECT_TRUE(matched) << "rank " << t.peer << " has no transfer with rank " << a;
+        }
+    }
+  EXPECT_THROW(mlacp::nccl::all_to_all_plan_v(0, 2, {}, {}), mlacp::InvalidArgument);
 }
 
 TEST(NcclPlan, ExchangeWithoutTheOwnBlockSkipsOnlyIt) {

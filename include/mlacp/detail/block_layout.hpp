@@ -69,6 +69,60 @@ void unpack_blocks(const ExecSpace& space, const T* in, T* out, AroundDim a, int
       });
 }
 
+/// The block of an uneven partition that holds index x: the j with offsets[j] <= x < offsets[j + 1], where `offsets`
+/// holds parts + 1 ascending prefix sums (offsets[0] = 0 <= x < offsets[parts]); empty blocks are never returned.
+KOKKOS_INLINE_FUNCTION int block_of(const std::int64_t* offsets, int parts, std::int64_t x) {
+  int lo = 0, hi = parts;  // offsets[lo] <= x < offsets[hi]
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    if (offsets[mid] <= x)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/// The uneven pack: `in` is [outer, mid, inner] with mid = offsets[parts]; block j, in[:, offsets[j]:offsets[j+1], :],
+/// is written as a LayoutRight [outer, count_j, inner] array at out + outer * offsets[j] * inner (the blocks
+/// concatenated in rank order). `offsets` (parts + 1 prefix sums of the partition) must be readable by `space`.
+template <class ExecSpace, class T>
+void pack_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, const std::int64_t* offsets, int parts,
+                   const std::string& label) {
+  const std::int64_t outer = a.outer, mid = a.mid, inner = a.inner;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, a.outer * a.mid),
+      KOKKOS_LAMBDA(const std::int64_t row) {
+        const std::int64_t o = row / mid;
+        const std::int64_t x = row - o * mid;
+        const int j = block_of(offsets, parts, x);
+        const std::int64_t first = offsets[j], count = offsets[j + 1] - first;
+        const T* source = in + row * inner;
+        T* target = out + (outer * first + o * count + (x - first)) * inner;
+        for (std::int64_t n = 0; n < inner; ++n) target[n] = source[n];
+      });
+}
+
+/// The uneven unpack, the inverse of pack_blocks_v: `in` holds the blocks in rank order, block j a LayoutRight
+/// [outer, count_j, inner] array at in + outer * offsets[j] * inner; out is [outer, mid, inner] (mid =
+/// offsets[parts]) with block j at out[:, offsets[j]:offsets[j+1], :]. One work item per row of `out`.
+template <class ExecSpace, class T>
+void unpack_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, const std::int64_t* offsets, int parts,
+                     const std::string& label) {
+  const std::int64_t outer = a.outer, mid = a.mid, inner = a.inner;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, a.outer * a.mid),
+      KOKKOS_LAMBDA(const std::int64_t row) {
+        const std::int64_t o = row / mid;
+        const std::int64_t x = row - o * mid;
+        const int j = block_of(offsets, parts, x);
+        const std::int64_t first = offsets[j], count = offsets[j + 1] - first;
+        const T* source = in + (outer * first + o * count + (x - first)) * inner;
+        T* target = out + row * inner;
+        for (std::int64_t n = 0; n < inner; ++n) target[n] = source[n];
+      });
+}
+
 /// out[i] = the sum over r = 0..parts-1, in that order, of block r's value i, where block r is received[r*n + i] for
 /// r != self_index and own[i] for r == self_index (this rank's own block, read where it already is). The fixed order
 /// gives every rank's part of a reduce-scatter the same association whatever the MPI library.

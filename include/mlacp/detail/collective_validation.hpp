@@ -36,6 +36,12 @@ struct CollectiveCall {
   bool has_into = false;
   std::array<std::int64_t, max_collective_rank> into_extents{};
   bool into_aliases_input = false;
+  /// Uneven (v) collectives, called with Partitions: `uneven` is set and counts_a / counts_b hold the partitions'
+  /// counts (all_to_all: the gather partition of dim_a and the scatter partition of dim_b; all_gather and
+  /// reduce_scatter: the partition of dim_a, counts_b empty). Even calls leave them empty.
+  bool uneven = false;
+  std::vector<std::int64_t> counts_a{};
+  std::vector<std::int64_t> counts_b{};
 };
 
 /// The watchdog's description of a launched collective (operation with its dimensions, shape, bytes sent).
@@ -60,7 +66,9 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
 void agree_on_success(const Mesh& mesh, const std::string& where, const std::string& local_error);
 
 /// Validates `call` (of the collective named `name`) for a group of `mesh.size()` ranks. Throws InvalidArgument naming
-/// the value and what was expected. Unchecked mesh: local checks only. Checked mesh: one MPI_Allreduce also compares
+/// the value and what was expected. Uneven calls: each partition must have mesh.size() parts, the View's extents must
+/// be this rank's counts (or the totals, see the collectives), and in checked mode every rank must pass the same
+/// partitions. Unchecked mesh: local checks only. Checked mesh: one MPI_Allreduce also compares
 /// the calls of all ranks, and an error found on any rank is thrown on every rank (with the message of the lowest such
 /// rank), so nothing hangs.
 void validate_collective(const Mesh& mesh, const CollectiveCall& call, const std::string& name);

@@ -21,12 +21,22 @@ namespace mlacp::detail {
 template <class T, class MemSpace>
 using Buffer = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
 
-/// What moves. `count` below is always the number of values in one peer's block.
+/// What moves: one peer block per rank, `count` values each, or the request's PeerBlocks (uneven collectives).
 enum class Operation {
   all_to_all,          ///< block j of send to rank j; block i of recv from rank i
   all_gather,          ///< send (one block) to every rank; block i of recv from rank i
   reduce_scatter_sum,  ///< recv (one block) = the sum over ranks of their send block j = this rank
   exchange_blocks,     ///< as all_to_all, but this rank's own block is neither sent nor copied (pairwise sum)
+};
+
+/// The per-peer blocks of a buffer of an uneven (v) collective, in values: peer j's block is
+/// [offsets[j], offsets[j] + counts[j]). Empty: the collective is even, every block `count` values at j * count.
+/// Offsets ascend in peer order and the blocks do not overlap (send and receive buffers of the v collectives are
+/// their blocks concatenated in rank order).
+struct PeerBlocks {
+  std::vector<std::size_t> counts;
+  std::vector<std::size_t> offsets;
+  bool empty() const noexcept { return counts.empty(); }
 };
 
 /// One collective, as handed to a backend.
@@ -35,8 +45,15 @@ struct TransportRequest {
   Operation operation;
   Buffer<T, MemSpace> send;
   Buffer<T, MemSpace> recv;
-  std::size_t count = 0;  ///< values per peer block
+  std::size_t count = 0;  ///< values per peer block (even collectives)
   CollectiveInfo info;    ///< what the watchdog reports about it (its name is the collective's)
+  /// Uneven collectives: the blocks of `send` (all_to_all, exchange_blocks, reduce_scatter_sum: block j for rank j)
+  /// and of `recv` (all_to_all, exchange_blocks, all_gather: block i from rank i). all_gather sends its whole `send`
+  /// (recv_blocks.counts[rank] values); reduce_scatter_sum receives send_blocks.counts[rank] values. Both empty for
+  /// an even collective.
+  PeerBlocks send_blocks;
+  PeerBlocks recv_blocks;
+  bool uneven() const noexcept { return !send_blocks.empty() || !recv_blocks.empty(); }
 };
 
 /// What a backend hands back for one started collective.

@@ -13,6 +13,7 @@
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/transport.hpp>
 #include <mlacp/nccl/transport.hpp>
+#include <mlacp/partition.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <any>
@@ -77,12 +78,19 @@ struct Prologue {
 };
 
 /// What every collective does first: the compile-time requirements, the description of the call, its validation
-/// (agreed by every rank in checked mode; throws before anything is sent), and P == 1.
+/// (agreed by every rank in checked mode; throws before anything is sent), and P == 1. The uneven collectives pass
+/// their partitions (`partition_a` for dim_a, `partition_b` for dim_b of an all-to-all).
 template <class ExecSpace, class ViewType>
 Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, int dim_a, int dim_b, const Mesh& mesh,
-                            const std::string& name, const collective_result_t<ViewType>& into) {
+                            const std::string& name, const collective_result_t<ViewType>& into,
+                            const Partition* partition_a = nullptr, const Partition* partition_b = nullptr) {
   check_collective_types<ExecSpace, ViewType>();
   Prologue<ViewType> p{describe(kind, view, dim_a, dim_b), std::nullopt};
+  if (partition_a != nullptr) {
+    p.call.uneven = true;
+    p.call.counts_a = partition_a->counts();
+    if (partition_b != nullptr) p.call.counts_b = partition_b->counts();
+  }
   if (into.data() != nullptr) {
     p.call.has_into = true;
     for (int d = 0; d < p.call.rank; ++d)
@@ -122,7 +130,9 @@ struct CollectiveLaunch {
   detail::Operation operation;
   detail::Buffer<T, MemSpace> send;  ///< what the transport reads
   detail::Buffer<T, MemSpace> recv;  ///< where the transport writes
-  std::size_t count = 0;             ///< values per peer block
+  std::size_t count = 0;             ///< values per peer block (even collectives)
+  detail::PeerBlocks send_blocks;    ///< uneven collectives: the blocks of `send` (see TransportRequest)
+  detail::PeerBlocks recv_blocks;    ///< uneven collectives: the blocks of `recv`
   ResultView result;                 ///< what wait() returns
   /// Runs at wait() once the data arrived, on the launch's instance: the unpack or the block sum into `result`; may
   /// be empty (received in place).
@@ -141,9 +151,14 @@ template <class ExecSpace, class T, class MemSpace, class ResultView>
 AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
                                   CollectiveLaunch<T, MemSpace, ResultView>&& launch) {
   detail::TransportRequest<T, MemSpace> request{
-      launch.operation, launch.send, launch.recv, launch.count,
+      launch.operation,
+      launch.send,
+      launch.recv,
+      launch.count,
       detail::describe_for_watchdog(launch.call, launch.name,
-                                    static_cast<std::int64_t>(launch.send.size() * sizeof(T)))};
+                                    static_cast<std::int64_t>(launch.send.size() * sizeof(T))),
+      std::move(launch.send_blocks),
+      std::move(launch.recv_blocks)};
   detail::StartedTransport started = detail::TransportFor<ExecSpace>::start(space, mesh, request);
   std::function<void()> finish = [arrived = std::move(started.arrived), finish = std::move(launch.finish)]() {
     if (arrived) arrived();
@@ -200,6 +215,77 @@ GatherReceive<T, MemSpace> gather_receive(const ExecSpace& space, const Result& 
     detail::unpack_blocks(space, in, out, received, parts, name + " unpack");
   };
   return {pooled.view, pooled, unpack};
+}
+
+// ---- The uneven (v) collectives' sides: the same structure, blocks sized by a Partition. ----
+
+/// The per-peer blocks, in values, of a buffer that holds a [outer, partition.total(), inner] tensor's blocks in rank
+/// order, block j being [outer, count(j), inner] (packed or, with outer == 1, the tensor itself).
+inline detail::PeerBlocks peer_blocks(const Partition& partition, std::int64_t outer, std::int64_t inner) {
+  detail::PeerBlocks blocks;
+  for (int j = 0; j < partition.parts(); ++j) {
+    blocks.counts.push_back(static_cast<std::size_t>(outer * partition.count(j) * inner));
+    blocks.offsets.push_back(static_cast<std::size_t>(outer * partition.offset(j) * inner));
+  }
+  return blocks;
+}
+
+/// The partition's parts + 1 offsets where kernels on `space` read them: pooled buffers (filled on the host, copied
+/// on `space` where MemSpace is not HostSpace), so that a steady state allocates nothing. `owners` keeps them alive.
+template <class MemSpace, class ExecSpace>
+const std::int64_t* partition_offsets(const ExecSpace& space, const Partition& partition, const std::string& name,
+                                      std::vector<std::any>& owners) {
+  const auto n = static_cast<std::size_t>(partition.parts()) + 1;
+  auto host = detail::allocate_buffer<std::int64_t, Kokkos::HostSpace>(space, name + " offsets", n);
+  for (std::size_t j = 0; j < n; ++j) host.view(j) = partition.offset(static_cast<int>(j));
+  owners.emplace_back(host);
+  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    return host.view.data();
+  } else {
+    auto device = detail::allocate_buffer<std::int64_t, MemSpace>(space, name + " offsets", n);
+    Kokkos::deep_copy(space, device.view, host.view);
+    owners.emplace_back(device);
+    return device.view.data();
+  }
+}
+
+/// The send side of an uneven scattering collective: `scattered` describes the input around the partitioned
+/// dimension (mid = partition.total()); block j (rows offset(j) .. offset(j) + count(j) - 1) is for rank j. As
+/// scatter_send: read in place when nothing precedes the dimension, else packed on `space` into a pooled buffer.
+template <class T, class MemSpace, class ExecSpace, class ViewType>
+ScatterSend<T, MemSpace> scatter_send_v(const ExecSpace& space, const ViewType& input,
+                                        const detail::AroundDim& scattered, const Partition& partition,
+                                        const std::string& name) {
+  const auto n = static_cast<std::size_t>(scattered.size());
+  if (scattered.outer == 1) return {detail::Buffer<T, MemSpace>(input.data(), n), {}};
+  std::vector<std::any> owners;
+  const std::int64_t* offsets = partition_offsets<MemSpace>(space, partition, name + " send", owners);
+  auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " send", n);
+  detail::pack_blocks_v(space, input.data(), pooled.view.data(), scattered, offsets, partition.parts(), name + " pack");
+  owners.emplace_back(pooled);
+  return {pooled.view, owners};
+}
+
+/// The receive side of an uneven gathering collective: `gathered` describes the result around the partitioned
+/// dimension (mid = partition.total()); rank i's block lands at rows offset(i) .. offset(i) + count(i) - 1. As
+/// gather_receive: received in place when nothing precedes the dimension, else unpacked on `space` at wait().
+template <class T, class MemSpace, class ExecSpace, class Result>
+GatherReceive<T, MemSpace> gather_receive_v(const ExecSpace& space, const Result& result,
+                                            const detail::AroundDim& gathered, const Partition& partition,
+                                            const std::string& name) {
+  const auto n = static_cast<std::size_t>(gathered.size());
+  if (gathered.outer == 1) return {detail::Buffer<T, MemSpace>(result.data(), n), {}, {}};
+  std::vector<std::any> owners;
+  const std::int64_t* offsets = partition_offsets<MemSpace>(space, partition, name + " recv", owners);
+  auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " recv", n);
+  owners.emplace_back(pooled);
+  const T* in = pooled.view.data();
+  T* out = result.data();
+  const int parts = partition.parts();
+  auto unpack = [space, in, out, gathered, offsets, parts, name]() {
+    detail::unpack_blocks_v(space, in, out, gathered, offsets, parts, name + " unpack");
+  };
+  return {pooled.view, owners, unpack};
 }
 
 }  // namespace impl

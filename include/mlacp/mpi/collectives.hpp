@@ -4,6 +4,10 @@
 #pragma once
 
 #include <mpi.h>
+#include <mlacp/detail/transport.hpp>
+
+#include <string>
+#include <vector>
 
 namespace mlacp::mpi {
 
@@ -23,5 +27,35 @@ int start_reduce_scatter_block(const void* send, void* recv, int count, MPI_Data
 /// comm-size ints each and stay alive until the request completes (MPI may read them until then).
 int start_exchange_blocks(const void* send, void* recv, int count, MPI_Datatype type, MPI_Comm comm, int* counts,
                           int* displacements, MPI_Request* request);
+
+/// One side of an uneven (v) collective in MPI's terms. MPI counts and displacements are ints: they are expressed in
+/// units of a contiguous datatype of `unit` values, the greatest common divisor of every count and offset of the
+/// blocks (a collective's blocks are whole slices of its partitioned dimension, so a count or offset in units is at
+/// most the partition's total, which validate_collective bounds by INT_MAX).
+struct BlocksInUnits {
+  int unit = 1;
+  std::vector<int> counts;
+  std::vector<int> displacements;
+};
+
+/// `blocks` in units; throws InvalidArgument naming `what` when a unit, count or displacement exceeds INT_MAX (which
+/// validation excludes before anything is sent).
+BlocksInUnits in_units(const detail::PeerBlocks& blocks, const std::string& what);
+
+/// MPI_Ialltoallv: block j of `send` (send_blocks) to rank j, block i of `recv` (recv_blocks) from rank i. The block
+/// arrays must stay alive until the request completes (MPI may read them until then).
+int start_all_to_all_v(const void* send, const BlocksInUnits& send_blocks, void* recv, const BlocksInUnits& recv_blocks,
+                       MPI_Datatype type, MPI_Comm comm, MPI_Request* request);
+
+/// MPI_Iallgatherv: this rank's block (recv_blocks.counts[rank] units at `send`) to every rank, block i of `recv` from
+/// rank i. `recv_blocks` must stay alive until the request completes.
+int start_all_gather_v(const void* send, void* recv, const BlocksInUnits& recv_blocks, MPI_Datatype type, MPI_Comm comm,
+                       MPI_Request* request);
+
+/// MPI_Ireduce_scatter with MPI_SUM: `recv` = the sum over ranks of their block `rank` of `send`, whose blocks are
+/// concatenated in rank order, rank i's `counts[i]` values (the reduction runs on the basic type: counts are values).
+/// `counts` must stay alive until the request completes.
+int start_reduce_scatter_v(const void* send, void* recv, const int* counts, MPI_Datatype type, MPI_Comm comm,
+                           MPI_Request* request);
 
 }  // namespace mlacp::mpi

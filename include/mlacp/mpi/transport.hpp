@@ -13,6 +13,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,9 +43,8 @@ struct Transport {
     MPI_Request handle = MPI_REQUEST_NULL;
     if (reads_directly<MemSpace>() && !mesh.host_staging()) {
       compat::fence(space, name + ": send buffer complete before MPI reads it");
-      check_mpi(
-          issue(request.operation, request.send.data(), request.recv.data(), request.count, mesh, started, &handle),
-          name + ": MPI launch");
+      check_mpi(issue(request, request.send.data(), request.recv.data(), mesh, started, &handle),
+                name + ": MPI launch");
       started.transport = make_request_transport(handle, mesh.comm(), request.info);
       return started;
     }
@@ -54,9 +54,8 @@ struct Transport {
         detail::allocate_buffer<T, Kokkos::HostSpace>(space, name + " host recv", request.recv.size());
     Kokkos::deep_copy(space, host_send.view, request.send);
     compat::fence(space, name + ": host staging complete before MPI reads it");
-    check_mpi(
-        issue(request.operation, host_send.view.data(), host_recv.view.data(), request.count, mesh, started, &handle),
-        name + ": MPI launch");
+    check_mpi(issue(request, host_send.view.data(), host_recv.view.data(), mesh, started, &handle),
+              name + ": MPI launch");
     started.transport = make_request_transport(handle, mesh.comm(), request.info);
     started.arrived = [space, recv = request.recv, staged = host_recv.view]() {
       Kokkos::deep_copy(space, recv, staged);
@@ -67,11 +66,13 @@ struct Transport {
   }
 
  private:
-  template <class T>
-  static int issue(detail::Operation operation, const T* send, T* recv, std::size_t count, const Mesh& mesh,
+  // Starts `request` with `send` and `recv` (its buffers, or their host copies).
+  template <class T, class MemSpace>
+  static int issue(const detail::TransportRequest<T, MemSpace>& request, const T* send, T* recv, const Mesh& mesh,
                    detail::StartedTransport& started, MPI_Request* handle) {
-    const int n = static_cast<int>(count);  // validate_collective refused blocks beyond MPI's int count
-    switch (operation) {
+    if (request.uneven()) return issue_uneven(request, send, recv, mesh, started, handle);
+    const int n = static_cast<int>(request.count);  // validate_collective refused blocks beyond MPI's int count
+    switch (request.operation) {
       case detail::Operation::all_to_all:
         return start_all_to_all(send, recv, n, datatype<T>(), mesh.comm(), handle);
       case detail::Operation::all_gather:
@@ -84,6 +85,42 @@ struct Transport {
         started.resources.emplace_back(arrays);
         return start_exchange_blocks(send, recv, n, datatype<T>(), mesh.comm(), arrays->data(),
                                      arrays->data() + mesh.size(), handle);
+      }
+    }
+    return MPI_ERR_OP;
+  }
+
+  // The uneven (v) collectives: MPI_Ialltoallv, MPI_Iallgatherv, MPI_Ireduce_scatter. MPI reads the count arrays until
+  // the request completes: the handle keeps them (started.resources).
+  template <class T, class MemSpace>
+  static int issue_uneven(const detail::TransportRequest<T, MemSpace>& request, const T* send, T* recv,
+                          const Mesh& mesh, detail::StartedTransport& started, MPI_Request* handle) {
+    const std::string& name = request.info.name;
+    switch (request.operation) {
+      case detail::Operation::all_to_all:
+      case detail::Operation::exchange_blocks: {
+        auto sent = std::make_shared<BlocksInUnits>(in_units(request.send_blocks, name + " (send blocks)"));
+        auto received = std::make_shared<BlocksInUnits>(in_units(request.recv_blocks, name + " (receive blocks)"));
+        if (request.operation == detail::Operation::exchange_blocks) {
+          // This rank's own block is neither sent nor copied: the sum reads it where it is.
+          sent->counts[static_cast<std::size_t>(mesh.rank())] = 0;
+          received->counts[static_cast<std::size_t>(mesh.rank())] = 0;
+        }
+        started.resources.emplace_back(sent);
+        started.resources.emplace_back(received);
+        return start_all_to_all_v(send, *sent, recv, *received, datatype<T>(), mesh.comm(), handle);
+      }
+      case detail::Operation::all_gather: {
+        auto received = std::make_shared<BlocksInUnits>(in_units(request.recv_blocks, name + " (receive blocks)"));
+        started.resources.emplace_back(received);
+        return start_all_gather_v(send, recv, *received, datatype<T>(), mesh.comm(), handle);
+      }
+      case detail::Operation::reduce_scatter_sum: {
+        // The reduction runs on the basic type: counts in values (validate_collective bounds each block by INT_MAX).
+        auto counts = std::make_shared<std::vector<int>>();
+        for (const auto c : request.send_blocks.counts) counts->push_back(static_cast<int>(c));
+        started.resources.emplace_back(counts);
+        return start_reduce_scatter_v(send, recv, counts->data(), datatype<T>(), mesh.comm(), handle);
       }
     }
     return MPI_ERR_OP;

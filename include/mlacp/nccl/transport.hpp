@@ -56,6 +56,19 @@ struct PeerTransfer {
 /// `include_self` false the own block is left out (the exchange of a pairwise reduce-scatter).
 std::vector<PeerTransfer> all_to_all_plan(int rank, int nranks, std::size_t count_per_peer, bool include_self = true);
 
+/// The same plan for an uneven all-to-all: block j of the send buffer (send_blocks) goes to rank j, block i of the
+/// receive buffer (recv_blocks) comes from rank i; in the same ring order. Transfers whose send and receive counts
+/// are both 0 are left out (the peer leaves out the matching ones: its send count is this rank's receive count).
+struct PeerTransferV {
+  int peer;
+  std::size_t send_offset;
+  std::size_t send_count;
+  std::size_t recv_offset;
+  std::size_t recv_count;
+};
+std::vector<PeerTransferV> all_to_all_plan_v(int rank, int nranks, const detail::PeerBlocks& send_blocks,
+                                             const detail::PeerBlocks& recv_blocks, bool include_self = true);
+
 /// What one poll of a collective in flight found.
 struct Completion {
   enum class State { pending, done, failed };
@@ -68,12 +81,16 @@ struct Completion {
 /// (a collective whose peer is gone never completes).
 Completion classify(cudaError_t event_state, ncclResult_t async_error, const std::string& name);
 
-/// Enqueues `operation` (count = elements per peer block) and returns its transport. `compute_stream` is the stream
+/// Enqueues `operation` (count = elements per peer block, or the uneven blocks when `send_blocks` or `recv_blocks` is
+/// not empty, see TransportRequest) and returns its transport. Uneven collectives: all_to_all and exchange_blocks as
+/// grouped ncclSend/ncclRecv, all_gather as one ncclBroadcast per root, reduce_scatter_sum as one ncclReduce per
+/// root, each set inside one ncclGroupStart/End; nothing is padded. `compute_stream` is the stream
 /// of the execution-space instance the operands were produced on, and on which the result will be consumed.
 std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, const void* send, void* recv,
                                                  std::size_t count, ncclDataType_t type, std::size_t type_size,
                                                  Communicator& communicator, cudaStream_t compute_stream,
-                                                 CollectiveInfo info);
+                                                 CollectiveInfo info, const detail::PeerBlocks& send_blocks = {},
+                                                 const detail::PeerBlocks& recv_blocks = {});
 
 struct Transport {
   /// ncclReduceScatter always.
@@ -84,8 +101,9 @@ struct Transport {
                                         const detail::TransportRequest<T, MemSpace>& request) {
     detail::StartedTransport started;
     started.resources.emplace_back(communicator);  // the transport polls and may abort it until it completes
-    started.transport = launch(request.operation, request.send.data(), request.recv.data(), request.count,
-                               datatype<T>(), sizeof(T), *communicator, space.cuda_stream(), request.info);
+    started.transport =
+        launch(request.operation, request.send.data(), request.recv.data(), request.count, datatype<T>(), sizeof(T),
+               *communicator, space.cuda_stream(), request.info, request.send_blocks, request.recv_blocks);
     return started;
   }
 };
