@@ -15,14 +15,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
-#include <limits>
-#include <utility>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -168,7 +168,7 @@ std::string packing_string(const std::vector<std::int64_t>& cu) {
 /// boundaries on tile edges (multiples of 4 and 8) and off them, and random ones.
 TYPED_TEST(FlashAttention, PackedMatchesReferenceCoreForEveryPathAndTiling) {
   using T = TypeParam;
-  const std::vector<std::pair<int, int>> tilings = {{1, 1}, {3, 5}, {5, 3}, {4, 4},   {8, 8},
+  const std::vector<std::pair<int, int>> tilings = {{1, 1},  {3, 5},  {5, 3},   {4, 4}, {8, 8},
                                                     {8, 16}, {16, 8}, {64, 64}, {0, 0}};
   const Shape sh{2, 37, 2, 6, 5};
   std::vector<std::vector<std::int64_t>> packings = {
@@ -200,9 +200,9 @@ TYPED_TEST(FlashAttention, PackedMatchesReferenceCoreForEveryPathAndTiling) {
 /// Copies tokens [t0, t0 + n) of every (b, head) of a [B, S, h, d] View into a [B, n, h, d] View, or back.
 template <class T>
 void copy_tokens(const View4<T>& from, std::int64_t from_t0, const View4<T>& to, std::int64_t to_t0, std::int64_t n) {
-  Kokkos::deep_copy(Kokkos::subview(to, Kokkos::ALL(), std::make_pair(to_t0, to_t0 + n), Kokkos::ALL(), Kokkos::ALL()),
-                    Kokkos::subview(from, Kokkos::ALL(), std::make_pair(from_t0, from_t0 + n), Kokkos::ALL(),
-                                    Kokkos::ALL()));
+  Kokkos::deep_copy(
+      Kokkos::subview(to, Kokkos::ALL(), std::make_pair(to_t0, to_t0 + n), Kokkos::ALL(), Kokkos::ALL()),
+      Kokkos::subview(from, Kokkos::ALL(), std::make_pair(from_t0, from_t0 + n), Kokkos::ALL(), Kokkos::ALL()));
 }
 
 /// An independent check of the masking: documents d1 | d2 packed give what d1 and d2 give run separately (the
@@ -239,8 +239,8 @@ TEST(FlashAttentionPacked, PackedDocumentsEqualSeparateRuns) {
   for (const auto path : {FlashAttentionPath::blas, FlashAttentionPath::team}) {
     for (const auto& [tq, tk] : std::vector<std::pair<int, int>>{{4, 4}, {8, 16}, {16, 8}, {0, 0}}) {
       const auto [packed, joined] = separate(flash(path, tq, tk));
-      const std::string where = std::string(path == FlashAttentionPath::blas ? "blas " : "team ") +
-                                std::to_string(tq) + "x" + std::to_string(tk);
+      const std::string where = std::string(path == FlashAttentionPath::blas ? "blas " : "team ") + std::to_string(tq) +
+                                "x" + std::to_string(tk);
       EXPECT_LT(rel_error(to_vec(packed.o), to_vec(joined.o)), 1e-12) << where;
       EXPECT_LT(rel_error(to_vec(packed.lse), to_vec(joined.lse)), 1e-12) << where;
       EXPECT_LT(rel_error(to_vec(packed.dq), to_vec(joined.dq)), 1e-12) << where;
@@ -289,8 +289,8 @@ TEST(FlashAttentionPacked, SkipsTilesAcrossDocumentBoundaries) {
   for (const auto path : {FlashAttentionPath::blas, FlashAttentionPath::team}) {
     for (const auto& [tq, tk] : std::vector<std::pair<int, int>>{{16, 16}, {16, 8}, {8, 16}}) {
       const auto core = flash(path, tq, tk);
-      const std::string where = std::string(path == FlashAttentionPath::blas ? "blas " : "team ") +
-                                std::to_string(tq) + "x" + std::to_string(tk);
+      const std::string where = std::string(path == FlashAttentionPath::blas ? "blas " : "team ") + std::to_string(tq) +
+                                "x" + std::to_string(tk);
       Problem<double> got(sh, 2.0, false);
       for (const auto& x : {got.q, got.k, got.v, got.d_o}) poison(x, 0, first_doc);
       got.run(core, documents);
@@ -329,8 +329,9 @@ TEST(DocumentLayout, RejectsInvalidOffsetsNamingTheEntryAndTheRule) {
   const std::string msg =
       invalid_argument_message([&] { mlacp::FlashAttentionCore{}.forward(space, q, q, v, o, lse, nine); });
   EXPECT_NE(msg.find("covers S = 9 tokens, the sequence has 8"), std::string::npos) << msg;
-  EXPECT_NE(invalid_argument_message([&] { mlacp::CausalAttentionCore{}.forward(space, q, q, v, o, lse, nine); })
-                .find("covers S = 9 tokens"),
+  EXPECT_NE(invalid_argument_message([&] {
+              mlacp::CausalAttentionCore{}.forward(space, q, q, v, o, lse, nine);
+            }).find("covers S = 9 tokens"),
             std::string::npos);
 }
 

@@ -143,8 +143,8 @@ TYPED_TEST(ReferenceAttention, PackedForwardMatchesPerDocumentMaskedSoftmax) {
   const Vec q0 = rounded<T>(random_vec(sh.qk_size(), 31, -3.0, 3.0));
   const Vec k0 = rounded<T>(random_vec(sh.qk_size(), 32, -3.0, 3.0));
   const Vec v0 = rounded<T>(random_vec(sh.v_size(), 33));
-  const std::vector<std::vector<std::int64_t>> packings = {
-      {0, 13}, {0, 1, 13}, {0, 12, 13}, {0, 1, 2, 3, 13}, {0, 4, 5, 9, 13}, {0, 6, 13}};
+  const std::vector<std::vector<std::int64_t>> packings = {{0, 13},          {0, 1, 13},       {0, 12, 13},
+                                                           {0, 1, 2, 3, 13}, {0, 4, 5, 9, 13}, {0, 6, 13}};
   for (const auto& cu : packings) {
     AttnRun<T> run(sh, q0, k0, v0, mlacp::DocumentLayout(cu, sh.n_s));
     Vec o_ref, lse_ref;

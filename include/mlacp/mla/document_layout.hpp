@@ -130,9 +130,9 @@ class DocumentLayout {
   /// Throws unless the layout is empty or covers exactly n_s tokens.
   void check_total(std::int64_t n_s, const char* who) const {
     if (!empty() && total_ != n_s)
-      throw InvalidArgument(std::string("mlacp::") + who + ": the document layout covers S = " +
-                            std::to_string(total_) + " tokens, the sequence has " + std::to_string(n_s) +
-                            "; expected cu_seqlens ending at the sequence length");
+      throw InvalidArgument(
+          std::string("mlacp::") + who + ": the document layout covers S = " + std::to_string(total_) +
+          " tokens, the sequence has " + std::to_string(n_s) + "; expected cu_seqlens ending at the sequence length");
   }
 
  private:

@@ -124,10 +124,10 @@ void flash_forward_team(const ExecSpace& space, const Q& q, const K& k, const V&
 template <class Team, class T, class Q, class K, class V, class Lse, class DO, class RowTerm, class Docs, class Mat>
 KOKKOS_INLINE_FUNCTION void flash_team_probabilities(const typename Team::member& t, const Q& q, const K& k, const V& v,
                                                      const Lse& lse, const DO& d_o, const RowTerm& row_term,
-                                                     const Docs& docs, std::int64_t b, std::int64_t hd, std::int64_t n_h,
-                                                     std::int64_t n_s, std::int64_t i0, std::int64_t nq,
-                                                     std::int64_t j0, std::int64_t nk, double scale, const Mat& p,
-                                                     const Mat& ds, bool want_ds) {
+                                                     const Docs& docs, std::int64_t b, std::int64_t hd,
+                                                     std::int64_t n_h, std::int64_t n_s, std::int64_t i0,
+                                                     std::int64_t nq, std::int64_t j0, std::int64_t nk, double scale,
+                                                     const Mat& p, const Mat& ds, bool want_ds) {
   KokkosBatched::TeamGemm<typename Team::member, typename Team::NT, typename Team::TR, typename Team::Algo>::invoke(
       t, T(1), head_block(q, b, hd, i0, nq), head_block(k, b, hd, j0, nk), T(0), p);
   if (want_ds)
@@ -190,8 +190,7 @@ void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V
             const auto rows = Kokkos::make_pair<std::int64_t>(0, nq);
             const auto p = Kokkos::subview(p_all, rows, keys), ds = Kokkos::subview(ds_all, rows, keys);
             flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, docs, b, hd, n_h, n_s, i0, nq, j0, nk,
-                                              scale, p,
-                                              ds, do_dk);
+                                              scale, p, ds, do_dk);
             if (do_dv)
               KokkosBatched::TeamGemm<member, TR, NT, Algo>::invoke(t, T(1), p, head_block(d_o, b, hd, i0, nq),
                                                                     first ? T(0) : T(1), dv_acc);
@@ -230,8 +229,7 @@ void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V
             const auto keys = Kokkos::make_pair<std::int64_t>(0, nk);
             const auto p = Kokkos::subview(p_all, rows, keys), ds = Kokkos::subview(ds_all, rows, keys);
             flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, docs, b, hd, n_h, n_s, i0, nq, j0, nk,
-                                              scale, p,
-                                              ds, true);
+                                              scale, p, ds, true);
             KokkosBatched::TeamGemm<member, NT, NT, Algo>::invoke(t, T(1), ds, head_block(k, b, hd, j0, nk),
                                                                   j0 == j_begin ? T(0) : T(1), dq_acc);
             t.team_barrier();

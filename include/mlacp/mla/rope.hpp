@@ -113,8 +113,7 @@ RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& spa
 
 /// Builds the table of the rank-local tokens at the explicit positions `positions` [tokens] (make_rope_positions),
 /// asynchronously on `space`; the table keeps a reference to `positions`.
-template <class ExecSpace, class PositionsView,
-          std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
+template <class ExecSpace, class PositionsView, std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
 RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& space, const PositionsView& positions,
                                                             int width, double base) {
   static_assert(compat::view_rank_v<PositionsView> == 1, "mlacp RoPE: positions must be a rank-1 View [tokens]");
@@ -238,7 +237,8 @@ Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> make_rope_position
   if (global_offset < 0) throw InvalidArgument(who + detail::named("global_offset", global_offset) + ", expected >= 0");
   if (local_count < 0) throw InvalidArgument(who + detail::named("local_count", local_count) + ", expected >= 0");
   if (!documents.empty() && global_offset + local_count > documents.total())
-    throw InvalidArgument(who + detail::named("global_offset", global_offset) + " + " + detail::named("local_count", local_count) +
+    throw InvalidArgument(who + detail::named("global_offset", global_offset) + " + " +
+                          detail::named("local_count", local_count) +
                           " exceeds the document layout's S = " + std::to_string(documents.total()) +
                           ", expected the rank's tokens inside the packed sequence");
   Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> positions(
