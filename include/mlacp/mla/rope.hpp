@@ -53,34 +53,34 @@ void rope_validate(const char* who, const View4& x, int first_column, int width)
 template <class MemSpace>
 struct RopeTable {
   Kokkos::View<double**, Kokkos::LayoutRight, MemSpace> cos, sin;
-  Kokkos::View<const std::int64_t*, MemSpace> positions;  // empty: consecutive positions from position_offset
+  Kokkos::View<const std::int64_t*, MemSpace> positions;  // with explicit_positions: the positions of the rows
+  bool explicit_positions = false;                        // false: consecutive positions from position_offset
   std::int64_t position_offset = 0;
   int width = 0;
   double base = 0;
 
   /// True when built for `tokens` consecutive positions from `offset` with this width and base.
   bool matches(std::int64_t tokens, std::int64_t offset, int w, double b) const {
-    return cos.data() != nullptr && positions.extent(0) == 0 && static_cast<std::int64_t>(cos.extent(0)) == tokens &&
+    return cos.data() != nullptr && !explicit_positions && static_cast<std::int64_t>(cos.extent(0)) == tokens &&
            position_offset == offset && width == w && base == b;
   }
   /// True when built from this positions View (the same allocation) with this width and base.
   template <class PositionsView>
   bool matches(const PositionsView& p, int w, double b) const {
-    return cos.data() != nullptr && positions.extent(0) != 0 && positions.data() == p.data() &&
-           positions.extent(0) == p.extent(0) && width == w && base == b;
+    return explicit_positions && positions.data() == p.data() && positions.extent(0) == p.extent(0) && width == w &&
+           base == b;
   }
 };
 
-/// Fills table.cos / table.sin: row t at position `positions(t)`, or table.position_offset + t when `positions` is
-/// empty.
+/// Fills table.cos / table.sin: row t at position `positions(t)` when `explicit_positions`, else at
+/// table.position_offset + t.
 template <class ExecSpace, class MemSpace>
 void rope_fill_table(const ExecSpace& space, const RopeTable<MemSpace>& table,
-                     const Kokkos::View<const std::int64_t*, MemSpace>& positions) {
+                     const Kokkos::View<const std::int64_t*, MemSpace>& positions, bool explicit_positions) {
   const auto cos_table = table.cos;
   const auto sin_table = table.sin;
   const std::int64_t half = table.width / 2, position_offset = table.position_offset;
   const double width_double = static_cast<double>(table.width), base = table.base;
-  const bool explicit_positions = positions.extent(0) != 0;
   Kokkos::parallel_for(
       "mlacp::rope_table",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0,
@@ -107,7 +107,7 @@ RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& spa
   table.position_offset = position_offset;
   table.width = width;
   table.base = base;
-  rope_fill_table(space, table, Kokkos::View<const std::int64_t*, typename ExecSpace::memory_space>());
+  rope_fill_table(space, table, Kokkos::View<const std::int64_t*, typename ExecSpace::memory_space>(), false);
   return table;
 }
 
@@ -125,9 +125,10 @@ RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& spa
   table.cos = decltype(table.cos)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), tokens, half);
   table.sin = decltype(table.sin)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), tokens, half);
   table.positions = positions;
+  table.explicit_positions = true;
   table.width = width;
   table.base = base;
-  rope_fill_table(space, table, table.positions);
+  rope_fill_table(space, table, table.positions, true);
   return table;
 }
 
