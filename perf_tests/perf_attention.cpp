@@ -10,6 +10,10 @@
 // (FLOPs / GEMM rate) / measured time. Every rank runs the same work (P ranks load P cores, as the layer does); times
 // are the max over ranks.
 //
+// Packed documents: the flash core at the largest S with a DocumentLayout of 8 documents of mixed lengths summing to S
+// against the same S as one document (default tiles, first head shape): forward and backward times, the tile pairs
+// visited (FlashAttentionCore::tile_pairs) and the causal score elements left (sum L(L+1)/2 over S(S+1)/2).
+//
 //   mpirun -n 2 mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--dtype float|double|both]
 //                                    [--seq S[,S...]] [--heads h] [--tiles QxK[,QxK...]] [--shapes small,deepseek]
 //                                    [--path blas|team]
@@ -18,8 +22,12 @@
 #include <mlacp/mla/attention_core.hpp>
 #include <mlacp/mla/flash_attention.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <random>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "perf_common.hpp"
 
@@ -100,8 +108,66 @@ Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, 
           rate};
 }
 
+struct PackedRow {
+  std::string dtype, shape, path;
+  int seq, heads, documents, tq, tk;
+  double one_forward_s, one_backward_s, packed_forward_s, packed_backward_s, element_fraction;
+  std::int64_t tiles_visited, tiles_causal;
+};
+
+/// cu_seqlens of 8 documents of mixed lengths (in proportion 5:1:3:2:8:1:4:2, each at least one token) summing to S.
+std::vector<std::int64_t> mixed_packing(int s) {
+  const int weights[] = {5, 1, 3, 2, 8, 1, 4, 2};
+  const int n_docs = static_cast<int>(sizeof(weights) / sizeof(weights[0])), total = 26;
+  std::vector<std::int64_t> cu = {0};
+  for (int d = 0; d + 1 < n_docs && cu.back() + (n_docs - d) <= s; ++d)
+    cu.push_back(cu.back() + std::max<std::int64_t>(1, static_cast<std::int64_t>(s) * weights[d] / total));
+  if (cu.back() < s) cu.push_back(s);
+  return cu;
+}
+
 template <class T>
-void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows) {
+PackedRow time_packed(MPI_Comm comm, const mlacp::FlashAttentionOptions& fo, const std::string& path, int s, int h,
+                      const HeadShape& hs, int warmup, int repeats) {
+  const mlacp::FlashAttentionCore core(fo);
+  const std::vector<std::int64_t> cu = mixed_packing(s);
+  const mlacp::DocumentLayout packed(cu, s), one;
+  Problem<T> p(s, h, hs);
+  const Space space;
+  auto time = [&](const mlacp::DocumentLayout& docs) {
+    const Samples f = measure(comm, warmup, repeats, [&] { core.forward(space, p.q, p.k, p.v, p.o, p.lse, docs); });
+    const Samples b = measure(comm, warmup, repeats,
+                              [&] { core.backward(space, p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv, docs); });
+    return std::make_pair(f.median(), b.median());
+  };
+  const auto [one_f, one_b] = time(one);
+  const auto [packed_f, packed_b] = time(packed);
+  const auto [tq, tk] = mlacp::detail::flash_tiles(fo, path != "team");
+  const auto [visited, causal] = core.tile_pairs<Space>(s, packed);
+  double elements = 0;
+  for (std::size_t d = 0; d + 1 < cu.size(); ++d) {
+    const double len = static_cast<double>(cu[d + 1] - cu[d]);
+    elements += len * (len + 1.0) / 2.0;
+  }
+  return {std::is_same_v<T, double> ? "double" : "float",
+          hs.name,
+          "flash-" + path,
+          s,
+          h,
+          static_cast<int>(cu.size()) - 1,
+          tq,
+          tk,
+          one_f,
+          one_b,
+          packed_f,
+          packed_b,
+          elements / (static_cast<double>(s) * (s + 1.0) / 2.0),
+          visited,
+          causal};
+}
+
+template <class T>
+void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows, std::vector<PackedRow>& packed_rows) {
   const int repeats = o.repeats_or(2, 5), warmup = o.quick ? 1 : o.warmup;
   const double rate = measure_gemm_rate<T>(comm, 512, 512, 512, std::max(repeats, 5)).flops_per_s;
   const int h = o.get_int("heads", 4);
@@ -137,6 +203,14 @@ void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows) {
                                     std::min(repeats, 3), rate));
     }
   }
+  // Packed documents: the largest S, the first head shape, default tiles of the path.
+  int s_max = 0;
+  for (const auto& seq : seqs) s_max = std::max(s_max, std::stoi(seq));
+  if (s_max > 0 && !shapes.empty()) {
+    mlacp::FlashAttentionOptions fo;
+    fo.path = path == "team" ? mlacp::FlashAttentionPath::team : mlacp::FlashAttentionPath::blas;
+    packed_rows.push_back(time_packed<T>(comm, fo, path, s_max, h, shapes.front(), warmup, repeats));
+  }
 }
 
 int run(int argc, char** argv) {
@@ -147,8 +221,9 @@ int run(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const std::string dtype = o.get("dtype", "both");
   std::vector<Row> rows;
-  if (dtype == "double" || dtype == "both") run_dtype<double>(MPI_COMM_WORLD, o, rows);
-  if (dtype == "float" || dtype == "both") run_dtype<float>(MPI_COMM_WORLD, o, rows);
+  std::vector<PackedRow> packed_rows;
+  if (dtype == "double" || dtype == "both") run_dtype<double>(MPI_COMM_WORLD, o, rows, packed_rows);
+  if (dtype == "float" || dtype == "both") run_dtype<float>(MPI_COMM_WORLD, o, rows, packed_rows);
   if (rank != 0) return 0;
   std::cout << "mlacp-perf-attention: attention core forward + backward, B=1, per rank (P = " << size
             << " ranks run the same work), median of max over ranks\n";
@@ -180,8 +255,47 @@ int run(int argc, char** argv) {
                             .num("fraction_of_gemm_rate", achieved / r.rate)
                             .text());
   }
+  std::cout << "\npacked documents (cu_seqlens) against the same S as one document, default tiles:\n";
+  std::cout << std::left << std::setw(8) << "dtype" << std::setw(16) << "head shape" << std::setw(14) << "core"
+            << std::right << std::setw(7) << "S" << std::setw(6) << "docs" << std::setw(10) << "tiles" << std::setw(13)
+            << "one fwd ms" << std::setw(13) << "one bwd ms" << std::setw(13) << "packed fwd" << std::setw(13)
+            << "packed bwd" << std::setw(15) << "tiles visited" << std::setw(10) << "skipped" << std::setw(11)
+            << "elements" << std::setw(9) << "speedup\n";
+  std::vector<std::string> json_packed;
+  for (const auto& r : packed_rows) {
+    const double skipped = 1.0 - static_cast<double>(r.tiles_visited) / static_cast<double>(r.tiles_causal);
+    const double speedup = (r.one_forward_s + r.one_backward_s) / (r.packed_forward_s + r.packed_backward_s);
+    std::cout << std::left << std::setw(8) << r.dtype << std::setw(16) << r.shape << std::setw(14) << r.path
+              << std::right << std::setw(7) << r.seq << std::setw(6) << r.documents << std::setw(10)
+              << (std::to_string(r.tq) + "x" + std::to_string(r.tk)) << std::setw(13) << ms(r.one_forward_s)
+              << std::setw(13) << ms(r.one_backward_s) << std::setw(13) << ms(r.packed_forward_s) << std::setw(13)
+              << ms(r.packed_backward_s) << std::setw(15)
+              << (std::to_string(r.tiles_visited) + "/" + std::to_string(r.tiles_causal)) << std::setw(10)
+              << fixed(skipped, 3) << std::setw(11) << fixed(r.element_fraction, 3) << std::setw(8) << fixed(speedup, 2)
+              << "\n";
+    json_packed.push_back(JsonObject()
+                              .str("dtype", r.dtype)
+                              .str("head_shape", r.shape)
+                              .str("core", r.path)
+                              .num("seq", r.seq)
+                              .num("heads", r.heads)
+                              .num("documents", r.documents)
+                              .num("query_tile", r.tq)
+                              .num("key_tile", r.tk)
+                              .num("one_document_forward_s", r.one_forward_s)
+                              .num("one_document_backward_s", r.one_backward_s)
+                              .num("packed_forward_s", r.packed_forward_s)
+                              .num("packed_backward_s", r.packed_backward_s)
+                              .num("tiles_visited", static_cast<double>(r.tiles_visited))
+                              .num("tiles_causal", static_cast<double>(r.tiles_causal))
+                              .num("fraction_of_tiles_skipped", skipped)
+                              .num("fraction_of_causal_elements", r.element_fraction)
+                              .num("speedup", speedup)
+                              .text());
+  }
   JsonObject doc = header("mlacp-perf-attention", o, size, o.repeats_or(2, 5));
   doc.raw("results", jlist(json_rows));
+  doc.raw("packed_documents", jlist(json_packed));
   write_json(o.json, doc.text());
   return 0;
 }

@@ -124,7 +124,8 @@ template <class U>
 struct AttnRun {
   View4<U> q, k, v, o;
   View3<U> lse;
-  AttnRun(const AttnShape& sh, const Vec& q0, const Vec& k0, const Vec& v0)
+  AttnRun(const AttnShape& sh, const Vec& q0, const Vec& k0, const Vec& v0,
+          const mlacp::DocumentLayout& documents = mlacp::DocumentLayout())
       : q("q", sh.n_b, sh.n_s, sh.n_h, sh.d_qk),
         k("k", sh.n_b, sh.n_s, sh.n_h, sh.d_qk),
         v("v", sh.n_b, sh.n_s, sh.n_h, sh.d_v),
@@ -134,7 +135,7 @@ struct AttnRun {
     from_vec(k, k0);
     from_vec(v, v0);
     ExecSpace space;
-    mlacp::CausalAttentionCore{}.forward(space, q, k, v, o, lse);
+    mlacp::CausalAttentionCore{}.forward(space, q, k, v, o, lse, documents);
     space.fence();
   }
 };

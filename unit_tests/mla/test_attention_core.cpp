@@ -3,7 +3,8 @@
 // per row, checked against a naive S x S softmax and finite differences in test_mla_kernels.cpp): both paths (BLAS
 // tiles, team scratch), tiles that do and do not divide S, query and key tiles of different sizes, scores large
 // enough to overflow without the running max, the gradient flags, long sequences in float against double, and the
-// tile options.
+// tile options. Packed documents (DocumentLayout): every path and tiling against the reference core on random packings,
+// packed documents against separate runs, the tiles across document boundaries skipped, and the layout's checks.
 #include "kernel_test_support.hpp"
 
 #include <gtest/gtest.h>
@@ -12,12 +13,16 @@
 #include <mlacp/mla/flash_attention.hpp>
 #include <mlacp/mla/softmax_exp.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -25,6 +30,7 @@ namespace {
 using ExecSpace = Kokkos::DefaultExecutionSpace;
 using MemSpace = ExecSpace::memory_space;
 using mlacp::FlashAttentionPath;
+using mlacp::test::kernels::invalid_argument_message;
 using mlacp::test::kernels::rel_error;
 using mlacp::test::kernels::to_vec;
 using mlacp::test::kernels::Vec;
@@ -87,12 +93,12 @@ struct Problem {
   }
   /// Runs forward and backward with `core`; the outputs and gradients start as garbage (they must be overwritten).
   template <class Core>
-  void run(const Core& core) {
+  void run(const Core& core, const mlacp::DocumentLayout& documents = mlacp::DocumentLayout()) {
     for (const auto& out : {o, dq, dk, dv}) Kokkos::deep_copy(out, T(42));
     Kokkos::deep_copy(lse, T(42));
     ExecSpace space;
-    core.forward(space, q, k, v, o, lse);
-    core.backward(space, q, k, v, o, lse, d_o, dq, dk, dv);
+    core.forward(space, q, k, v, o, lse, documents);
+    core.backward(space, q, k, v, o, lse, d_o, dq, dk, dv, documents);
     space.fence();
   }
 };
@@ -136,6 +142,230 @@ TYPED_TEST(FlashAttention, MatchesReferenceCoreForEveryPathAndTiling) {
       }
     }
   }
+}
+
+/// Random cu_seqlens over S tokens: `cuts` distinct cut points in (0, S).
+std::vector<std::int64_t> random_packing(std::int64_t n_s, int cuts, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<std::int64_t> dist(1, n_s - 1);
+  std::vector<std::int64_t> cu = {0, n_s};
+  while (static_cast<int>(cu.size()) < cuts + 2) {
+    const std::int64_t c = dist(gen);
+    if (std::find(cu.begin(), cu.end(), c) == cu.end()) cu.push_back(c);
+  }
+  std::sort(cu.begin(), cu.end());
+  return cu;
+}
+
+std::string packing_string(const std::vector<std::int64_t>& cu) {
+  std::string s;
+  for (const auto c : cu) s += (s.empty() ? "" : ",") + std::to_string(c);
+  return s;
+}
+
+/// Packed documents: every (path, tiles) against the reference core with the same layout, forward and backward. The
+/// packings hold documents of length 1 (first, last, in between), documents shorter and longer than the tiles,
+/// boundaries on tile edges (multiples of 4 and 8) and off them, and random ones.
+TYPED_TEST(FlashAttention, PackedMatchesReferenceCoreForEveryPathAndTiling) {
+  using T = TypeParam;
+  const std::vector<std::pair<int, int>> tilings = {{1, 1},  {3, 5},  {5, 3},   {4, 4}, {8, 8},
+                                                    {8, 16}, {16, 8}, {64, 64}, {0, 0}};
+  const Shape sh{2, 37, 2, 6, 5};
+  std::vector<std::vector<std::int64_t>> packings = {
+      {0, 1, 37}, {0, 36, 37}, {0, 8, 16, 24, 32, 37}, {0, 4, 5, 20, 21, 37}, {0, 16, 17, 37}, {0, 33, 37}};
+  for (std::uint32_t seed = 1; seed <= 4; ++seed) packings.push_back(random_packing(sh.s, 1 + 2 * seed, seed));
+  for (const double magnitude : {1.0, 40.0}) {
+    for (const auto& cu : packings) {
+      const mlacp::DocumentLayout documents(cu, sh.s);
+      Problem<T> ref(sh, magnitude, magnitude > 10.0);
+      ref.run(mlacp::CausalAttentionCore{}, documents);
+      for (const auto path : {FlashAttentionPath::blas, FlashAttentionPath::team}) {
+        for (const auto& [tq, tk] : tilings) {
+          Problem<T> got(sh, magnitude, magnitude > 10.0);
+          got.run(flash(path, tq, tk), documents);
+          const std::string where = std::string(path == FlashAttentionPath::blas ? "blas" : "team") + " tiles " +
+                                    std::to_string(tq) + "x" + std::to_string(tk) + " cu_seqlens " +
+                                    packing_string(cu) + " magnitude " + std::to_string(magnitude);
+          EXPECT_LT(error(to_vec(got.o), to_vec(ref.o)), tol<T>()) << where;
+          EXPECT_LT(error(to_vec(got.lse), to_vec(ref.lse)), tol<T>()) << where;
+          EXPECT_LT(error(to_vec(got.dq), to_vec(ref.dq)), tol<T>()) << where;
+          EXPECT_LT(error(to_vec(got.dk), to_vec(ref.dk)), tol<T>()) << where;
+          EXPECT_LT(error(to_vec(got.dv), to_vec(ref.dv)), tol<T>()) << where;
+        }
+      }
+    }
+  }
+}
+
+/// Copies tokens [t0, t0 + n) of every (b, head) of a [B, S, h, d] View into a [B, n, h, d] View, or back.
+template <class T>
+void copy_tokens(const View4<T>& from, std::int64_t from_t0, const View4<T>& to, std::int64_t to_t0, std::int64_t n) {
+  Kokkos::deep_copy(
+      Kokkos::subview(to, Kokkos::ALL(), std::make_pair(to_t0, to_t0 + n), Kokkos::ALL(), Kokkos::ALL()),
+      Kokkos::subview(from, Kokkos::ALL(), std::make_pair(from_t0, from_t0 + n), Kokkos::ALL(), Kokkos::ALL()));
+}
+
+/// An independent check of the masking: documents d1 | d2 packed give what d1 and d2 give run separately (the
+/// reference core bitwise, the tiled core to rounding in double), forward and gradients.
+TEST(FlashAttentionPacked, PackedDocumentsEqualSeparateRuns) {
+  const std::int64_t n1 = 23, n2 = 18, n_s = n1 + n2;
+  const Shape sh{1, static_cast<int>(n_s), 2, 6, 4};
+  const mlacp::DocumentLayout documents({0, n1, n_s}, n_s);
+  auto separate = [&](const auto& core) {
+    Problem<double> packed(sh, 2.0, false), joined(sh, 2.0, false);
+    packed.run(core, documents);
+    for (const auto& [t0, n] : {std::make_pair(std::int64_t(0), n1), std::make_pair(n1, n2)}) {
+      Problem<double> part({sh.b, static_cast<int>(n), sh.h, sh.dqk, sh.dv}, 2.0, false);
+      for (const auto& [all, one] : {std::make_pair(packed.q, part.q), std::make_pair(packed.k, part.k),
+                                     std::make_pair(packed.v, part.v), std::make_pair(packed.d_o, part.d_o)})
+        copy_tokens(all, t0, one, 0, n);
+      part.run(core);
+      for (const auto& [one, all] : {std::make_pair(part.o, joined.o), std::make_pair(part.dq, joined.dq),
+                                     std::make_pair(part.dk, joined.dk), std::make_pair(part.dv, joined.dv)})
+        copy_tokens(one, 0, all, t0, n);
+      Kokkos::deep_copy(Kokkos::subview(joined.lse, Kokkos::ALL(), Kokkos::ALL(), std::make_pair(t0, t0 + n)),
+                        part.lse);
+    }
+    return std::make_pair(std::move(packed), std::move(joined));
+  };
+  {
+    const auto [packed, joined] = separate(mlacp::CausalAttentionCore{});
+    EXPECT_EQ(to_vec(packed.o), to_vec(joined.o));
+    EXPECT_EQ(to_vec(packed.lse), to_vec(joined.lse));
+    EXPECT_EQ(to_vec(packed.dq), to_vec(joined.dq));
+    EXPECT_EQ(to_vec(packed.dk), to_vec(joined.dk));
+    EXPECT_EQ(to_vec(packed.dv), to_vec(joined.dv));
+  }
+  for (const auto path : {FlashAttentionPath::blas, FlashAttentionPath::team}) {
+    for (const auto& [tq, tk] : std::vector<std::pair<int, int>>{{4, 4}, {8, 16}, {16, 8}, {0, 0}}) {
+      const auto [packed, joined] = separate(flash(path, tq, tk));
+      const std::string where = std::string(path == FlashAttentionPath::blas ? "blas " : "team ") + std::to_string(tq) +
+                                "x" + std::to_string(tk);
+      EXPECT_LT(rel_error(to_vec(packed.o), to_vec(joined.o)), 1e-12) << where;
+      EXPECT_LT(rel_error(to_vec(packed.lse), to_vec(joined.lse)), 1e-12) << where;
+      EXPECT_LT(rel_error(to_vec(packed.dq), to_vec(joined.dq)), 1e-12) << where;
+      EXPECT_LT(rel_error(to_vec(packed.dk), to_vec(joined.dk)), 1e-12) << where;
+      EXPECT_LT(rel_error(to_vec(packed.dv), to_vec(joined.dv)), 1e-12) << where;
+    }
+  }
+}
+
+/// A layout of one document, {0, S}, is plain causal attention: the same numbers, bitwise, on both paths.
+TEST(FlashAttentionPacked, OneDocumentLayoutIsPlainCausalAttention) {
+  const Shape sh{1, 45, 2, 6, 4};
+  for (const auto path : {FlashAttentionPath::blas, FlashAttentionPath::team}) {
+    Problem<double> plain(sh, 2.0, false), one(sh, 2.0, false);
+    plain.run(flash(path, 8, 8));
+    one.run(flash(path, 8, 8), mlacp::DocumentLayout({0, sh.s}, sh.s));
+    EXPECT_EQ(to_vec(one.o), to_vec(plain.o));
+    EXPECT_EQ(to_vec(one.dq), to_vec(plain.dq));
+    EXPECT_EQ(to_vec(one.dk), to_vec(plain.dk));
+    EXPECT_EQ(to_vec(one.dv), to_vec(plain.dv));
+  }
+}
+
+/// Sets tokens [t0, t0 + n) of a [B, S, h, d] View to NaN.
+template <class T>
+void poison(const View4<T>& x, std::int64_t t0, std::int64_t n) {
+  Kokkos::deep_copy(Kokkos::subview(x, Kokkos::ALL(), std::make_pair(t0, t0 + n), Kokkos::ALL(), Kokkos::ALL()),
+                    std::numeric_limits<T>::quiet_NaN());
+}
+
+/// The tiles across document boundaries are skipped, not computed and masked: with documents on tile edges (block
+/// diagonal), NaN in every input of the first document leaves the other documents' outputs and gradients exact (a
+/// computed tile would carry it through 0 * NaN into them). And the visited tile pairs are those of the blocks.
+TEST(FlashAttentionPacked, SkipsTilesAcrossDocumentBoundaries) {
+  const std::int64_t n_s = 64, first_doc = 16;
+  const std::vector<std::int64_t> cu = {0, first_doc, 48, n_s};
+  const mlacp::DocumentLayout documents(cu, n_s);
+  const Shape sh{1, static_cast<int>(n_s), 2, 6, 4};
+  Problem<double> ref(sh, 2.0, false);
+  ref.run(mlacp::CausalAttentionCore{}, documents);
+  auto rest = [&](const View4<double>& x) {  // tokens [first_doc, S)
+    View4<double> part("rest", x.extent(0), n_s - first_doc, x.extent(2), x.extent(3));
+    copy_tokens(x, first_doc, part, 0, n_s - first_doc);
+    return to_vec(part);
+  };
+  for (const auto path : {FlashAttentionPath::blas, FlashAttentionPath::team}) {
+    for (const auto& [tq, tk] : std::vector<std::pair<int, int>>{{16, 16}, {16, 8}, {8, 16}}) {
+      const auto core = flash(path, tq, tk);
+      const std::string where = std::string(path == FlashAttentionPath::blas ? "blas " : "team ") + std::to_string(tq) +
+                                "x" + std::to_string(tk);
+      Problem<double> got(sh, 2.0, false);
+      for (const auto& x : {got.q, got.k, got.v, got.d_o}) poison(x, 0, first_doc);
+      got.run(core, documents);
+      EXPECT_LT(rel_error(rest(got.o), rest(ref.o)), 1e-12) << where;
+      EXPECT_LT(rel_error(rest(got.dq), rest(ref.dq)), 1e-12) << where;
+      EXPECT_LT(rel_error(rest(got.dk), rest(ref.dk)), 1e-12) << where;
+      EXPECT_LT(rel_error(rest(got.dv), rest(ref.dv)), 1e-12) << where;
+      // Per query tile, the key tiles from the one holding its document start: documents 16 | 32 | 16 tokens.
+      const auto [visited, causal] = core.tile_pairs<ExecSpace>(n_s, documents);
+      const std::int64_t expected_causal = tq == tk ? 10 : 20, expected = tq == tk ? 5 : 10;
+      EXPECT_EQ(causal, expected_causal) << where;
+      EXPECT_EQ(visited, expected) << where;
+    }
+  }
+  const auto [one_doc, causal] = mlacp::FlashAttentionCore{}.tile_pairs<ExecSpace>(n_s, mlacp::DocumentLayout());
+  EXPECT_EQ(one_doc, causal);
+}
+
+/// cu_seqlens that do not describe a packing are refused with the entry and the rule; so is a layout over another S.
+TEST(DocumentLayout, RejectsInvalidOffsetsNamingTheEntryAndTheRule) {
+  auto message = [](std::vector<std::int64_t> cu, std::int64_t n_s) {
+    return invalid_argument_message([&] { mlacp::DocumentLayout(std::move(cu), n_s); });
+  };
+  EXPECT_NE(message({1, 5, 9}, 9).find("cu_seqlens[0] = 1; expected 0"), std::string::npos);
+  EXPECT_NE(message({0, 5, 8}, 9).find("cu_seqlens[2] = 8; expected the sequence length 9"), std::string::npos);
+  EXPECT_NE(message({0, 5, 5, 9}, 9).find("cu_seqlens[2] = 5 <= cu_seqlens[1] = 5; expected strictly increasing"),
+            std::string::npos);
+  EXPECT_NE(message({0, 6, 4, 9}, 9).find("cu_seqlens[2] = 4 <= cu_seqlens[1] = 6"), std::string::npos);
+  EXPECT_NE(message({0}, 9).find("has 1 entries; expected at least 2"), std::string::npos);
+  EXPECT_NE(message({0, 0}, 0).find("expected a sequence of at least 1 token"), std::string::npos);
+  EXPECT_EQ(message({0, 9}, 9), "");
+  ExecSpace space;
+  View4<double> q("q", 1, 8, 1, 3), v("v", 1, 8, 1, 3), o("o", 1, 8, 1, 3);
+  View3<double> lse("lse", 1, 1, 8);
+  const mlacp::DocumentLayout nine({0, 4, 9}, 9);
+  const std::string msg =
+      invalid_argument_message([&] { mlacp::FlashAttentionCore{}.forward(space, q, q, v, o, lse, nine); });
+  EXPECT_NE(msg.find("covers S = 9 tokens, the sequence has 8"), std::string::npos) << msg;
+  EXPECT_NE(invalid_argument_message([&] {
+              mlacp::CausalAttentionCore{}.forward(space, q, q, v, o, lse, nine);
+            }).find("covers S = 9 tokens"),
+            std::string::npos);
+}
+
+/// doc_of / start_of / end_of on the host and in a kernel, against a linear scan.
+TEST(DocumentLayout, AnswersDocumentQueriesOnHostAndDevice) {
+  const std::int64_t n_s = 50;
+  const std::vector<std::int64_t> cu = random_packing(n_s, 9, 7);
+  const mlacp::DocumentLayout documents(cu, n_s);
+  EXPECT_EQ(documents.documents(), 10);
+  EXPECT_FALSE(documents.single());
+  Kokkos::View<std::int64_t* [3], MemSpace> got("got", n_s);
+  const auto docs = documents.offsets_for<ExecSpace>(n_s, "test");
+  Kokkos::parallel_for(
+      "test_document_queries", Kokkos::RangePolicy<ExecSpace>(0, n_s), KOKKOS_LAMBDA(const int t) {
+        got(t, 0) = docs.doc_of(t);
+        got(t, 1) = docs.start_of(t);
+        got(t, 2) = docs.end_of(t);
+      });
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got);
+  for (std::int64_t t = 0; t < n_s; ++t) {
+    std::int64_t d = 0;
+    while (cu[d + 1] <= t) ++d;
+    EXPECT_EQ(documents.doc_of(t), d) << t;
+    EXPECT_EQ(documents.start_of(t), cu[d]) << t;
+    EXPECT_EQ(documents.end_of(t), cu[d + 1]) << t;
+    EXPECT_EQ(h(t, 0), d) << t;
+    EXPECT_EQ(h(t, 1), cu[d]) << t;
+    EXPECT_EQ(h(t, 2), cu[d + 1]) << t;
+  }
+  const mlacp::DocumentLayout none;
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(none.host(12).start_of(7), 0);
+  EXPECT_EQ(none.host(12).end_of(7), 12);
+  EXPECT_TRUE(mlacp::DocumentLayout({0, 5}, 5).single());
 }
 
 /// An empty gradient View means "not needed": its work is skipped and the others are unchanged.
@@ -219,15 +449,6 @@ TEST(SoftmaxExp, AgreesWithTheCLibrary) {
   EXPECT_EQ(mlacp::detail::softmax_exp(0.0f), 1.0f);
   EXPECT_EQ(mlacp::detail::softmax_exp(-1e6), 0.0);
   EXPECT_EQ(mlacp::detail::softmax_exp(-1e6f), 0.0f);
-}
-
-std::string invalid_argument_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const mlacp::InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(FlashAttentionOptions, TilesFromOptionsEnvironmentAndDefaults) {

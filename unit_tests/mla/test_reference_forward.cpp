@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // Tests of the naive host reference forward (src/testing): single token, causality, and agreement with the
-// library kernels composed by hand.
+// library kernels composed by hand; packed documents (cu_seqlens): agreement with the kernels at per-document
+// positions and masking, and with the documents run one by one.
 #include "kernel_test_support.hpp"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,9 @@
 #include <mlacp/mla/rope.hpp>
 #include <mlacp/mla/view_utils.hpp>
 #include <mlacp/testing/reference_forward.hpp>
+
+#include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -112,16 +116,19 @@ TYPED_TEST(ReferenceForward, ReferenceIsCausal) {
   }
 }
 
-TYPED_TEST(ReferenceForward, ReferenceMatchesTheKernelsComposed) {
-  // The spec's forward recomputed from the kernels (RMSNorm, RoPE on q_pe and on the rank-3 payload, attention core),
-  // with the projections done by plain host loops here: an independent check of the reference's layouts.
-  using T = TypeParam;
+// The spec's forward recomputed from the kernels (RMSNorm, RoPE on q_pe and on the rank-3 payload, attention core),
+// with the projections done by plain host loops here: an independent check of the reference's layouts. With
+// cu_seqlens, the kernels' RoPE at make_rope_positions and the attention core with the DocumentLayout.
+template <class T>
+void check_reference_against_kernels(const std::vector<std::int64_t>& cu_seqlens) {
   const mlacp::testing::reference::ReferenceDims d{2, 6, 7, 3, 3, 4, 5, 6};
   const int dqk = d.dn + d.dr, n_tok = d.B * d.S;
   const auto w = random_weights<T>(d, 300, true);
   const auto x = host_input<T>(d, 301);
   typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type y_ref("y_ref", d.B, d.S, d.D);
-  mlacp::testing::reference::mla_forward(d, w, x, y_ref);
+  mlacp::testing::reference::mla_forward(d, w, x, y_ref, cu_seqlens);
+  const mlacp::DocumentLayout documents =
+      cu_seqlens.empty() ? mlacp::DocumentLayout() : mlacp::DocumentLayout(cu_seqlens, d.S);
 
   auto linear = [&](const Vec& in, int n_in, const auto& wm, const auto& bias, int n_out) {
     Vec out(static_cast<std::size_t>(n_tok) * n_out);
@@ -144,8 +151,9 @@ TYPED_TEST(ReferenceForward, ReferenceMatchesTheKernelsComposed) {
   View1<T> g("g", d.R), rstd("rstd", n_tok);
   Kokkos::deep_copy(g, w.g_kv);
   mlacp::rms_norm_forward(space, payload, g, payload, rstd);  // in place
-  mlacp::rope_forward(space, q, d.dn, d.dr, 0);
-  mlacp::rope_forward(space, mlacp::as_rank4(payload), d.R, d.dr, 0);
+  const auto positions = mlacp::make_rope_positions(space, 0, d.S, documents);
+  mlacp::rope_forward(space, q, d.dn, d.dr, positions);
+  mlacp::rope_forward(space, mlacp::as_rank4(payload), d.R, d.dr, positions);
   space.fence();
   const Vec pay = to_vec(payload);
   Vec c(static_cast<std::size_t>(n_tok) * d.R);
@@ -163,10 +171,61 @@ TYPED_TEST(ReferenceForward, ReferenceMatchesTheKernelsComposed) {
     }
   }
   const AttnShape sh{d.B, d.S, d.H, dqk, d.dv};
-  AttnRun<T> run(sh, to_vec(q), kh, vh);
+  AttnRun<T> run(sh, to_vec(q), kh, vh, documents);
   const Vec y = linear(to_vec(run.o), d.H * d.dv, w.w_o, w.b_o, d.D);
   const Vec yr(y_ref.data(), y_ref.data() + y_ref.size());
   EXPECT_LT(rel_error(y, yr), (std::is_same_v<T, double> ? 1e-12 : 1e-5));
+}
+
+TYPED_TEST(ReferenceForward, ReferenceMatchesTheKernelsComposed) { check_reference_against_kernels<TypeParam>({}); }
+
+TYPED_TEST(ReferenceForward, PackedReferenceMatchesTheKernelsComposed) {
+  check_reference_against_kernels<TypeParam>({0, 2, 3, 6});
+  check_reference_against_kernels<TypeParam>({0, 1, 2, 3, 4, 5, 6});
+}
+
+/// Packed documents give exactly what each document gives run alone (positions restart, no attention across).
+TYPED_TEST(ReferenceForward, PackedReferenceEqualsDocumentsRunAlone) {
+  using T = TypeParam;
+  using tensor3 = typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type;
+  const std::vector<std::int64_t> cu = {0, 4, 5, 9};
+  const mlacp::testing::reference::ReferenceDims d{2, 9, 6, 2, 3, 4, 3, 5};
+  const auto w = random_weights<T>(d, 400, true);
+  const auto x = host_input<T>(d, 401);
+  tensor3 y("y", d.B, d.S, d.D), plain("plain", d.B, d.S, d.D);
+  mlacp::testing::reference::mla_forward(d, w, x, y, cu);
+  mlacp::testing::reference::mla_forward(d, w, x, plain);
+  for (std::size_t doc = 0; doc + 1 < cu.size(); ++doc) {
+    const int t0 = static_cast<int>(cu[doc]), n = static_cast<int>(cu[doc + 1] - cu[doc]);
+    auto dd = d;
+    dd.S = n;
+    tensor3 xd("xd", d.B, n, d.D), yd("yd", d.B, n, d.D);
+    for (int b = 0; b < d.B; ++b)
+      for (int t = 0; t < n; ++t)
+        for (int i = 0; i < d.D; ++i) xd(b, t, i) = x(b, t0 + t, i);
+    mlacp::testing::reference::mla_forward(dd, w, xd, yd);
+    for (int b = 0; b < d.B; ++b)
+      for (int t = 0; t < n; ++t)
+        for (int i = 0; i < d.D; ++i) EXPECT_EQ(y(b, t0 + t, i), yd(b, t, i)) << "document " << doc << " t " << t;
+  }
+  // The first document is a prefix: the same as unpacked; the later ones differ.
+  EXPECT_EQ(y(1, 3, 2), plain(1, 3, 2));
+  EXPECT_NE(y(1, 7, 2), plain(1, 7, 2));
+}
+
+TYPED_TEST(ReferenceForward, ReferenceRejectsInvalidCuSeqlens) {
+  using T = TypeParam;
+  const mlacp::testing::reference::ReferenceDims d{1, 5, 6, 2, 3, 4, 3, 5};
+  const auto w = random_weights<T>(d, 500, false);
+  const auto x = host_input<T>(d, 501);
+  typename mlacp::testing::reference::ReferenceWeights<T>::tensor3_type y("y", d.B, d.S, d.D);
+  auto message = [&](const std::vector<std::int64_t>& cu) {
+    return invalid_argument_message([&] { mlacp::testing::reference::mla_forward(d, w, x, y, cu); });
+  };
+  EXPECT_NE(message({0, 3, 4}).find("expected at least 2 from 0 to S = 5"), std::string::npos);
+  EXPECT_NE(message({1, 5}).find("expected at least 2 from 0 to S = 5"), std::string::npos);
+  EXPECT_NE(message({0, 3, 3, 5}).find("cu_seqlens[2] = 3 <= cu_seqlens[1] = 3"), std::string::npos);
+  EXPECT_EQ(message({0, 3, 5}), "");
 }
 
 }  // namespace

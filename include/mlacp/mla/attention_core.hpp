@@ -5,6 +5,8 @@
 //   q, k `[B, S, h, dqk]`, v `[B, S, h, dv]`, o `[B, S, h, dv]`, lse `[B, h, S]`;
 //   o_i = sum_{j <= i} P_ij v_j,  P_ij = exp(scale * q_i.k_j - lse_i),  lse_i = log sum_{j <= i} exp(scale * q_i.k_j),
 //   scale = 1/sqrt(dqk); the position of a token is its index along S (the global token index).
+// With a DocumentLayout (packed documents, `cu_seqlens`, document_layout.hpp; the same for every batch row) the sums
+// run over the keys of the query's document only: j in [start_of(i), i].
 //
 // The kernels are simple and portable, one thread per (b, row, head) with loops over keys and channels; they are the
 // reference-quality default, not a tuned flash-attention kernel. Dot products accumulate in the value type; the
@@ -19,11 +21,13 @@
 // with the shapes above: forward reads q, k, v and writes o and the saved state lse `[B, h, S]` (any per-row
 // statistic it needs, in that View); backward reads q, k, v, o, lse and d_o and overwrites dq, dk, dv (each of which
 // may be an empty View, meaning "not needed"). Both run asynchronously on the given execution-space instance.
+// Cores that support packed documents also take a trailing `const DocumentLayout&` in both calls.
 #pragma once
 
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/view_utils.hpp>
 
 #include <array>
@@ -68,10 +72,11 @@ void attention_check(const char* who, const QView& q, const KView& k, const VVie
 }  // namespace detail
 
 /// Causal attention forward: writes o `[B, S, h, dv]` and the row log-sum-exp lse `[B, h, S]` from q, k `[B, S, h,
-/// dqk]` and v `[B, S, h, dv]`. One thread per (b, query, head); online softmax. Asynchronous on `space`.
+/// dqk]` and v `[B, S, h, dv]`. One thread per (b, query, head); online softmax. Asynchronous on `space`. With
+/// `documents` (covering S tokens), causal within each document.
 template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
 void attention_forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-                       const LseView& lse) {
+                       const LseView& lse, const DocumentLayout& documents = DocumentLayout()) {
   static_assert(compat::view_rank_v<QView> == 4, "mlacp::attention_forward: q must be rank-4 [B, S, h, dqk]");
   static_assert(compat::view_rank_v<VView> == 4, "mlacp::attention_forward: v must be rank-4 [B, S, h, dv]");
   static_assert_accessible<ExecSpace, QView>();
@@ -80,6 +85,7 @@ void attention_forward(const ExecSpace& space, const QView& q, const KView& k, c
   static_assert_accessible<ExecSpace, OView>();
   static_assert_accessible<ExecSpace, LseView>();
   detail::attention_check("attention_forward", q, k, v, o, lse);
+  const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(q.extent(1)), "attention_forward");
   using acc_type = typename QView::non_const_value_type;
   using o_type = typename OView::non_const_value_type;
   using lse_type = typename LseView::non_const_value_type;
@@ -99,11 +105,12 @@ void attention_forward(const ExecSpace& space, const QView& q, const KView& k, c
         const std::int64_t b = idx / (n_h * n_s);
         double m = 0.0;  // running max of the scores
         double l = 0.0;  // running sum of exp(score - m)
-        for (std::int64_t j = 0; j <= i; ++j) {
+        const std::int64_t j_first = docs.start_of(i);
+        for (std::int64_t j = j_first; j <= i; ++j) {
           acc_type dot = 0;
           for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
           const double score = static_cast<double>(dot) * scale;
-          if (j == 0) {
+          if (j == j_first) {
             m = score;
             l = 1.0;
             for (int c = 0; c < d_v; ++c) o(b, i, hd, c) = static_cast<o_type>(v(b, j, hd, c));
@@ -129,14 +136,16 @@ void attention_forward(const ExecSpace& space, const QView& q, const KView& k, c
 
 /// Causal attention backward, recomputing P from lse (no S x S storage), with D_i = sum_c dO_ic O_ic and
 /// dS_ij = P_ij (dO_i.v_j - D_i):
-///   dq_i = scale * sum_{j <= i} dS_ij k_j,  dk_j = scale * sum_{i >= j} dS_ij q_i,  dv_j = sum_{i >= j} P_ij dO_i.
+///   dq_i = scale * sum_{j <= i} dS_ij k_j,  dk_j = scale * sum_{i >= j} dS_ij q_i,  dv_j = sum_{i >= j} P_ij dO_i
+/// (with `documents`: j from start_of(i), i below end_of(j)).
 /// dq, dk, dv are overwritten; any of them may be an empty View ("not needed"), whose work is then skipped.
 /// One thread per (b, query, head) for dq and per (b, key, head) for dk and dv: no atomics, no temporary allocation
 /// (D_i is recomputed where needed). Asynchronous on `space`.
 template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
           class DqView, class DkView, class DvView>
 void attention_backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-                        const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv) {
+                        const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv,
+                        const DocumentLayout& documents = DocumentLayout()) {
   static_assert(compat::view_rank_v<QView> == 4, "mlacp::attention_backward: q must be rank-4 [B, S, h, dqk]");
   static_assert(compat::view_rank_v<VView> == 4, "mlacp::attention_backward: v must be rank-4 [B, S, h, dv]");
   static_assert_accessible<ExecSpace, QView>();
@@ -158,6 +167,7 @@ void attention_backward(const ExecSpace& space, const QView& q, const KView& k, 
   if (do_dq) detail::check_extents<DqView, 4>(who, "dq", dq, {nb, ns, nh, nqk});
   if (do_dk) detail::check_extents<DkView, 4>(who, "dk", dk, {nb, ns, nh, nqk});
   if (do_dv) detail::check_extents<DvView, 4>(who, "dv", dv, {nb, ns, nh, nv});
+  const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(ns), who);
   const std::int64_t rows = static_cast<std::int64_t>(nb * ns * nh);
   if (rows == 0 || !(do_dq || do_dk || do_dv)) return;
 
@@ -183,7 +193,7 @@ void attention_backward(const ExecSpace& space, const QView& q, const KView& k, 
           for (int c = 0; c < d_v; ++c)
             d_i += static_cast<double>(d_o(b, i, hd, c)) * static_cast<double>(o(b, i, hd, c));
           for (int c = 0; c < d_qk; ++c) dq(b, i, hd, c) = dq_type(0);
-          for (std::int64_t j = 0; j <= i; ++j) {
+          for (std::int64_t j = docs.start_of(i); j <= i; ++j) {
             acc_type dot = 0;
             for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
             const double p = compat::math::exp(static_cast<double>(dot) * scale - lse_i);
@@ -207,7 +217,8 @@ void attention_backward(const ExecSpace& space, const QView& q, const KView& k, 
           if (do_dv) {
             for (int c = 0; c < d_v; ++c) dv(b, j, hd, c) = dv_type(0);
           }
-          for (std::int64_t i = j; i < n_s; ++i) {
+          const std::int64_t i_end = docs.end_of(j);
+          for (std::int64_t i = j; i < i_end; ++i) {
             acc_type dot = 0;
             for (int c = 0; c < d_qk; ++c) dot += q(b, i, hd, c) * k(b, j, hd, c);
             const double p = compat::math::exp(static_cast<double>(dot) * scale - static_cast<double>(lse(b, hd, i)));
@@ -235,15 +246,16 @@ void attention_backward(const ExecSpace& space, const QView& q, const KView& k, 
 struct CausalAttentionCore {
   template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
   void forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-               const LseView& lse) const {
-    attention_forward(space, q, k, v, o, lse);
+               const LseView& lse, const DocumentLayout& documents = DocumentLayout()) const {
+    attention_forward(space, q, k, v, o, lse, documents);
   }
 
   template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
             class DqView, class DkView, class DvView>
   void backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-                const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv) const {
-    attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv);
+                const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv,
+                const DocumentLayout& documents = DocumentLayout()) const {
+    attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv, documents);
   }
 };
 

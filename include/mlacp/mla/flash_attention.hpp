@@ -11,6 +11,11 @@
 // (KokkosBatched team GEMMs with tiles in team scratch: flash_attention_team.hpp). Both compute the same numbers to
 // rounding.
 //
+// Packed sequences: forward and backward take an optional DocumentLayout (document_layout.hpp, `cu_seqlens`), the same
+// for every batch row; attention is then causal within each document and never crosses one (query t sees keys
+// [start_of(t), t]). Tiles that hold no visible pair are skipped, those crossing a document boundary masked per row.
+// Without a layout (or with one document) the work and the numbers are those of plain causal attention.
+//
 // The core owns its scratch (allocated at the first call of a configuration, reused after), so calls through one core
 // object must be ordered: one execution-space instance, or fences between instances. Copies of a core do not share
 // scratch.
@@ -18,12 +23,15 @@
 
 #include <Kokkos_Core.hpp>
 #include <mlacp/mla/attention_core.hpp>
+#include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/flash_attention_blas.hpp>
 #include <mlacp/mla/flash_attention_options.hpp>
 #include <mlacp/mla/flash_attention_scratch.hpp>
 #include <mlacp/mla/flash_attention_team.hpp>
 
+#include <cstdint>
 #include <memory>
+#include <utility>
 
 namespace mlacp {
 
@@ -43,6 +51,16 @@ class FlashAttentionCore {
 
   const FlashAttentionOptions& options() const { return options_; }
 
+  /// The (query tile, key tile) pairs the forward visits on ExecSpace for a sequence of n_s tokens packed as
+  /// `documents`, and those it visits for the same n_s as one document (the backward visits the same pairs).
+  template <class ExecSpace>
+  std::pair<std::int64_t, std::int64_t> tile_pairs(std::int64_t n_s, const DocumentLayout& documents) const {
+    const auto [tq, tk] = detail::flash_tiles(options_, use_blas<ExecSpace>());
+    documents.check_total(n_s, "FlashAttentionCore::tile_pairs");
+    if (n_s == 0) return {0, 0};
+    return detail::flash_tile_pairs(documents.host(n_s), n_s, tq, tk);
+  }
+
   /// True when `path` would run the BLAS path on ExecSpace (automatic: wherever host memory is reachable).
   template <class ExecSpace>
   static constexpr bool runs_blas(FlashAttentionPath path) {
@@ -54,8 +72,18 @@ class FlashAttentionCore {
   template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
   void forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
                const LseView& lse) const {
+    forward(space, q, k, v, o, lse, DocumentLayout());
+  }
+
+  /// forward of packed documents: causal within each document of `documents` (empty: one document), which must cover
+  /// S tokens.
+  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
+  void forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+               const LseView& lse, const DocumentLayout& documents) const {
     check_common<ExecSpace, QView, KView, VView, OView, LseView>();
-    detail::attention_check("FlashAttentionCore::forward", q, k, v, o, lse);
+    const char* who = "FlashAttentionCore::forward";
+    detail::attention_check(who, q, k, v, o, lse);
+    const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(q.extent(1)), who);
     if (q.extent(0) * q.extent(1) * q.extent(2) == 0) return;
     using T = typename OView::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
@@ -63,11 +91,11 @@ class FlashAttentionCore {
     const auto [tq, tk] = detail::flash_tiles(options_, blas);
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
       if (blas) {
-        detail::flash_forward_blas(space, q, k, v, o, lse, tq, tk, scratch<T, Mem>());
+        detail::flash_forward_blas(space, q, k, v, o, lse, docs, tq, tk, scratch<T, Mem>());
         return;
       }
     }
-    detail::flash_forward_team(space, q, k, v, o, lse, tq, tk);
+    detail::flash_forward_team(space, q, k, v, o, lse, docs, tq, tk);
   }
 
   /// dq, dk, dv (each may be empty: not needed) from the forward's q, k, v, o, lse and d_o [B, S, h, dv]; overwritten.
@@ -75,6 +103,15 @@ class FlashAttentionCore {
             class DqView, class DkView, class DvView>
   void backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
                 const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv) const {
+    backward(space, q, k, v, o, lse, d_o, dq, dk, dv, DocumentLayout());
+  }
+
+  /// backward of packed documents (the layout of the forward).
+  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
+            class DqView, class DkView, class DvView>
+  void backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
+                const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv,
+                const DocumentLayout& documents) const {
     check_common<ExecSpace, QView, KView, VView, OView, LseView>();
     static_assert_accessible<ExecSpace, DoView>();
     static_assert_accessible<ExecSpace, DqView>();
@@ -88,6 +125,7 @@ class FlashAttentionCore {
     if (do_dq) detail::check_extents<DqView, 4>(who, "dq", dq, {nb, ns, nh, nqk});
     if (do_dk) detail::check_extents<DkView, 4>(who, "dk", dk, {nb, ns, nh, nqk});
     if (do_dv) detail::check_extents<DvView, 4>(who, "dv", dv, {nb, ns, nh, nv});
+    const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(ns), who);
     if (nb * ns * nh == 0 || !(do_dq || do_dk || do_dv)) return;
     using T = typename DoView::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
@@ -96,12 +134,13 @@ class FlashAttentionCore {
     auto& ws = scratch<T, Mem>();
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
       if (blas) {
-        detail::flash_backward_blas(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, tq, tk, ws);
+        detail::flash_backward_blas(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs, tq, tk, ws);
         return;
       }
     }
     if (do_dq || do_dk) ws.reserve_row_term(static_cast<std::int64_t>(nb * nh * ns));
-    detail::flash_backward_team(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, tq, tk, ws.row_term);
+    detail::flash_backward_team(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs, tq, tk,
+                                ws.row_term);
   }
 
  private:

@@ -11,7 +11,9 @@
 // Backward, per key tile j and the query tiles i at or below the diagonal (P recomputed from lse):
 //   P = exp(scale*Q_i K_j^T - lse_i);  dV_j += P^T dO_i;  dS = scale * P o (dO_i V_j^T - D_i);
 //   dK_j += dS^T Q_i;  dQ_i += dS K_j;   D_i = rowsum(dO_i o O_i) computed once.
-// Entries with key > query are zero in P (the diagonal tiles are masked; tiles entirely above it are skipped).
+// Entries with key > query, or key before the query's document start (DocumentLayout), are zero in P: the tiles that
+// hold such entries are masked, the tiles that hold nothing else (above the diagonal, or entirely across a document
+// boundary) are skipped.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -54,25 +56,28 @@ auto rows_cols(const Mat& m, std::int64_t row0, std::int64_t rows, std::int64_t 
 /// diagonal tiles are 12% of the computed scores, 32-row blocks 3%).
 inline constexpr std::int64_t flash_diagonal_block_rows = 32;
 
-/// The row blocks of a query tile [i0, i0 + nq) against a key tile starting at j0 with nk keys: `fn(a, na, nka)` for
-/// rows [a, a + na) of the tile and the first nka keys, the keys any of those rows can see (blocks that see none are
-/// skipped). A tile below the diagonal is one block.
-template <class Fn>
-void for_each_row_block(std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk, Fn&& fn) {
-  if (j0 + nk - 1 <= i0) {
-    fn(std::int64_t(0), nq, nk);
+/// The row blocks of a query tile [i0, i0 + nq) against a key tile starting at j0 with nk keys: `fn(a, na, ka, nka)`
+/// for rows [a, a + na) of the tile and keys [ka, ka + nka) of the key tile, the keys any of those rows can see (blocks
+/// that see none are skipped). A tile whose every query sees every key (below the diagonal, inside one document) is one
+/// block; other tiles (on the diagonal, or crossing a document boundary) are cut into blocks of
+/// flash_diagonal_block_rows rows, each computing only the key range [start_of(first row), last row] it can see.
+template <class Docs, class Fn>
+void for_each_row_block(const Docs& docs, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk, Fn&& fn) {
+  if (tile_fully_visible(i0, docs.start_of(i0 + nq - 1), j0, nk)) {
+    fn(std::int64_t(0), nq, std::int64_t(0), nk);
     return;
   }
   for (std::int64_t a = 0; a < nq; a += flash_diagonal_block_rows) {
     const std::int64_t na = std::min(flash_diagonal_block_rows, nq - a);
-    const std::int64_t nka = std::min(nk, i0 + a + na - j0);
-    if (nka > 0) fn(a, na, nka);
+    const std::int64_t ka = std::max(std::int64_t(0), docs.start_of(i0 + a) - j0);
+    const std::int64_t kend = std::min(nk, i0 + a + na - j0);
+    if (kend > ka) fn(a, na, ka, kend - ka);
   }
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class T, class Mem>
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Docs, class T, class Mem>
 void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                        std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
+                        const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
   const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_s = static_cast<std::int64_t>(q.extent(1));
   const auto n_h = static_cast<std::int64_t>(q.extent(2)), d_v = static_cast<std::int64_t>(v.extent(3));
   const double scale = 1.0 / compat::math::sqrt(static_cast<double>(q.extent(3)));
@@ -88,28 +93,40 @@ void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V&
       for (std::int64_t i0 = 0; i0 < n_s; i0 += tile_q) {
         const std::int64_t nq = std::min(tile_q, n_s - i0);
         const auto o_i = head_rows(o, b, hd, i0, nq);
-        // Key tiles up to the last query of the tile; keys past it are never needed.
-        for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile_k) {
-          const bool first = j0 == 0;
+        // Key tiles from the one holding the first query's document start up to the last query of the tile; keys
+        // outside are never needed.
+        const std::int64_t j_begin = first_key_tile(docs, i0, tile_k);
+        for (std::int64_t j0 = j_begin; j0 < i0 + nq; j0 += tile_k) {
+          const bool tile_first = j0 == j_begin;
           for_each_row_block(
-              i0, nq, j0, std::min(tile_k, i0 + nq - j0), [&](std::int64_t a, std::int64_t na, std::int64_t nk) {
+              docs, i0, nq, j0, std::min(tile_k, i0 + nq - j0),
+              [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
+                const std::int64_t row0 = i0 + a, jb = j0 + ka;
                 const auto s = rows_cols(ws.scores, 0, na, nk);
                 const auto o_a = rows_cols(o_i, a, na, d_v);
-                compat::gemm(space, "N", "T", T(1), head_rows(q, b, hd, i0 + a, na), head_rows(k, b, hd, j0, nk), T(0),
+                compat::gemm(space, "N", "T", T(1), head_rows(q, b, hd, row0, na), head_rows(k, b, hd, jb, nk), T(0),
                              s);
-                const std::int64_t row0 = i0 + a;
-                const bool masked = j0 + nk - 1 > row0;  // some key of the block lies after some query
+                // Some key of the block lies after some query, or before some query's document start.
+                const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
                 Kokkos::parallel_for(
                     "mlacp::flash_forward_softmax", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
-                      const std::int64_t last = masked ? last_visible(row0 + r, j0, nk) : nk - 1;
-                      const double alpha = online_softmax_row(&s(r, 0), nk, last, scale, first, m(a + r), l(a + r));
-                      if (!first && alpha != 1.0) {
+                      const std::int64_t start = docs.start_of(row0 + r);
+                      // No earlier key tile held a key of this row: its statistics and output start here.
+                      const bool row_first = start >= j0;
+                      const std::int64_t first = masked ? first_visible(start, jb, nk) : 0;
+                      const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
+                      const double alpha =
+                          online_softmax_row(&s(r, 0), nk, first, last, scale, row_first, m(a + r), l(a + r));
+                      o_type* out = &o_a(r, 0);
+                      if (row_first) {
+                        if (!tile_first)
+                          for (std::int64_t c = 0; c < d_v; ++c) out[c] = o_type(0);
+                      } else if (alpha != 1.0) {
                         const auto factor = static_cast<o_type>(alpha);
-                        o_type* out = &o_a(r, 0);
                         for (std::int64_t c = 0; c < d_v; ++c) out[c] *= factor;
                       }
                     });
-                compat::gemm(space, "N", "N", T(1), s, head_rows(v, b, hd, j0, nk), first ? T(0) : T(1), o_a);
+                compat::gemm(space, "N", "N", T(1), s, head_rows(v, b, hd, jb, nk), tile_first ? T(0) : T(1), o_a);
               });
         }
         Kokkos::parallel_for(
@@ -139,10 +156,10 @@ void zero_head_rows(const ExecSpace& space, const View4& t, std::int64_t b, std:
 }
 
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV,
-          class T, class Mem>
+          class Docs, class T, class Mem>
 void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
                          const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
-                         std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
+                         const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
   const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_s = static_cast<std::int64_t>(q.extent(1));
   const auto n_h = static_cast<std::int64_t>(q.extent(2));
   const double scale = 1.0 / compat::math::sqrt(static_cast<double>(q.extent(3)));
@@ -154,43 +171,51 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   const auto row_term = ws.row_term;
   if (need_ds) flash_row_term(space, o, d_o, row_term);
+  // One document: every query sees key 0, so the first key tile initialises dQ. Several: a query's first key lies in
+  // the tile of its document start, so dQ is zeroed first and only accumulated.
+  const bool dq_zeroed = !docs.single();
   for (std::int64_t b = 0; b < n_b; ++b) {
     for (std::int64_t hd = 0; hd < n_h; ++hd) {
       const std::int64_t lse_row = b * n_h + hd;
+      if (do_dq && dq_zeroed) zero_head_rows(space, dq, b, hd, 0, n_s);
       for (std::int64_t j0 = 0; j0 < n_s; j0 += tile_k) {
         const std::int64_t nk_tile = std::min(tile_k, n_s - j0);
-        // dK_j and dV_j accumulate over the query blocks; the diagonal blocks reach only part of the key rows.
+        // dK_j and dV_j accumulate over the query blocks; the masked blocks reach only part of the key rows.
         if (do_dk) zero_head_rows(space, dk, b, hd, j0, nk_tile);
         if (do_dv) zero_head_rows(space, dv, b, hd, j0, nk_tile);
-        // Query tiles that see at least one key of this tile: those ending after j0.
-        for (std::int64_t i0 = (j0 / tile_q) * tile_q; i0 < n_s; i0 += tile_q) {
+        // Query tiles that see at least one key of this tile: from the one holding j0 to the end of the last key's
+        // document.
+        const std::int64_t i_end = query_end(docs, j0, nk_tile);
+        for (std::int64_t i0 = (j0 / tile_q) * tile_q; i0 < i_end; i0 += tile_q) {
           for_each_row_block(
-              i0, std::min(tile_q, n_s - i0), j0, nk_tile, [&](std::int64_t a, std::int64_t na, std::int64_t nk) {
-                const std::int64_t row0 = i0 + a;
+              docs, i0, std::min(tile_q, n_s - i0), j0, nk_tile,
+              [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
+                const std::int64_t row0 = i0 + a, jb = j0 + ka;
                 const auto q_a = head_rows(q, b, hd, row0, na);
                 const auto do_a = head_rows(d_o, b, hd, row0, na);
-                const auto k_j = head_rows(k, b, hd, j0, nk);
+                const auto k_j = head_rows(k, b, hd, jb, nk);
                 const auto p = rows_cols(ws.scores, 0, na, nk);
                 compat::gemm(space, "N", "T", T(1), q_a, k_j, T(0), p);
-                const bool masked = j0 + nk - 1 > row0;
+                const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
                 Kokkos::parallel_for(
                     "mlacp::flash_backward_probabilities", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
-                      const std::int64_t last = masked ? last_visible(row0 + r, j0, nk) : nk - 1;
-                      probabilities_row(&p(r, 0), nk, last, scale, static_cast<double>(lse(b, hd, row0 + r)));
+                      const std::int64_t first = masked ? first_visible(docs.start_of(row0 + r), jb, nk) : 0;
+                      const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
+                      probabilities_row(&p(r, 0), nk, first, last, scale, static_cast<double>(lse(b, hd, row0 + r)));
                     });
-                if (do_dv) compat::gemm(space, "T", "N", T(1), p, do_a, T(1), head_rows(dv, b, hd, j0, nk));
+                if (do_dv) compat::gemm(space, "T", "N", T(1), p, do_a, T(1), head_rows(dv, b, hd, jb, nk));
                 if (!need_ds) return;
                 const auto ds = rows_cols(ws.grads, 0, na, nk);
-                compat::gemm(space, "N", "T", T(1), do_a, head_rows(v, b, hd, j0, nk), T(0), ds);
+                compat::gemm(space, "N", "T", T(1), do_a, head_rows(v, b, hd, jb, nk), T(0), ds);
                 const std::int64_t d0 = lse_row * n_s + row0;
                 Kokkos::parallel_for(
                     "mlacp::flash_backward_ds", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
                       score_grad_row(&ds(r, 0), &p(r, 0), nk, scale, row_term(d0 + r));
                     });
-                if (do_dk) compat::gemm(space, "T", "N", T(1), ds, q_a, T(1), head_rows(dk, b, hd, j0, nk));
-                // Every query sees key 0: the first key tile initialises dQ.
+                if (do_dk) compat::gemm(space, "T", "N", T(1), ds, q_a, T(1), head_rows(dk, b, hd, jb, nk));
                 if (do_dq)
-                  compat::gemm(space, "N", "N", T(1), ds, k_j, j0 == 0 ? T(0) : T(1), head_rows(dq, b, hd, row0, na));
+                  compat::gemm(space, "N", "N", T(1), ds, k_j, !dq_zeroed && j0 == 0 ? T(0) : T(1),
+                               head_rows(dq, b, hd, row0, na));
               });
         }
       }

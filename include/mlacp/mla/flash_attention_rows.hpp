@@ -12,6 +12,7 @@
 #include <mlacp/mla/softmax_exp.hpp>
 
 #include <cstdint>
+#include <utility>
 
 namespace mlacp::detail {
 
@@ -22,6 +23,52 @@ KOKKOS_INLINE_FUNCTION std::int64_t imax(std::int64_t a, std::int64_t b) { retur
 /// The last key of a tile visible to query `query` (keys j0, j0+1, ...; -1 when none is), causal: key <= query.
 KOKKOS_INLINE_FUNCTION std::int64_t last_visible(std::int64_t query, std::int64_t j0, std::int64_t nk) {
   return imin(nk - 1, query - j0);
+}
+
+/// The first key of a tile visible to a query whose document starts at token `start` (keys j0, j0+1, ...; nk when
+/// none is): key >= start. 0 for every query of a single document.
+KOKKOS_INLINE_FUNCTION std::int64_t first_visible(std::int64_t start, std::int64_t j0, std::int64_t nk) {
+  return imin(nk, imax(std::int64_t(0), start - j0));
+}
+
+/// True when every query of [r0, r0 + nq) sees every key of [j0, j0 + nk): the keys lie at or before the first query
+/// and at or after the document start of the last one (`last_start`). Such a tile needs no mask.
+KOKKOS_INLINE_FUNCTION bool tile_fully_visible(std::int64_t r0, std::int64_t last_start, std::int64_t j0,
+                                               std::int64_t nk) {
+  return j0 + nk - 1 <= r0 && last_start <= j0;
+}
+
+/// The tile ranges of a document layout (Docs: DocumentOffsets, document_layout.hpp). The keys any query of
+/// [row0, row0 + n) sees form one range, [start_of(row0), row0 + n - 1] (the per-query ranges [start_of(t), t] touch
+/// or overlap as t grows), and the queries that see any key of [j0, j0 + nk) form [j0, end_of(j0 + nk - 1)): every
+/// tile inside these ranges holds at least one visible (query, key) pair and every tile outside holds none.
+
+/// The first key tile (a multiple of tile_k) that a query range starting at row0 visits.
+template <class Docs>
+KOKKOS_INLINE_FUNCTION std::int64_t first_key_tile(const Docs& docs, std::int64_t row0, std::int64_t tile_k) {
+  return docs.start_of(row0) / tile_k * tile_k;
+}
+
+/// One past the last query that sees a key of [j0, j0 + nk).
+template <class Docs>
+KOKKOS_INLINE_FUNCTION std::int64_t query_end(const Docs& docs, std::int64_t j0, std::int64_t nk) {
+  return docs.end_of(j0 + nk - 1);
+}
+
+/// The (query tile, key tile) pairs the core visits for a sequence of n_s tokens with tiles tq x tk, and those plain
+/// causal attention visits (the same sequence as one document): their ratio is the work left by the layout.
+template <class Docs>
+std::pair<std::int64_t, std::int64_t> flash_tile_pairs(const Docs& docs, std::int64_t n_s, std::int64_t tq,
+                                                       std::int64_t tk) {
+  tq = imin(tq, n_s);
+  tk = imin(tk, n_s);
+  std::int64_t visited = 0, causal = 0;
+  for (std::int64_t i0 = 0; i0 < n_s; i0 += tq) {
+    const std::int64_t end = imin(i0 + tq, n_s);
+    causal += (end + tk - 1) / tk;
+    visited += (end - first_key_tile(docs, i0, tk) + tk - 1) / tk;
+  }
+  return {visited, causal};
 }
 
 template <class T>
@@ -49,36 +96,42 @@ KOKKOS_INLINE_FUNCTION double row_sum(const T* s, std::int64_t n) {
   return sum;
 }
 
-/// Online-softmax update of one row of raw scores s[0, nk) of which s[0, last] are visible: s becomes
-/// P = exp(scale*s - m') (zero past `last`), m' = max(m, scale * rowmax), l = l*exp(m - m') + rowsum(P). Returns the
-/// factor exp(m - m') by which the row's output accumulator must be rescaled (0 on the first tile, where m and l start
-/// here). A row with no visible key (last < 0) is set to zero and leaves m and l as they are (factor 1).
+/// Online-softmax update of one row of raw scores s[0, nk) of which s[first, last] are visible: s becomes
+/// P = exp(scale*s - m') (zero outside [first, last]), m' = max(m, scale * rowmax), l = l*exp(m - m') + rowsum(P).
+/// Returns the factor exp(m - m') by which the row's output accumulator must be rescaled (0 when `start` is set: m and
+/// l start here). A row with no visible key (last < first) is set to zero and leaves m and l as they are (factor 1).
 template <class T>
-KOKKOS_INLINE_FUNCTION double online_softmax_row(T* s, std::int64_t nk, std::int64_t last, double scale, bool first,
-                                                 double& m, double& l) {
-  if (last < 0) {
+KOKKOS_INLINE_FUNCTION double online_softmax_row(T* s, std::int64_t nk, std::int64_t first, std::int64_t last,
+                                                 double scale, bool start, double& m, double& l) {
+  if (last < first) {
     for (std::int64_t c = 0; c < nk; ++c) s[c] = T(0);
     return 1.0;
   }
-  const std::int64_t n = last + 1;
-  const double tile_max = static_cast<double>(row_max(s, n)) * scale;
-  const double m_new = first ? tile_max : compat::math::fmax(m, tile_max);
+  for (std::int64_t c = 0; c < first; ++c) s[c] = T(0);
+  T* const row = s + first;
+  const std::int64_t n = last + 1 - first;
+  const double tile_max = static_cast<double>(row_max(row, n)) * scale;
+  const double m_new = start ? tile_max : compat::math::fmax(m, tile_max);
   // The argument in double: scores of large magnitude cancel against the maximum without float's rounding.
-  for (std::int64_t c = 0; c < n; ++c) s[c] = softmax_exp(static_cast<T>(static_cast<double>(s[c]) * scale - m_new));
-  for (std::int64_t c = n; c < nk; ++c) s[c] = T(0);
-  const double sum = row_sum(s, n);
-  const double alpha = first ? 0.0 : compat::math::exp(m - m_new);
-  l = first ? sum : l * alpha + sum;
+  for (std::int64_t c = 0; c < n; ++c)
+    row[c] = softmax_exp(static_cast<T>(static_cast<double>(row[c]) * scale - m_new));
+  for (std::int64_t c = last + 1; c < nk; ++c) s[c] = T(0);
+  const double sum = row_sum(row, n);
+  const double alpha = start ? 0.0 : compat::math::exp(m - m_new);
+  l = start ? sum : l * alpha + sum;
   m = m_new;
   return alpha;
 }
 
-/// One row of the backward's probabilities: p[c] = exp(scale*p[c] - lse) for c <= last, 0 after.
+/// One row of the backward's probabilities: p[c] = exp(scale*p[c] - lse) for first <= c <= last, 0 elsewhere.
 template <class T>
-KOKKOS_INLINE_FUNCTION void probabilities_row(T* p, std::int64_t nk, std::int64_t last, double scale, double lse) {
-  const std::int64_t n = imax(last + 1, 0);
-  for (std::int64_t c = 0; c < n; ++c) p[c] = softmax_exp(static_cast<T>(static_cast<double>(p[c]) * scale - lse));
-  for (std::int64_t c = n; c < nk; ++c) p[c] = T(0);
+KOKKOS_INLINE_FUNCTION void probabilities_row(T* p, std::int64_t nk, std::int64_t first, std::int64_t last,
+                                              double scale, double lse) {
+  const std::int64_t end = imax(last + 1, first);
+  for (std::int64_t c = 0; c < first; ++c) p[c] = T(0);
+  for (std::int64_t c = first; c < end; ++c)
+    p[c] = softmax_exp(static_cast<T>(static_cast<double>(p[c]) * scale - lse));
+  for (std::int64_t c = end; c < nk; ++c) p[c] = T(0);
 }
 
 /// One row of dS = scale * P o (dP - D): ds holds dP = dO_i V_j^T on entry.

@@ -4,9 +4,11 @@
 // (batch, head, tile), the tile products as KokkosBatched team GEMMs reading q, k, v, dO in place, the score tile and
 // the accumulators in team scratch memory (level 0 where they fit, else level 1). The mathematics is that of
 // flash_attention_blas.hpp:
-//   forward, one team per query tile: online softmax over the key tiles up to the diagonal;
+//   forward, one team per query tile: online softmax over the key tiles from its first document start up to the
+//   diagonal;
 //   backward, two kernels without atomics: one team per key tile accumulates dK and dV over the query tiles at or
-//   below the diagonal, one team per query tile accumulates dQ over the key tiles up to it (P recomputed from lse).
+//   below the diagonal up to the end of its last key's document, one team per query tile accumulates dQ over the key
+//   tiles it sees (P recomputed from lse).
 #pragma once
 
 #include <KokkosBatched_Gemm_Decl.hpp>
@@ -51,9 +53,9 @@ KOKKOS_INLINE_FUNCTION auto head_block(const View4& t, std::int64_t b, std::int6
   return Kokkos::subview(t, b, Kokkos::make_pair(row0, row0 + n), hd, Kokkos::ALL());
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Docs>
 void flash_forward_team(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                        std::int64_t tile_q, std::int64_t tile_k) {
+                        const Docs& docs, std::int64_t tile_q, std::int64_t tile_k) {
   using T = typename O::non_const_value_type;
   using team = FlashTeam<ExecSpace>;
   using mat = typename team::template matrix<T>;
@@ -78,24 +80,34 @@ void flash_forward_team(const ExecSpace& space, const Q& q, const K& k, const V&
         vec m(t.team_scratch(level), tile_q), l(t.team_scratch(level), tile_q);
         const auto acc = Kokkos::subview(acc_all, Kokkos::make_pair<std::int64_t>(0, nq), Kokkos::ALL());
         const auto q_i = head_block(q, b, hd, i0, nq);
-        for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile_k) {
+        // Key tiles from the one holding the first query's document start to the last query.
+        const std::int64_t j_begin = first_key_tile(docs, i0, tile_k), last_start = docs.start_of(i0 + nq - 1);
+        for (std::int64_t j0 = j_begin; j0 < i0 + nq; j0 += tile_k) {
           const std::int64_t nk = imin(tile_k, i0 + nq - j0);
-          const bool first = j0 == 0, masked = j0 + nk - 1 > i0;
+          const bool tile_first = j0 == j_begin, masked = !tile_fully_visible(i0, last_start, j0, nk);
           const auto s =
               Kokkos::subview(s_all, Kokkos::make_pair<std::int64_t>(0, nq), Kokkos::make_pair<std::int64_t>(0, nk));
           KokkosBatched::TeamGemm<typename team::member, typename team::NT, typename team::TR,
                                   typename team::Algo>::invoke(t, T(1), q_i, head_block(k, b, hd, j0, nk), T(0), s);
           t.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
+            const std::int64_t start = docs.start_of(i0 + r);
+            // No earlier key tile held a key of this row: its statistics and accumulator start here.
+            const bool row_first = start >= j0;
+            const std::int64_t first = masked ? first_visible(start, j0, nk) : 0;
             const std::int64_t last = masked ? last_visible(i0 + r, j0, nk) : nk - 1;
-            const double alpha = online_softmax_row(&s(r, 0), nk, last, scale, first, m(r), l(r));
-            if (!first && alpha != 1.0)
+            const double alpha = online_softmax_row(&s(r, 0), nk, first, last, scale, row_first, m(r), l(r));
+            if (row_first) {
+              if (!tile_first)
+                for (std::int64_t c = 0; c < d_v; ++c) acc(r, c) = T(0);
+            } else if (alpha != 1.0) {
               for (std::int64_t c = 0; c < d_v; ++c) acc(r, c) *= static_cast<T>(alpha);
+            }
           });
           t.team_barrier();
           KokkosBatched::TeamGemm<typename team::member, typename team::NT, typename team::NT,
                                   typename team::Algo>::invoke(t, T(1), s, head_block(v, b, hd, j0, nk),
-                                                               first ? T(0) : T(1), acc);
+                                                               tile_first ? T(0) : T(1), acc);
           t.team_barrier();
         }
         Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
@@ -106,34 +118,37 @@ void flash_forward_team(const ExecSpace& space, const Q& q, const K& k, const V&
       });
 }
 
-/// In scratch `p` [nq, nk]: P = exp(scale * Q_i K_j^T - lse_i), zero above the diagonal; then, when `ds` is not
-/// null, dS = scale * P o (dO_i V_j^T - D_i). Used by both backward kernels of the team path.
-template <class Team, class T, class Q, class K, class V, class Lse, class DO, class RowTerm, class Mat>
+/// In scratch `p` [nq, nk]: P = exp(scale * Q_i K_j^T - lse_i), zero above the diagonal and before each query's
+/// document start; then, when `want_ds`, dS = scale * P o (dO_i V_j^T - D_i). Used by both backward kernels of the
+/// team path.
+template <class Team, class T, class Q, class K, class V, class Lse, class DO, class RowTerm, class Docs, class Mat>
 KOKKOS_INLINE_FUNCTION void flash_team_probabilities(const typename Team::member& t, const Q& q, const K& k, const V& v,
                                                      const Lse& lse, const DO& d_o, const RowTerm& row_term,
-                                                     std::int64_t b, std::int64_t hd, std::int64_t n_h,
-                                                     std::int64_t n_s, std::int64_t i0, std::int64_t nq,
-                                                     std::int64_t j0, std::int64_t nk, double scale, const Mat& p,
-                                                     const Mat& ds, bool want_ds) {
+                                                     const Docs& docs, std::int64_t b, std::int64_t hd,
+                                                     std::int64_t n_h, std::int64_t n_s, std::int64_t i0,
+                                                     std::int64_t nq, std::int64_t j0, std::int64_t nk, double scale,
+                                                     const Mat& p, const Mat& ds, bool want_ds) {
   KokkosBatched::TeamGemm<typename Team::member, typename Team::NT, typename Team::TR, typename Team::Algo>::invoke(
       t, T(1), head_block(q, b, hd, i0, nq), head_block(k, b, hd, j0, nk), T(0), p);
   if (want_ds)
     KokkosBatched::TeamGemm<typename Team::member, typename Team::NT, typename Team::TR, typename Team::Algo>::invoke(
         t, T(1), head_block(d_o, b, hd, i0, nq), head_block(v, b, hd, j0, nk), T(0), ds);
   t.team_barrier();
-  const bool masked = j0 + nk - 1 > i0;
+  const bool masked = !tile_fully_visible(i0, docs.start_of(i0 + nq - 1), j0, nk);
   Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {
+    const std::int64_t first = masked ? first_visible(docs.start_of(i0 + r), j0, nk) : 0;
     const std::int64_t last = masked ? last_visible(i0 + r, j0, nk) : nk - 1;
-    probabilities_row(&p(r, 0), nk, last, scale, static_cast<double>(lse(b, hd, i0 + r)));
+    probabilities_row(&p(r, 0), nk, first, last, scale, static_cast<double>(lse(b, hd, i0 + r)));
     if (want_ds) score_grad_row(&ds(r, 0), &p(r, 0), nk, scale, row_term((b * n_h + hd) * n_s + i0 + r));
   });
   t.team_barrier();
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV,
+          class Docs>
 void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
                          const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
-                         std::int64_t tile_q, std::int64_t tile_k,
+                         const Docs& docs, std::int64_t tile_q, std::int64_t tile_k,
                          const Kokkos::View<double*, typename ExecSpace::memory_space>& row_term) {
   using T = typename DO::non_const_value_type;
   using team = FlashTeam<ExecSpace>;
@@ -168,12 +183,14 @@ void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V
           const auto dk_acc = Kokkos::subview(dk_all, keys, Kokkos::ALL());
           const auto dv_acc = Kokkos::subview(dv_all, keys, Kokkos::ALL());
           bool first = true;
-          for (std::int64_t i0 = (j0 / tile_q) * tile_q; i0 < n_s; i0 += tile_q) {
+          // Query tiles from the one holding j0 to the end of the last key's document.
+          const std::int64_t i_end = query_end(docs, j0, nk);
+          for (std::int64_t i0 = (j0 / tile_q) * tile_q; i0 < i_end; i0 += tile_q) {
             const std::int64_t nq = imin(tile_q, n_s - i0);
             const auto rows = Kokkos::make_pair<std::int64_t>(0, nq);
             const auto p = Kokkos::subview(p_all, rows, keys), ds = Kokkos::subview(ds_all, rows, keys);
-            flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, b, hd, n_h, n_s, i0, nq, j0, nk, scale, p,
-                                              ds, do_dk);
+            flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, docs, b, hd, n_h, n_s, i0, nq, j0, nk,
+                                              scale, p, ds, do_dk);
             if (do_dv)
               KokkosBatched::TeamGemm<member, TR, NT, Algo>::invoke(t, T(1), p, head_block(d_o, b, hd, i0, nq),
                                                                     first ? T(0) : T(1), dv_acc);
@@ -205,14 +222,16 @@ void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V
           mat dq_all(t.team_scratch(level), tile_q, d_qk);
           const auto rows = Kokkos::make_pair<std::int64_t>(0, nq);
           const auto dq_acc = Kokkos::subview(dq_all, rows, Kokkos::ALL());
-          for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile_k) {
+          // Key tiles from the one holding the first query's document start to the last query.
+          const std::int64_t j_begin = first_key_tile(docs, i0, tile_k);
+          for (std::int64_t j0 = j_begin; j0 < i0 + nq; j0 += tile_k) {
             const std::int64_t nk = imin(tile_k, i0 + nq - j0);
             const auto keys = Kokkos::make_pair<std::int64_t>(0, nk);
             const auto p = Kokkos::subview(p_all, rows, keys), ds = Kokkos::subview(ds_all, rows, keys);
-            flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, b, hd, n_h, n_s, i0, nq, j0, nk, scale, p,
-                                              ds, true);
+            flash_team_probabilities<team, T>(t, q, k, v, lse, d_o, row_term, docs, b, hd, n_h, n_s, i0, nq, j0, nk,
+                                              scale, p, ds, true);
             KokkosBatched::TeamGemm<member, NT, NT, Algo>::invoke(t, T(1), ds, head_block(k, b, hd, j0, nk),
-                                                                  j0 == 0 ? T(0) : T(1), dq_acc);
+                                                                  j0 == j_begin ? T(0) : T(1), dq_acc);
             t.team_barrier();
           }
           Kokkos::parallel_for(Kokkos::TeamThreadRange(t, nq), [&](const std::int64_t r) {

@@ -8,11 +8,16 @@
 // Angles are computed in double whatever the value type.
 //
 // Rank-3 tensors `[B, s, d]` (the shared rope key of the latent payload) go through as_rank4() (view_utils.hpp).
+//
+// Positions: a rank's tokens are either at consecutive positions from an offset (one document: position = global token
+// index), or at an explicit per-token table of positions (make_rope_positions: packed documents, where a position
+// restarts at 0 at each document's start, and any split of S over the ranks).
 #pragma once
 
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/view_utils.hpp>
 
 #include <cstdint>
@@ -40,22 +45,56 @@ void rope_validate(const char* who, const View4& x, int first_column, int width)
   }
 }
 
-/// The cos/sin table of RoPE for `positions` consecutive positions starting at `position_offset`: [positions,
-/// width/2] each, in double whatever the value type. The angles depend on the position and the frequency only, so a
+/// The cos/sin table of RoPE for a rank's tokens, row t for local token t: [tokens, width/2] each, in double whatever
+/// the value type. Token t is at position position_offset + t (consecutive positions), or at positions(t) when the
+/// table was built from an explicit positions View. The angles depend on the position and the frequency only, so a
 /// layer whose token positions are fixed (a rank's shard) builds it once and every rotation reads it instead of
 /// calling transcendental functions.
 template <class MemSpace>
 struct RopeTable {
   Kokkos::View<double**, Kokkos::LayoutRight, MemSpace> cos, sin;
+  Kokkos::View<const std::int64_t*, MemSpace> positions;  // with explicit_positions: the positions of the rows
+  bool explicit_positions = false;                        // false: consecutive positions from position_offset
   std::int64_t position_offset = 0;
   int width = 0;
   double base = 0;
 
-  bool matches(std::int64_t positions, std::int64_t offset, int w, double b) const {
-    return cos.data() != nullptr && static_cast<std::int64_t>(cos.extent(0)) == positions &&
+  /// True when built for `tokens` consecutive positions from `offset` with this width and base.
+  bool matches(std::int64_t tokens, std::int64_t offset, int w, double b) const {
+    return cos.data() != nullptr && !explicit_positions && static_cast<std::int64_t>(cos.extent(0)) == tokens &&
            position_offset == offset && width == w && base == b;
   }
+  /// True when built from this positions View (the same allocation) with this width and base.
+  template <class PositionsView>
+  bool matches(const PositionsView& p, int w, double b) const {
+    return explicit_positions && positions.data() == p.data() && positions.extent(0) == p.extent(0) && width == w &&
+           base == b;
+  }
 };
+
+/// Fills table.cos / table.sin: row t at position `positions(t)` when `explicit_positions`, else at
+/// table.position_offset + t.
+template <class ExecSpace, class MemSpace>
+void rope_fill_table(const ExecSpace& space, const RopeTable<MemSpace>& table,
+                     const Kokkos::View<const std::int64_t*, MemSpace>& positions, bool explicit_positions) {
+  const auto cos_table = table.cos;
+  const auto sin_table = table.sin;
+  const std::int64_t half = table.width / 2, position_offset = table.position_offset;
+  const double width_double = static_cast<double>(table.width), base = table.base;
+  Kokkos::parallel_for(
+      "mlacp::rope_table",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0,
+                                                                      static_cast<std::int64_t>(cos_table.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t t) {
+        const double position = static_cast<double>(explicit_positions ? positions(t) : position_offset + t);
+        for (std::int64_t j = 0; j < half; ++j) {
+          const double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
+          const double angle = position * inv_freq;
+          cos_table(t, j) = compat::math::cos(angle);
+          sin_table(t, j) = compat::math::sin(angle);
+        }
+      });
+}
 
 /// Builds (allocates and fills, asynchronously on `space`) the table of `positions` positions from `position_offset`.
 template <class ExecSpace>
@@ -68,19 +107,28 @@ RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& spa
   table.position_offset = position_offset;
   table.width = width;
   table.base = base;
-  const auto cos_table = table.cos;
-  const auto sin_table = table.sin;
-  const double width_double = static_cast<double>(width);
-  Kokkos::parallel_for(
-      "mlacp::rope_table", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, positions),
-      KOKKOS_LAMBDA(const std::int64_t t) {
-        for (std::int64_t j = 0; j < half; ++j) {
-          const double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
-          const double angle = static_cast<double>(position_offset + t) * inv_freq;
-          cos_table(t, j) = compat::math::cos(angle);
-          sin_table(t, j) = compat::math::sin(angle);
-        }
-      });
+  rope_fill_table(space, table, Kokkos::View<const std::int64_t*, typename ExecSpace::memory_space>(), false);
+  return table;
+}
+
+/// Builds the table of the rank-local tokens at the explicit positions `positions` [tokens] (make_rope_positions),
+/// asynchronously on `space`; the table keeps a reference to `positions`.
+template <class ExecSpace, class PositionsView, std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
+RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& space, const PositionsView& positions,
+                                                            int width, double base) {
+  static_assert(compat::view_rank_v<PositionsView> == 1, "mlacp RoPE: positions must be a rank-1 View [tokens]");
+  static_assert(std::is_same_v<typename PositionsView::non_const_value_type, std::int64_t>,
+                "mlacp RoPE: positions must hold std::int64_t");
+  RopeTable<typename ExecSpace::memory_space> table;
+  const auto tokens = static_cast<std::int64_t>(positions.extent(0));
+  const std::int64_t half = width / 2;
+  table.cos = decltype(table.cos)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), tokens, half);
+  table.sin = decltype(table.sin)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), tokens, half);
+  table.positions = positions;
+  table.explicit_positions = true;
+  table.width = width;
+  table.base = base;
+  rope_fill_table(space, table, table.positions, true);
   return table;
 }
 
@@ -130,6 +178,22 @@ void rope_check_contiguous(const char* who, const View4& x) {
                                  "') is not contiguous; expected a contiguous LayoutRight View");
 }
 
+template <class View4, class MemSpace>
+void rope_check_table(const char* who, const View4& x, const RopeTable<MemSpace>& table) {
+  if (x.extent(1) > table.cos.extent(0))
+    throw mlacp::InvalidArgument(std::string("mlacp::") + who + ": " + std::to_string(x.extent(1)) +
+                                 " tokens, the RoPE table has " + std::to_string(table.cos.extent(0)) +
+                                 "; expected at most the table's tokens");
+}
+
+template <class View4, class PositionsView>
+void rope_check_positions(const char* who, const View4& x, const PositionsView& positions) {
+  if (positions.extent(0) != x.extent(1))
+    throw mlacp::InvalidArgument(std::string("mlacp::") + who + ": positions has " +
+                                 std::to_string(positions.extent(0)) + " entries, expected one per token (" +
+                                 std::to_string(x.extent(1)) + ")");
+}
+
 }  // namespace detail
 
 /// Rotates, in place, columns [first_column, first_column + width) of every (b, t, n) row of the rank-4 View
@@ -159,6 +223,63 @@ void rope_backward(const ExecSpace& space, const View4& x, int first_column, int
   detail::rope_rotate(space, x, first_column, x, first_column, table, -1.0);
 }
 
+/// The RoPE positions of a rank's `local_count` tokens, global tokens [global_offset, global_offset + local_count) of a
+/// packed sequence: position(t) = g - documents.start_of(g) for g = global_offset + t, i.e. the position within the
+/// token's document (restarting at 0 at each document's start); with the empty layout, the global token index g.
+/// global_offset is the rank's first global token (for any split of S over the ranks, even or not). Returns a
+/// [local_count] View in ExecSpace's memory, filled asynchronously on `space`; built once per (layout, split, rank)
+/// and passed to make_rope_table. Throws mlacp::InvalidArgument unless global_offset >= 0, local_count >= 0 and, for a
+/// non-empty layout, global_offset + local_count <= its S.
+template <class ExecSpace>
+Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> make_rope_positions(
+    const ExecSpace& space, std::int64_t global_offset, std::int64_t local_count,
+    const DocumentLayout& documents = DocumentLayout()) {
+  const std::string who = "mlacp::make_rope_positions: ";
+  if (global_offset < 0) throw InvalidArgument(who + detail::named("global_offset", global_offset) + ", expected >= 0");
+  if (local_count < 0) throw InvalidArgument(who + detail::named("local_count", local_count) + ", expected >= 0");
+  if (!documents.empty() && global_offset + local_count > documents.total())
+    throw InvalidArgument(who + detail::named("global_offset", global_offset) + " + " +
+                          detail::named("local_count", local_count) +
+                          " exceeds the document layout's S = " + std::to_string(documents.total()) +
+                          ", expected the rank's tokens inside the packed sequence");
+  Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> positions(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope positions"), local_count);
+  const std::int64_t total = documents.empty() ? global_offset + local_count : documents.total();
+  const auto docs = documents.offsets_for<ExecSpace>(total, "make_rope_positions");
+  Kokkos::parallel_for(
+      "mlacp::rope_positions", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, local_count),
+      KOKKOS_LAMBDA(const std::int64_t t) {
+        const std::int64_t g = global_offset + t;
+        positions(t) = g - docs.start_of(g);
+      });
+  return positions;
+}
+
+/// rope_forward / rope_backward at explicit positions: row t of x `[B, s, n, d]` at position positions(t) (a [s] View
+/// of std::int64_t, e.g. from make_rope_positions). Same checks as the offset form, and positions.extent(0) == s.
+/// Builds its table per call; repeated rotations build it once (make_rope_table with the positions).
+template <class ExecSpace, class View4, class PositionsView,
+          std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
+void rope_forward(const ExecSpace& space, const View4& x, int first_column, int width, const PositionsView& positions,
+                  double base = 10000.0) {
+  detail::rope_validate("rope_forward", x, first_column, width);
+  detail::rope_check_contiguous("rope_forward", x);
+  detail::rope_check_positions("rope_forward", x, positions);
+  detail::rope_rotate(space, x, first_column, x, first_column, detail::make_rope_table(space, positions, width, base),
+                      1.0);
+}
+
+template <class ExecSpace, class View4, class PositionsView,
+          std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
+void rope_backward(const ExecSpace& space, const View4& x, int first_column, int width, const PositionsView& positions,
+                   double base = 10000.0) {
+  detail::rope_validate("rope_backward", x, first_column, width);
+  detail::rope_check_contiguous("rope_backward", x);
+  detail::rope_check_positions("rope_backward", x, positions);
+  detail::rope_rotate(space, x, first_column, x, first_column, detail::make_rope_table(space, positions, width, base),
+                      -1.0);
+}
+
 /// rope_forward with a prebuilt table (table.width columns rotated; x.extent(1) <= the table's positions), from
 /// columns [src_first, ...) of `src` into columns [dst_first, ...) of `dst` (`dst` may be `src`). Both contiguous
 /// LayoutRight [B, s, n, d] / [B, s, n, d'], same B, s, n. Asynchronous on `space`.
@@ -167,6 +288,7 @@ void rope_forward(const ExecSpace& space, const Src& src, int src_first, const D
                   const detail::RopeTable<MemSpace>& table) {
   detail::rope_validate("rope_forward", src, src_first, table.width);
   detail::rope_validate("rope_forward", dst, dst_first, table.width);
+  detail::rope_check_table("rope_forward", src, table);
   detail::rope_rotate(space, src, src_first, dst, dst_first, table, 1.0);
 }
 
@@ -176,6 +298,7 @@ void rope_backward(const ExecSpace& space, const Src& src, int src_first, const 
                    const detail::RopeTable<MemSpace>& table) {
   detail::rope_validate("rope_backward", src, src_first, table.width);
   detail::rope_validate("rope_backward", dst, dst_first, table.width);
+  detail::rope_check_table("rope_backward", src, table);
   detail::rope_rotate(space, src, src_first, dst, dst_first, table, -1.0);
 }
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -97,14 +98,34 @@ inline void rope(double* v, int dr, double p) {
   }
 }
 
+/// The first token of each token's document under cu_seqlens (all 0 when cu_seqlens is empty: one document), checked
+/// here with the reference's own loop (no library code): c[0] = 0, strictly increasing, c[n] = S.
+inline std::vector<int> document_starts(const std::vector<std::int64_t>& cu, int S) {
+  std::vector<int> start(static_cast<std::size_t>(S), 0);
+  if (cu.empty()) return start;
+  require(cu.size() >= 2 && cu.front() == 0 && cu.back() == S,
+          "cu_seqlens has " + std::to_string(cu.size()) + " entries from " + std::to_string(cu.front()) + " to " +
+              std::to_string(cu.back()) + ", expected at least 2 from 0 to S = " + std::to_string(S));
+  for (std::size_t d = 0; d + 1 < cu.size(); ++d) {
+    require(cu[d] < cu[d + 1], "cu_seqlens[" + std::to_string(d + 1) + "] = " + std::to_string(cu[d + 1]) +
+                                   " <= cu_seqlens[" + std::to_string(d) + "] = " + std::to_string(cu[d]) +
+                                   ", expected strictly increasing offsets");
+    for (std::int64_t t = cu[d]; t < cu[d + 1]; ++t) start[static_cast<std::size_t>(t)] = static_cast<int>(cu[d]);
+  }
+  return start;
+}
+
 }  // namespace detail
 
 /// y = MLA(x) per MLA_SPEC steps 1-7 on the full sequence: x, y `[B, S, D]` host Views. Throws
-/// mlacp::InvalidArgument when a shape disagrees with dims.
+/// mlacp::InvalidArgument when a shape disagrees with dims. With `cu_seqlens` (packed documents: c[0] = 0 < c[1] < ...
+/// < c[n] = S, the same for every batch row), step 4's positions restart at 0 at each document's start and step 6's
+/// attention is causal within each document (query i sees keys [start of i's document, i]); empty: one document.
 template <class T>
 void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
                  const typename ReferenceWeights<T>::tensor3_type& x,
-                 const typename ReferenceWeights<T>::tensor3_type& y) {
+                 const typename ReferenceWeights<T>::tensor3_type& y,
+                 const std::vector<std::int64_t>& cu_seqlens = {}) {
   using detail::require;
   using detail::require_extents;
   const int B = dims.B, S = dims.S, D = dims.D, H = dims.H, dn = dims.dn, dr = dims.dr, dv = dims.dv, R = dims.R;
@@ -122,6 +143,7 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
   require_extents("x", x, B, S, D);
   require_extents("y", y, B, S, D);
   const typename ReferenceWeights<T>::vector_type no_bias;
+  const std::vector<int> doc_start = detail::document_starts(cu_seqlens, S);
 
   const std::size_t n_tok = static_cast<std::size_t>(S);
   for (int b = 0; b < B; ++b) {
@@ -140,14 +162,15 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
       const double rstd = 1.0 / std::sqrt(ss / R + 1e-6);
       for (int j = 0; j < R; ++j) c[t * R + j] = a[t * (R + dr) + j] * rstd * static_cast<double>(w.g_kv(j));
     }
-    // 4. RoPE of q_pe (per head) and of the shared k_pe = a[:, R:], at position t
+    // 4. RoPE of q_pe (per head) and of the shared k_pe = a[:, R:], at position t (within its document)
     for (int t = 0; t < S; ++t) {
-      for (int hd = 0; hd < H; ++hd) detail::rope(&q[t * H * dqk + hd * dqk + dn], dr, t);
-      detail::rope(&a[t * (R + dr) + R], dr, t);
+      const int position = t - doc_start[t];
+      for (int hd = 0; hd < H; ++hd) detail::rope(&q[t * H * dqk + hd * dqk + dn], dr, position);
+      detail::rope(&a[t * (R + dr) + R], dr, position);
     }
     // 5. per-head keys and values
     std::vector<double> kv = detail::linear(c, n_tok, R, w.w_kvb, w.b_kvb);  // [S, H*(dn+dv)]
-    // 6. causal attention per head, naive softmax
+    // 6. causal attention per head (within each document), naive softmax
     std::vector<double> o(n_tok * H * dv, 0.0);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dqk));
     std::vector<double> scores(n_tok);
@@ -155,7 +178,8 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
       for (int i = 0; i < S; ++i) {
         const double* qi = &q[i * H * dqk + hd * dqk];
         double max_score = -HUGE_VAL;
-        for (int j = 0; j <= i; ++j) {
+        const int j0 = doc_start[i];
+        for (int j = j0; j <= i; ++j) {
           const double* kvj = &kv[j * H * (dn + dv) + hd * (dn + dv)];
           const double* kpe = &a[j * (R + dr) + R];
           double dot = 0.0;
@@ -165,12 +189,12 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
           max_score = std::max(max_score, scores[j]);
         }
         double sum = 0.0;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = j0; j <= i; ++j) {
           scores[j] = std::exp(scores[j] - max_score);
           sum += scores[j];
         }
         double* oi = &o[i * H * dv + hd * dv];
-        for (int j = 0; j <= i; ++j) {
+        for (int j = j0; j <= i; ++j) {
           const double* vj = &kv[j * H * (dn + dv) + hd * (dn + dv) + dn];
           for (int e = 0; e < dv; ++e) oi[e] += scores[j] / sum * vj[e];
         }

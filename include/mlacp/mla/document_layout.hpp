@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+//
+// The document layout of a packed variable-length sequence (`cu_seqlens`, the "THD" layout): cumulative document
+// offsets over the global packed sequence of S tokens,
+//   c[0] = 0 < c[1] < ... < c[n] = S,   document d = tokens [c[d], c[d+1]),
+// shared by every rank and applied to every batch row alike (B is usually 1 for packed data; a batch of rows with
+// different packings is not expressible). Attention is causal within a document and never crosses one: query t sees
+// the keys k with start_of(t) <= k <= t; RoPE positions restart at each document's start (position = t - start_of(t)).
+// An empty layout (default-constructed) is one document of whatever length the sequence has: plain causal attention
+// and positions equal to the token index. A layout of exactly one document is treated as empty by the kernels.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <mlacp/error.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace mlacp {
+
+/// The kernels' view of a DocumentLayout in memory space MemSpace: the offsets c[0..n] (empty: one document of
+/// `total` tokens). Trivially copyable; start_of / end_of / doc_of are callable wherever MemSpace is reachable.
+template <class MemSpace>
+struct DocumentOffsets {
+  Kokkos::View<const std::int64_t*, MemSpace> offsets;  // n + 1 entries, or empty: one document
+  std::int64_t total = 0;                               // S
+
+  /// True when every token is in one document (no offsets to search).
+  KOKKOS_INLINE_FUNCTION bool single() const { return offsets.extent(0) == 0; }
+  /// Number of documents.
+  KOKKOS_INLINE_FUNCTION std::int64_t documents() const {
+    return single() ? 1 : static_cast<std::int64_t>(offsets.extent(0)) - 1;
+  }
+  /// The document of token t (0 <= t < total): the last d with c[d] <= t (binary search, log2(n) loads).
+  KOKKOS_INLINE_FUNCTION std::int64_t doc_of(std::int64_t t) const {
+    if (single()) return 0;
+    std::int64_t lo = 0, hi = static_cast<std::int64_t>(offsets.extent(0)) - 1;  // c[lo] <= t < c[hi]
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (offsets(mid) <= t)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    return lo;
+  }
+  /// First token of t's document (the first key query t may see).
+  KOKKOS_INLINE_FUNCTION std::int64_t start_of(std::int64_t t) const { return single() ? 0 : offsets(doc_of(t)); }
+  /// One past the last token of t's document (queries [t, end_of(t)) see key t).
+  KOKKOS_INLINE_FUNCTION std::int64_t end_of(std::int64_t t) const { return single() ? total : offsets(doc_of(t) + 1); }
+};
+
+/// A validated `cu_seqlens` with a host copy and a copy in the default execution space's memory.
+class DocumentLayout {
+ public:
+  using device_memory = Kokkos::DefaultExecutionSpace::memory_space;
+
+  /// One document (plain causal attention) whatever the sequence length.
+  DocumentLayout() = default;
+
+  /// From cu_seqlens over a packed sequence of `total` tokens. Throws mlacp::InvalidArgument naming the first bad
+  /// entry unless cu_seqlens has at least 2 entries, c[0] = 0, c[n] = total and c is strictly increasing.
+  DocumentLayout(std::vector<std::int64_t> cu_seqlens, std::int64_t total)
+      : total_(total), host_offsets_(std::move(cu_seqlens)) {
+    validate(host_offsets_, total_);
+    if (host_offsets_.size() == 2) return;  // one document: the kernels' fast path (no offsets)
+    host_ = Kokkos::View<std::int64_t*, Kokkos::HostSpace>("mlacp::cu_seqlens (host)", host_offsets_.size());
+    for (std::size_t i = 0; i < host_offsets_.size(); ++i) host_(i) = host_offsets_[i];
+    device_ = Kokkos::create_mirror_view_and_copy(device_memory(), host_);
+  }
+
+  /// The checks of the constructor, alone. `who` prefixes the message.
+  static void validate(const std::vector<std::int64_t>& c, std::int64_t total, const char* who = "DocumentLayout") {
+    const std::string prefix = std::string("mlacp::") + who + ": cu_seqlens";
+    if (total < 1)
+      throw InvalidArgument(prefix + " over a sequence of " + std::to_string(total) +
+                            " tokens; expected a sequence of at least 1 token");
+    if (c.size() < 2)
+      throw InvalidArgument(prefix + " has " + std::to_string(c.size()) +
+                            " entries; expected at least 2 (0 and the sequence length " + std::to_string(total) + ")");
+    if (c.front() != 0)
+      throw InvalidArgument(prefix + "[0] = " + std::to_string(c.front()) + "; expected 0 (offsets start at 0)");
+    for (std::size_t i = 1; i < c.size(); ++i)
+      if (c[i] <= c[i - 1])
+        throw InvalidArgument(prefix + "[" + std::to_string(i) + "] = " + std::to_string(c[i]) + " <= cu_seqlens[" +
+                              std::to_string(i - 1) + "] = " + std::to_string(c[i - 1]) +
+                              "; expected strictly increasing offsets (every document at least 1 token)");
+    if (c.back() != total)
+      throw InvalidArgument(prefix + "[" + std::to_string(c.size() - 1) + "] = " + std::to_string(c.back()) +
+                            "; expected the sequence length " + std::to_string(total) + " (offsets end at S)");
+  }
+
+  /// True for the empty layout (one document of any length).
+  bool empty() const { return host_offsets_.empty(); }
+  /// True when the kernels see one document (empty, or cu_seqlens = {0, S}).
+  bool single() const { return host_.extent(0) == 0; }
+  /// S of a non-empty layout; 0 for the empty one.
+  std::int64_t total() const { return total_; }
+  /// Number of documents (1 for the empty layout).
+  std::int64_t documents() const { return empty() ? 1 : static_cast<std::int64_t>(host_offsets_.size()) - 1; }
+  /// cu_seqlens as given (empty for the empty layout).
+  const std::vector<std::int64_t>& cu_seqlens() const { return host_offsets_; }
+
+  /// Host queries (t in [0, S)); see DocumentOffsets.
+  std::int64_t doc_of(std::int64_t t) const { return host(total_).doc_of(t); }
+  std::int64_t start_of(std::int64_t t) const { return host(total_).start_of(t); }
+  std::int64_t end_of(std::int64_t t) const { return host(total_).end_of(t); }
+
+  /// The offsets in host memory, for a sequence of n_s tokens (n_s is the document length of the empty layout).
+  DocumentOffsets<Kokkos::HostSpace> host(std::int64_t n_s) const { return {host_, n_s}; }
+
+  /// The offsets where ExecSpace can read them (the default memory space's copy if it is reachable, else the host
+  /// copy), for a sequence of n_s tokens. Throws mlacp::InvalidArgument naming both lengths unless the layout is empty
+  /// or covers exactly n_s tokens; `who` names the caller.
+  template <class ExecSpace>
+  auto offsets_for(std::int64_t n_s, const char* who) const {
+    check_total(n_s, who);
+    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, device_memory>::accessible) {
+      return DocumentOffsets<device_memory>{device_, n_s};
+    } else {
+      static_assert(Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible,
+                    "mlacp::DocumentLayout: the execution space reaches neither the default memory space nor host");
+      return DocumentOffsets<Kokkos::HostSpace>{host_, n_s};
+    }
+  }
+
+  /// Throws unless the layout is empty or covers exactly n_s tokens.
+  void check_total(std::int64_t n_s, const char* who) const {
+    if (!empty() && total_ != n_s)
+      throw InvalidArgument(
+          std::string("mlacp::") + who + ": the document layout covers S = " + std::to_string(total_) +
+          " tokens, the sequence has " + std::to_string(n_s) + "; expected cu_seqlens ending at the sequence length");
+  }
+
+ private:
+  std::int64_t total_ = 0;
+  std::vector<std::int64_t> host_offsets_;
+  Kokkos::View<std::int64_t*, Kokkos::HostSpace> host_;  // empty when single()
+  Kokkos::View<std::int64_t*, device_memory> device_;    // empty when single()
+};
+
+}  // namespace mlacp
