@@ -258,12 +258,12 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               Tensor4 dvv;            // [1, S, h, dv]
               Tensor5 dq_blocks;      // [P, 1, s, h, dqk] (empty at P == 1)
               // The latent KV linear's forward operands and backward scratch (the layer's workspace).
-              Tensor3 gathered;                // [1, S, R+dr]
-              Matrix w_kvb, dw_kvb;            // [h*(dn+dv), R]: this rank's head rows
-              Tensor3 kv, latent;              // [1, S, h*(dn+dv)], [1, S, R]
-              Tensor3 dkv, dkpe;               // [1, S, h*(dn+dv)], [1, S, dr]
+              Tensor3 gathered;                   // [1, S, R+dr]
+              Matrix w_kvb, dw_kvb;               // [h*(dn+dv), R]: this rank's head rows
+              Tensor3 kv, latent;                 // [1, S, h*(dn+dv)], [1, S, R]
+              Tensor3 dkv, dkpe;                  // [1, S, h*(dn+dv)], [1, S, dr]
               Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
-              Tensor3 reduced;                 // [1, s, R+dr] (empty at P == 1)
+              Tensor3 reduced;                    // [1, s, R+dr] (empty at P == 1)
               // The payload backward's operands.
               Tensor3 kv_a, x, d_kv_a, dx;  // [1, s, R+dr], [1, s, D], [1, s, R+dr], [1, s, D]
               Matrix w_kva, dw_kva;         // [R+dr, D]
@@ -298,7 +298,8 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
             st->g_kv = Vector("g_kv", R);
             st->dg_kv = Vector("dg_kv", R);
             st->rstd = Vector("rstd", s);
-            st->rope = mlacp::detail::make_rope_table(space, s, static_cast<std::int64_t>(mesh.rank()) * s, dr, 10000.0);
+            st->rope =
+                mlacp::detail::make_rope_table(space, s, static_cast<std::int64_t>(mesh.rank()) * s, dr, 10000.0);
             mlacp::testing::synthetic::fill(st->q_token_local, 20, 1.0);
             mlacp::testing::synthetic::fill(st->dq, 21, 1.0);
             mlacp::testing::synthetic::fill(st->dk, 22, 1.0);
@@ -377,8 +378,8 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               std::vector<std::pair<std::string, double>> steps;
               st->latent_kv.emplace();
               st->latent_kv->forward(space, st->gathered,
-                                     WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), st->w_kvb.extent(1)),
-                                     BiasPart(), mesh, st->kv, Tensor3(), st->latent);
+                                     WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), st->w_kvb.extent(1)), BiasPart(),
+                                     mesh, st->kv, Tensor3(), st->latent);
               Kokkos::fence();
               double last = now();
               kv_backward([&](const char* name) {
@@ -420,70 +421,70 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
 PairSpec pair_rs(const mlacp::Mesh& mesh, int rows) {
   const int P = mesh.size();
   const int R = 120, dr = 8;
-  return {"latent reduce-scatter + w_kvb wgrad", 192, [&mesh, rows, P, R, dr](int W) {
-            const Space space;
-            const int S = rows;
-            struct State {
-              Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
-              Matrix w_sel, dw_sel;               // [W, R]
-              Tensor3 kv, latent;                 // [1, S, W], [1, S, R]
-              Tensor3 grad_kv, grad_shared;       // [1, S, W], [1, S, dr]
-              Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
-              Tensor3 reduced;                    // [1, S/P, R+dr] (empty at P == 1)
-              std::optional<LatentKVLinear> invocation;
-            };
-            auto st = std::make_shared<State>();
-            st->gathered = Tensor3("gathered payload", 1, S, R + dr);
-            st->w_sel = Matrix("w_sel", W, R);
-            st->dw_sel = Matrix("dw_sel", W, R);
-            st->kv = Tensor3("kv", 1, S, W);
-            st->latent = Tensor3("latent", 1, S, R);
-            st->grad_kv = Tensor3("d kv", 1, S, W);
-            st->grad_shared = Tensor3("d k_pe", 1, S, dr);
-            st->grad_payload = Tensor3("d payload", 1, S, R + dr);
-            st->grad_latent = Tensor3("d latent", 1, S, R);
-            st->reduced = destination<Tensor3>(mesh, "d payload local", 1, S / P, R + dr);
-            mlacp::testing::synthetic::fill(st->gathered, 31, 1.0);
-            mlacp::testing::synthetic::fill(st->grad_kv, 32, 1.0);
-            mlacp::testing::synthetic::fill(st->grad_shared, 33, 1.0);
-            mlacp::testing::synthetic::fill(st->w_sel, 34, 0.1);
-            const auto rows_of = [](const Matrix& m) { return WeightRows(m.data(), m.extent(0), m.extent(1)); };
-            Pair p;
-            p.compute_name = "w_kvb wgrad";
-            p.comm_name = "latent reduce-scatter";
-            p.panel_rows = S;
-            p.prepare = [space, st, rows_of, &mesh]() {
-              st->invocation.emplace();
-              st->invocation->forward(space, st->gathered, rows_of(st->w_sel), BiasPart(), mesh, st->kv, Tensor3(),
-                                      st->latent);
-            };
-            p.compute = [space, st, rows_of]() {
-              st->invocation->backward(space, st->grad_kv, st->grad_shared, false, rows_of(st->dw_sel), BiasPart(),
-                                       true, st->grad_payload, st->grad_latent, st->reduced);
-            };
-            p.collective = [space, st, &mesh]() {
-              mlacp::launch_reduce_scatter(space, st->grad_payload, 1, mesh, "latent reduce-scatter", st->reduced)
-                  .wait();
-            };
-            p.piece = [space, st, rows_of](bool overlap) {
-              st->invocation->backward(space, st->grad_kv, st->grad_shared, true, rows_of(st->dw_sel), BiasPart(),
-                                       overlap, st->grad_payload, st->grad_latent, st->reduced);
-            };
-            p.launch_raw = raw_launcher(st->grad_payload.size(), mesh.comm(), P);
-            p.sizes = [=]() {
-              return JsonObject()
-                  .num("S", S)
-                  .num("R", R)
-                  .num("dr", dr)
-                  .num("W_h_dn_dv", W)
-                  .num("comm_bytes_per_rank", 8.0 * S * (R + dr))
-                  .num("comm_bytes_leaving_rank", 8.0 * S * (R + dr) * (P - 1) / P)
-                  .num("gemm_flops", 2.0 * S * W * R)
-                  .num("dgrad_before_launch_flops", 2.0 * S * W * R)
-                  .str("gemm", "dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]");
-            };
-            return p;
-          }};
+  return {
+      "latent reduce-scatter + w_kvb wgrad", 192, [&mesh, rows, P, R, dr](int W) {
+        const Space space;
+        const int S = rows;
+        struct State {
+          Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
+          Matrix w_sel, dw_sel;               // [W, R]
+          Tensor3 kv, latent;                 // [1, S, W], [1, S, R]
+          Tensor3 grad_kv, grad_shared;       // [1, S, W], [1, S, dr]
+          Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
+          Tensor3 reduced;                    // [1, S/P, R+dr] (empty at P == 1)
+          std::optional<LatentKVLinear> invocation;
+        };
+        auto st = std::make_shared<State>();
+        st->gathered = Tensor3("gathered payload", 1, S, R + dr);
+        st->w_sel = Matrix("w_sel", W, R);
+        st->dw_sel = Matrix("dw_sel", W, R);
+        st->kv = Tensor3("kv", 1, S, W);
+        st->latent = Tensor3("latent", 1, S, R);
+        st->grad_kv = Tensor3("d kv", 1, S, W);
+        st->grad_shared = Tensor3("d k_pe", 1, S, dr);
+        st->grad_payload = Tensor3("d payload", 1, S, R + dr);
+        st->grad_latent = Tensor3("d latent", 1, S, R);
+        st->reduced = destination<Tensor3>(mesh, "d payload local", 1, S / P, R + dr);
+        mlacp::testing::synthetic::fill(st->gathered, 31, 1.0);
+        mlacp::testing::synthetic::fill(st->grad_kv, 32, 1.0);
+        mlacp::testing::synthetic::fill(st->grad_shared, 33, 1.0);
+        mlacp::testing::synthetic::fill(st->w_sel, 34, 0.1);
+        const auto rows_of = [](const Matrix& m) { return WeightRows(m.data(), m.extent(0), m.extent(1)); };
+        Pair p;
+        p.compute_name = "w_kvb wgrad";
+        p.comm_name = "latent reduce-scatter";
+        p.panel_rows = S;
+        p.prepare = [space, st, rows_of, &mesh]() {
+          st->invocation.emplace();
+          st->invocation->forward(space, st->gathered, rows_of(st->w_sel), BiasPart(), mesh, st->kv, Tensor3(),
+                                  st->latent);
+        };
+        p.compute = [space, st, rows_of]() {
+          st->invocation->backward(space, st->grad_kv, st->grad_shared, false, rows_of(st->dw_sel), BiasPart(), true,
+                                   st->grad_payload, st->grad_latent, st->reduced);
+        };
+        p.collective = [space, st, &mesh]() {
+          mlacp::launch_reduce_scatter(space, st->grad_payload, 1, mesh, "latent reduce-scatter", st->reduced).wait();
+        };
+        p.piece = [space, st, rows_of](bool overlap) {
+          st->invocation->backward(space, st->grad_kv, st->grad_shared, true, rows_of(st->dw_sel), BiasPart(), overlap,
+                                   st->grad_payload, st->grad_latent, st->reduced);
+        };
+        p.launch_raw = raw_launcher(st->grad_payload.size(), mesh.comm(), P);
+        p.sizes = [=]() {
+          return JsonObject()
+              .num("S", S)
+              .num("R", R)
+              .num("dr", dr)
+              .num("W_h_dn_dv", W)
+              .num("comm_bytes_per_rank", 8.0 * S * (R + dr))
+              .num("comm_bytes_leaving_rank", 8.0 * S * (R + dr) * (P - 1) / P)
+              .num("gemm_flops", 2.0 * S * W * R)
+              .num("dgrad_before_launch_flops", 2.0 * S * W * R)
+              .str("gemm", "dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]");
+        };
+        return p;
+      }};
 }
 
 // ---- the run ----------------------------------------------------------------------------------------------------
@@ -638,11 +639,10 @@ PairMeasurement measure_sequential_and_overlapped(const PairRun& run, const Sett
   const Pair& p = run.pair;
   PhaseLog log;
   const auto overlapped = overlapped_piece(run);
-  std::vector<PreparedBody> bodies = {
-      {p.prepare, p.compute},
-      {{}, collective_alone(run)},
-      {p.prepare, [&]() { run_recording_phases(p.comm_name, overlapped, log); }},
-      {p.prepare, blocking_piece(run)}};
+  std::vector<PreparedBody> bodies = {{p.prepare, p.compute},
+                                      {{}, collective_alone(run)},
+                                      {p.prepare, [&]() { run_recording_phases(p.comm_name, overlapped, log); }},
+                                      {p.prepare, blocking_piece(run)}};
   const bool polled = run.raw ? static_cast<bool>(p.compute_polled) : static_cast<bool>(p.piece_polled);
   if (polled) {
     if (run.raw)
@@ -669,8 +669,8 @@ PairMeasurement measure_sequential_and_overlapped(const PairRun& run, const Sett
     samples = measure_interleaved_prepared(comm, settings.warmup, settings.repeats, bodies);
   }
   PairMeasurement m;
-  m.progress_calls_per_round = (mlacp::progress_calls() - calls_before) /
-                               (static_cast<std::size_t>(settings.warmup + settings.repeats) * bodies.size());
+  m.progress_calls_per_round =
+      (mlacp::progress_calls() - calls_before) / static_cast<std::size_t>(settings.warmup + settings.repeats);
   m.compute = samples[0];
   m.collective = samples[1];
   m.overlapped = samples[2];
@@ -695,10 +695,9 @@ std::pair<std::string, std::string> measure_progress_thread(const PairRun& run, 
   std::string line = "  " + run.label + " (panels=1 + progress thread):";
   const auto overlapped = overlapped_piece(run);
   for (const int interval : {50, 500}) {
-    const auto ts = measure_interleaved_prepared(
-        comm, settings.warmup, settings.repeats,
-        {{p.prepare, [&]() { with_progress_thread(interval, overlapped); }},
-         {p.prepare, [&]() { with_progress_thread(interval, p.compute); }}});
+    const auto ts = measure_interleaved_prepared(comm, settings.warmup, settings.repeats,
+                                                 {{p.prepare, [&]() { with_progress_thread(interval, overlapped); }},
+                                                  {p.prepare, [&]() { with_progress_thread(interval, p.compute); }}});
     const Samples &s = ts[0], &c = ts[1];
     docs.push_back(JsonObject()
                        .num("interval_us", interval)
@@ -725,10 +724,11 @@ std::pair<std::string, std::string> measure_balance(PairRun& run, const PairSpec
   for (const double target : {1.0 / 1.5, 1.5}) {
     calibrate(run, spec, target, run.dim, settings, comm);
     const Pair& p = run.pair;
-    const auto ts = measure_interleaved_prepared(
-        comm, settings.warmup, settings.repeats,
-        {{p.prepare, p.compute}, {{}, collective_alone(run)}, {p.prepare, overlapped_piece(run)},
-         {p.prepare, blocking_piece(run)}});
+    const auto ts = measure_interleaved_prepared(comm, settings.warmup, settings.repeats,
+                                                 {{p.prepare, p.compute},
+                                                  {{}, collective_alone(run)},
+                                                  {p.prepare, overlapped_piece(run)},
+                                                  {p.prepare, blocking_piece(run)}});
     const double c = ts[0].median(), m = ts[1].median(), pt = ts[2].median(), b = ts[3].median();
     docs.push_back(JsonObject()
                        .num("target_comm_over_compute", target)
@@ -842,9 +842,8 @@ void benchmark_pair(const PairSpec& spec, bool raw, const Settings& settings, MP
   const double tc = m.tc(), tm = m.tm(), tp = m.overlapped.median(), tb = m.tb();
   report.table.push_back(Row{run.label, tc, tm, tp, tb, m.e_of(tp), m.ideal_of(tp)});
   if (m.polled)
-    report.table.push_back(
-        Row{run.label + " +poll", tc, tm, m.polled->median(), tb, m.e_of(m.polled->median()),
-            m.ideal_of(m.polled->median())});
+    report.table.push_back(Row{run.label + " +poll", tc, tm, m.polled->median(), tb, m.e_of(m.polled->median()),
+                               m.ideal_of(m.polled->median())});
   report.phases.push_back(PhaseRow{run.label, m.phases, tc});
   JsonObject pd = pair_json(run, m, settings);
   if (run.pair.breakdown) {
@@ -871,7 +870,8 @@ void benchmark_pair(const PairSpec& spec, bool raw, const Settings& settings, MP
 
 void print_report(const Report& report, const Options& o, const Settings& settings, int P) {
   std::cout << "mlacp-perf-overlap: P=" << P << " transport=" << o.transport << " rate=" << o.rate
-            << " repeats=" << settings.repeats << " (median of max over ranks), panels=" << settings.default_policy.panels
+            << " repeats=" << settings.repeats
+            << " (median of max over ranks), panels=" << settings.default_policy.panels
             << " min_panel_rows=" << settings.default_policy.min_panel_rows << "\n";
   std::cout << "(E = (blocking - pair) / min(compute, comm); pair/ideal = pair / (blocking - min(compute, comm)))\n";
   std::cout << std::left << std::setw(54) << "pair" << std::right << std::setw(10) << "compute" << std::setw(10)
