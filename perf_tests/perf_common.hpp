@@ -150,14 +150,20 @@ inline std::vector<Samples> measure_interleaved(MPI_Comm comm, int warmup, int r
   return out;
 }
 
-// A timed body with an untimed preparation (e.g. a fresh invocation of a library piece, whose backward can run once).
+// A timed body with an untimed preparation (e.g. a fresh invocation of a library piece, whose backward can run once)
+// and an untimed follow-up (e.g. reading what an event recorder logged during the body).
 struct PreparedBody {
+  PreparedBody() = default;
+  PreparedBody(std::function<void()> prepare_, std::function<void()> body_, std::function<void()> finish_ = {})
+      : prepare(std::move(prepare_)), body(std::move(body_)), finish(std::move(finish_)) {}
   std::function<void()> prepare;  // untimed, before the round's barrier; may be empty
   std::function<void()> body;     // timed
+  std::function<void()> finish;   // untimed, after the round's time is taken; may be empty
 };
 
 // measure_interleaved for bodies that need an untimed preparation each round: every round prepares each body right
-// before timing it, in the same rotated order on every rank (a preparation may run collectives).
+// before timing it, and finishes it right after, in the same rotated order on every rank (a preparation may run
+// collectives).
 inline std::vector<Samples> measure_interleaved_prepared(MPI_Comm comm, int warmup, int repeats,
                                                          const std::vector<PreparedBody>& bodies) {
   std::vector<Samples> out(bodies.size());
@@ -174,6 +180,7 @@ inline std::vector<Samples> measure_interleaved_prepared(MPI_Comm comm, int warm
       double t = now() - start;
       MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
       if (it >= warmup) out[b].times.push_back(t);
+      if (bodies[b].finish) bodies[b].finish();
     }
   }
   return out;
