@@ -150,6 +150,42 @@ inline std::vector<Samples> measure_interleaved(MPI_Comm comm, int warmup, int r
   return out;
 }
 
+// A timed body with an untimed preparation (e.g. a fresh invocation of a library piece, whose backward can run once)
+// and an untimed follow-up (e.g. reading what an event recorder logged during the body).
+struct PreparedBody {
+  PreparedBody() = default;
+  PreparedBody(std::function<void()> prepare_, std::function<void()> body_, std::function<void()> finish_ = {})
+      : prepare(std::move(prepare_)), body(std::move(body_)), finish(std::move(finish_)) {}
+  std::function<void()> prepare;  // untimed, before the round's barrier; may be empty
+  std::function<void()> body;     // timed
+  std::function<void()> finish;   // untimed, after the round's time is taken; may be empty
+};
+
+// measure_interleaved for bodies that need an untimed preparation each round: every round prepares each body right
+// before timing it, and finishes it right after, in the same rotated order on every rank (a preparation may run
+// collectives).
+inline std::vector<Samples> measure_interleaved_prepared(MPI_Comm comm, int warmup, int repeats,
+                                                         const std::vector<PreparedBody>& bodies) {
+  std::vector<Samples> out(bodies.size());
+  const std::size_t n = bodies.size();
+  for (int it = 0; it < warmup + repeats; ++it) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t b = (k + static_cast<std::size_t>(it)) % n;
+      if (bodies[b].prepare) bodies[b].prepare();
+      Kokkos::fence();
+      MPI_Barrier(comm);
+      const double start = now();
+      bodies[b].body();
+      Kokkos::fence();
+      double t = now() - start;
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+      if (it >= warmup) out[b].times.push_back(t);
+      if (bodies[b].finish) bodies[b].finish();
+    }
+  }
+  return out;
+}
+
 // The machine's GEMM rate for a roofline: one compat::gemm C[m, n] = A[m, k] B[n, k]^T (a projection's forward shape,
 // x W^T) on every rank at once, as the layer runs (one rank per core). `measure`'s protocol, one untimed call first;
 // the rate is 2*m*n*k over the median time. Call it before the layer runs, in the same process.

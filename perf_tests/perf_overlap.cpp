@@ -1,22 +1,34 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// mlacp-perf-overlap: one benchmark per overlap pair of the MLA backward,
-//   (1) the dO all-to-all with the w_o weight gradient,
-//   (2) the dQ inverse all-to-all with the KV backward (latent strategy),
-//   (3) the latent reduce-scatter with the w_kvb weight gradient.
-// For each, in one run: the compute alone, the collective alone, the library's overlapped pair (launch, the compute
-// through the library's GEMM path, which calls mlacp::progress() between panels, wait) and the blocking sequence
-// (launch, wait, compute). E = (T_compute + T_comm - T_pair) / min(T_compute, T_comm) (1 = all of the shorter one
-// hidden) and T_pair / max(T_compute, T_comm). The compute's free dimension is calibrated so that T_compute matches
-// T_comm on the link in use. Also sweeps OverlapPolicy::panels (1 = unpanelled: no polling during the GEMM) and, for
-// the library pairs, the balance: E with the compute calibrated 1.5x longer and 1.5x shorter than the collective.
+// mlacp-perf-overlap: one benchmark per overlap pair of the MLA backward, each run through the library piece that
+// the layer (mla_attention.hpp) runs it with:
+//   (1) the dO all-to-all with the w_o weight gradient: OutputProjection::backward;
+//   (2) the dQ inverse all-to-all with the KV backward (latent strategy): InputA2APair::launch_backward, the KV path's
+//       backward as the layer composes it (disassemble_kv_grad, LatentKVLinear::backward with its own latent
+//       reduce-scatter overlapped, RoPE and RMSNorm backward, the w_kva GEMMs), InputA2APair::wait_backward_blocks;
+//   (3) the latent reduce-scatter with the w_kvb weight gradient: LatentKVLinear::backward.
+// For each, in one run: the compute alone (the piece without its collective), the collective alone (the library call
+// the piece launches, same arguments), the piece overlapped (overlap on: launch, compute through the library's
+// panelled GEMM, which calls mlacp::progress() between panels, wait) and the piece blocking (overlap off: the wait
+// right after the launch). A piece's forward, which its backward needs, runs untimed before each timed backward.
+// Pieces (1) and (3) produce their collective's input (a dgrad) before the launch, in both modes, so
+//   E = (T_blocking - T_overlapped) / min(T_compute, T_comm)   (1 = all of the shorter one hidden)
+//   pair/ideal = T_overlapped / (T_blocking - min(T_compute, T_comm))   (1 = the overlapped piece as fast as ideal)
+// which are (T_compute + T_comm - T_pair) / min and T_pair / max when nothing runs before the launch. The compute's
+// free dimension is calibrated so that T_compute matches T_comm on the link in use. Also sweeps OverlapPolicy::panels
+// (1 = unpanelled: no polling during the GEMM) and, for the library pairs, the balance: E with the compute calibrated
+// 1.5x longer and 1.5x shorter than the collective.
 //
 //   mpirun -n 2 mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
 //                                  [--rows N] [--progress-thread] [--no-sweep]
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
+#include <mlacp/event_recorder.hpp>
+#include <mlacp/mla/input_a2a.hpp>
 #include <mlacp/mla/kv_layout.hpp>
+#include <mlacp/mla/latent_kv_linear.hpp>
 #include <mlacp/mla/linear.hpp>
+#include <mlacp/mla/output_projection.hpp>
 #include <mlacp/mla/rms_norm.hpp>
 #include <mlacp/mla/rope.hpp>
 #include <mlacp/mla/view_utils.hpp>
@@ -24,6 +36,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "perf_common.hpp"
@@ -40,19 +53,17 @@ using Tensor5 = Kokkos::View<T*****, Kokkos::LayoutRight, Mem>;
 using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 using Vector = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
 using Waiter = std::function<void()>;
+using OutputProjection = mlacp::OutputProjection<T, Space>;
+using LatentKVLinear = mlacp::LatentKVLinear<T, Space>;
+using InputA2APair = mlacp::InputA2APair<T, Space>;
+using WeightRows = LatentKVLinear::weight_rows;
+using BiasPart = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 const char* usage =
     "usage: mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--warmup N] [--transport-label STR]\n"
     "                          [--rate-label STR] [--rows N] [--progress-thread] [--no-sweep] [--no-transfer-only]\n"
     "  --rows N           sequence rows per pair (default 8192, --quick 1024): the collective's size\n"
     "  --progress-thread  also run each pair unpanelled with a progress thread polling mlacp::progress()\n";
-
-// A handle as a copyable closure that waits it.
-template <class Handle>
-Waiter waiter(Handle handle) {
-  auto held = std::make_shared<Handle>(std::move(handle));
-  return [held]() { held->wait(); };
-}
 
 // The transfer alone, as mlacp's GEMMs see it: a raw MPI request on pre-packed contiguous buffers, registered in
 // mlacp's progress registry (so the panelled GEMM polls it), without mlacp's buffer allocation, pack and unpack.
@@ -98,17 +109,33 @@ std::function<Waiter()> raw_launcher(std::size_t elements, MPI_Comm comm, int P)
   };
 }
 
-// One overlap pair at one size of its compute.
+// A collective's destination as the layer passes it (its `into`): preallocated at P > 1; empty at P == 1, where a
+// collective returns its input and writes nothing.
+template <class ViewType, class... Extents>
+ViewType destination(const mlacp::Mesh& mesh, const char* label, Extents... n) {
+  return mesh.size() > 1 ? ViewType(std::string(label), static_cast<std::size_t>(n)...) : ViewType();
+}
+
+// One overlap pair at one size of its compute, as callables on one library piece.
 struct Pair {
   std::string compute_name, comm_name;
   std::int64_t panel_rows = 0;  // rows of the panelled GEMM (what OverlapPolicy splits)
+  // Untimed: a fresh invocation of the piece (its forward), so that the next backward may run (each runs once).
+  std::function<void()> prepare;
+  // The piece's compute without its collective (after prepare).
   std::function<void()> compute;
-  std::function<Waiter()> launch;
+  // The collective alone: the library call the piece launches, with the same arguments, launched and waited.
+  std::function<void()> collective;
+  // The piece's backward with its collective (after prepare): `overlap` true: the compute runs while the collective
+  // is in flight; false: the wait comes right after the launch.
+  std::function<void(bool overlap)> piece;
   std::function<Waiter()> launch_raw;  // the same bytes, raw MPI on pre-packed buffers (RawRequest)
   std::function<JsonObject()> sizes;
-  std::function<JsonObject()> breakdown;  // optional: per-kernel times of the compute alone
-  // optional: the compute with mlacp::progress() also called between its non-GEMM kernels (a proposed library change)
+  std::function<JsonObject()> breakdown;  // optional: per-step times of the compute alone
+  // optional: the compute, and the overlapped piece, with mlacp::progress() also called between the steps that do not
+  // poll (a proposed library change)
   std::function<void()> compute_polled;
+  std::function<void()> piece_polled;
 };
 
 struct PairSpec {
@@ -122,7 +149,14 @@ int effective_panels(std::int64_t rows, const mlacp::OverlapPolicy& p) {
   return static_cast<int>(std::clamp<std::int64_t>(rows / std::max<std::int64_t>(1, p.min_panel_rows), 1, p.panels));
 }
 
-double overlap_e(double compute, double comm, double pair) { return (compute + comm - pair) / std::min(compute, comm); }
+// The time the overlap saves over the blocking sequence, as a fraction of the shorter of the two it overlaps.
+double overlap_e(double compute, double comm, double blocking, double overlapped) {
+  return (blocking - overlapped) / std::min(compute, comm);
+}
+// The overlapped time over its ideal: the blocking sequence with all of the shorter of the two hidden.
+double pair_over_ideal(double compute, double comm, double blocking, double overlapped) {
+  return overlapped / (blocking - std::min(compute, comm));
+}
 
 // Runs `fn` while a thread calls mlacp::progress() every `interval_us` (the opt-in progress-thread experiment; needs
 // MPI_THREAD_MULTIPLE).
@@ -141,125 +175,214 @@ void with_progress_thread(int interval_us, const std::function<void()>& fn) {
 
 // ---- the three pairs --------------------------------------------------------------------------------------------
 
-// (1) dO all-to-all (token-local -> head-local) with dw_o [D, H*dv] += dy[s, D]^T o[s, H*dv]. As the layer launches
-// it: dO [1, s, H, dv] written by its dgrad in per-rank head blocks [P, 1, s, h, dv], block j sent to rank j.
+// (1) OutputProjection::backward: the w_o dgrad written in per-rank head blocks [P, 1, s, h, dv], the dO all-to-all
+// (token-local -> head-local) launched on them, dw_o [D, H*dv] += dy[s, D]^T o[s, H*dv] while it is in flight.
 PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
   const int P = mesh.size();
-  const int H = 8 * P, dv = 128 / H > 0 ? std::max(1, 128 / H) : 1;
-  return {"dO a2a + w_o wgrad", 128, [&mesh, rows, H, dv, P](int D) {
+  const int H = 8 * P, h = H / P, dv = std::max(1, 128 / H);
+  return {"dO a2a + w_o wgrad", 128, [&mesh, rows, H, h, dv, P](int D) {
             const Space space;
-            Tensor5 grad_local("dO blocks", P, 1, rows, H / P, dv);
-            Matrix dy("dy", rows, D), o("o", rows, H * dv), dw("dw_o", D, H * dv);
-            mlacp::testing::synthetic::fill(grad_local, 11, 1.0);
-            mlacp::testing::synthetic::fill(dy, 12, 1.0);
-            mlacp::testing::synthetic::fill(o, 13, 1.0);
+            const int s = rows, S = rows * P;
+            struct State {
+              Tensor4 attention_output;  // [1, S, h, dv], head-local: the forward's input
+              Tensor4 local_output;      // [1, s, H, dv]: the forward's all-to-all result (empty at P == 1)
+              Tensor3 y, dy;             // [1, s, D]
+              Matrix w_o, dw_o;          // [D, H*dv]
+              Tensor5 blocks;            // [P, 1, s, h, dv]: dO before it is sent
+              Tensor5 received;          // [1, 1, S, h, dv]: dO after (empty at P == 1)
+              std::optional<OutputProjection> invocation;
+            };
+            auto st = std::make_shared<State>();
+            st->attention_output = Tensor4("attention output", 1, S, h, dv);
+            st->local_output = destination<Tensor4>(mesh, "local output", 1, s, H, dv);
+            st->y = Tensor3("y", 1, s, D);
+            st->dy = Tensor3("dy", 1, s, D);
+            st->w_o = Matrix("w_o", D, H * dv);
+            st->dw_o = Matrix("dw_o", D, H * dv);
+            st->blocks = Tensor5("dO blocks", P, 1, s, h, dv);
+            st->received = destination<Tensor5>(mesh, "dO heads", 1, 1, S, h, dv);
+            mlacp::testing::synthetic::fill(st->attention_output, 11, 1.0);
+            mlacp::testing::synthetic::fill(st->dy, 12, 1.0);
+            mlacp::testing::synthetic::fill(st->w_o, 13, 0.1);
             Pair p;
             p.compute_name = "w_o wgrad";
             p.comm_name = "dO a2a";
-            p.panel_rows = rows;
-            p.compute = [space, dy, o, dw]() {
-              mlacp::detail::ComputePhase<Space> phase(space, "w_o wgrad");
-              mlacp::detail::linear_wgrad(space, dy, o, dw);
+            p.panel_rows = s;
+            p.prepare = [space, st, &mesh]() {
+              st->invocation.emplace();
+              st->invocation->forward(space, st->attention_output, st->w_o, Vector(), mesh, st->y, st->local_output);
             };
-            p.launch = [space, grad_local, &mesh]() {
-              return waiter(mlacp::launch_all_to_all(space, grad_local, 2, 0, mesh, "dO a2a"));
+            p.compute = [space, st]() {
+              st->invocation->backward(space, st->dy, false, st->dw_o, Vector(), true, st->blocks, st->received);
             };
-            p.launch_raw = raw_launcher(grad_local.size(), mesh.comm(), P);
+            p.collective = [space, st, &mesh]() {
+              mlacp::launch_all_to_all(space, st->blocks, 2, 0, mesh, "dO a2a", st->received).wait();
+            };
+            p.piece = [space, st](bool overlap) {
+              st->invocation->backward(space, st->dy, true, st->dw_o, Vector(), overlap, st->blocks, st->received);
+            };
+            p.launch_raw = raw_launcher(st->blocks.size(), mesh.comm(), P);
             p.sizes = [=]() {
               return JsonObject()
-                  .num("s", rows)
+                  .num("s", s)
                   .num("H", H)
                   .num("dv", dv)
                   .num("D", D)
-                  .num("comm_bytes_per_rank", 8.0 * rows * H * dv)
-                  .num("comm_bytes_leaving_rank", 8.0 * rows * H * dv * (P - 1) / P)
-                  .num("gemm_flops", 2.0 * rows * D * H * dv)
+                  .num("comm_bytes_per_rank", 8.0 * s * H * dv)
+                  .num("comm_bytes_leaving_rank", 8.0 * s * H * dv * (P - 1) / P)
+                  .num("gemm_flops", 2.0 * s * D * H * dv)
+                  .num("dgrad_before_launch_flops", 2.0 * s * D * H * dv)
                   .str("gemm", "dw_o[D, H*dv] += dy[s, D]^T o[s, H*dv]");
             };
             return p;
           }};
 }
 
-// (2) dQ inverse all-to-all [1, S, h, dqk] (head-local -> token-local, received as the layer does: the P head blocks
-// [P, 1, s, h, dqk] that the Q branch consumes without an unpack) with the KV backward of the latent strategy:
-// disassemble dK/dV, w_kvb dgrad, the payload gradient's columns, w_kvb wgrad, then the payload backward of the local
-// rows (RoPE and RMSNorm backward, w_kva wgrad and dgrad). The latent reduce-scatter, which the layer launches inside
-// the KV backward, is pair (3) and is left out here (the local rows of the payload gradient stand for its result).
+// (2) dQ inverse all-to-all (head-local -> token-local, InputA2APair "Q": received as the P head blocks
+// [P, 1, s, h, dqk] that the Q branch consumes without an unpack) with the KV backward of the latent strategy, as
+// the layer's backward_latent composes it: disassemble dK/dV, LatentKVLinear::backward (w_kvb dgrad, the latent
+// reduce-scatter launched and overlapped with the w_kvb wgrad, waited), then the payload backward of the local rows
+// (RoPE and RMSNorm backward, w_kva wgrad and dgrad). The latent reduce-scatter overlaps its own wgrad in every mode
+// here; what the modes change is only where the dQ all-to-all is waited.
 PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
   const int P = mesh.size();
   const int h = 8, dn = 8, dr = 8, dv = 16, dqk = dn + dr;
   return {"dQ a2a + kv backward", 64, [&mesh, rows, P, h, dn, dr, dv, dqk](int R) {
             const Space space;
             const int S = rows, s = S / P, D = R, width = h * (dn + dv);
-            const std::int64_t offset = static_cast<std::int64_t>(mesh.rank()) * s;
-            Tensor5 dq("dq", 1, 1, S, h, dqk);
-            Tensor4 dk("dk", 1, S, h, dqk), dvv("dv", 1, S, h, dv);
-            Tensor3 latent("latent", 1, S, R), kv_a("kv_a", 1, s, R + dr), x("x", 1, s, D);
-            Matrix w_sel("w_sel", width, R), w_kva("w_kva", R + dr, D);
-            Matrix dw_sel("dw_sel", width, R), dw_kva("dw_kva", R + dr, D);
-            Vector g_kv("g_kv", R), dg_kv("dg_kv", R), rstd("rstd", s);
-            Tensor3 dx("dx", 1, s, D);
-            mlacp::testing::synthetic::fill(dq, 21, 1.0);
-            mlacp::testing::synthetic::fill(dk, 22, 1.0);
-            mlacp::testing::synthetic::fill(dvv, 23, 1.0);
-            mlacp::testing::synthetic::fill(latent, 24, 1.0);
-            mlacp::testing::synthetic::fill(kv_a, 25, 1.0);
-            mlacp::testing::synthetic::fill(x, 26, 1.0);
-            mlacp::testing::synthetic::fill(w_sel, 27, 0.1);
-            mlacp::testing::synthetic::fill(w_kva, 28, 0.1);
-            mlacp::testing::synthetic::fill(g_kv, 29, 0.2, 1.0);
-            mlacp::testing::synthetic::fill(rstd, 30, 0.1, 1.0);
-            // Scratch, allocated once (the layer allocates them per call; allocation is not what is measured here).
-            Tensor3 dkv("d kv", 1, S, width), dkpe("d k_pe", 1, S, dr), grad_latent("d latent", 1, S, R);
-            Tensor3 grad_payload("d payload", 1, S, R + dr), d_kv_a("d kv_a", 1, s, R + dr);
-            // The local rows of the payload gradient (B = 1: the first s rows are contiguous).
-            Tensor3 local_payload("d payload local", 1, s, R + dr);
-            auto compute_steps = [=](const std::function<void(const char*)>& mark) {
-              mlacp::detail::disassemble_kv_grad(space, dk, dvv, Tensor4(dkv.data(), 1, S, h, dn + dv), dkpe, dn);
+            struct State {
+              // The Q pair's forward operands and the attention backward's outputs.
+              Tensor4 q_token_local;  // [1, s, H, dqk]
+              Tensor4 q_heads;        // [1, S, h, dqk] (empty at P == 1)
+              Tensor4 dq, dk;         // [1, S, h, dqk]
+              Tensor4 dvv;            // [1, S, h, dv]
+              Tensor5 dq_blocks;      // [P, 1, s, h, dqk] (empty at P == 1)
+              // The latent KV linear's forward operands and backward scratch (the layer's workspace).
+              Tensor3 gathered;                   // [1, S, R+dr]
+              Matrix w_kvb, dw_kvb;               // [h*(dn+dv), R]: this rank's head rows
+              Tensor3 kv, latent;                 // [1, S, h*(dn+dv)], [1, S, R]
+              Tensor3 dkv, dkpe;                  // [1, S, h*(dn+dv)], [1, S, dr]
+              Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
+              Tensor3 reduced;                    // [1, s, R+dr] (empty at P == 1)
+              // The payload backward's operands.
+              Tensor3 kv_a, x, d_kv_a, dx;  // [1, s, R+dr], [1, s, D], [1, s, R+dr], [1, s, D]
+              Matrix w_kva, dw_kva;         // [R+dr, D]
+              Vector g_kv, dg_kv, rstd;     // [R], [R], [s]
+              mlacp::detail::RopeTable<Mem> rope;
+              std::optional<InputA2APair> q_pair;
+              std::optional<LatentKVLinear> latent_kv;
+            };
+            auto st = std::make_shared<State>();
+            st->q_token_local = Tensor4("q", 1, s, h * P, dqk);
+            st->q_heads = destination<Tensor4>(mesh, "q heads", 1, S, h, dqk);
+            st->dq = Tensor4("dq", 1, S, h, dqk);
+            st->dk = Tensor4("dk", 1, S, h, dqk);
+            st->dvv = Tensor4("dv", 1, S, h, dv);
+            st->dq_blocks = destination<Tensor5>(mesh, "dQ blocks", P, 1, s, h, dqk);
+            st->gathered = Tensor3("gathered payload", 1, S, R + dr);
+            st->w_kvb = Matrix("w_kvb rows", width, R);
+            st->dw_kvb = Matrix("dw_kvb rows", width, R);
+            st->kv = Tensor3("kv", 1, S, width);
+            st->latent = Tensor3("latent", 1, S, R);
+            st->dkv = Tensor3("d kv", 1, S, width);
+            st->dkpe = Tensor3("d k_pe", 1, S, dr);
+            st->grad_payload = Tensor3("d payload", 1, S, R + dr);
+            st->grad_latent = Tensor3("d latent", 1, S, R);
+            st->reduced = destination<Tensor3>(mesh, "d payload local", 1, s, R + dr);
+            st->kv_a = Tensor3("kv_a", 1, s, R + dr);
+            st->x = Tensor3("x", 1, s, D);
+            st->d_kv_a = Tensor3("d kv_a", 1, s, R + dr);
+            st->dx = Tensor3("dx", 1, s, D);
+            st->w_kva = Matrix("w_kva", R + dr, D);
+            st->dw_kva = Matrix("dw_kva", R + dr, D);
+            st->g_kv = Vector("g_kv", R);
+            st->dg_kv = Vector("dg_kv", R);
+            st->rstd = Vector("rstd", s);
+            st->rope =
+                mlacp::detail::make_rope_table(space, s, static_cast<std::int64_t>(mesh.rank()) * s, dr, 10000.0);
+            mlacp::testing::synthetic::fill(st->q_token_local, 20, 1.0);
+            mlacp::testing::synthetic::fill(st->dq, 21, 1.0);
+            mlacp::testing::synthetic::fill(st->dk, 22, 1.0);
+            mlacp::testing::synthetic::fill(st->dvv, 23, 1.0);
+            mlacp::testing::synthetic::fill(st->gathered, 24, 1.0);
+            mlacp::testing::synthetic::fill(st->kv_a, 25, 1.0);
+            mlacp::testing::synthetic::fill(st->x, 26, 1.0);
+            mlacp::testing::synthetic::fill(st->w_kvb, 27, 0.1);
+            mlacp::testing::synthetic::fill(st->w_kva, 28, 0.1);
+            mlacp::testing::synthetic::fill(st->g_kv, 29, 0.2, 1.0);
+            mlacp::testing::synthetic::fill(st->rstd, 30, 0.1, 1.0);
+            // The KV path's backward, step by step as backward_latent and payload_backward run it; `mark` after each.
+            auto kv_backward = [space, st, S, s, h, dn, dv, dr, R, D](const std::function<void(const char*)>& mark) {
+              mlacp::detail::disassemble_kv_grad(space, st->dk, st->dvv, Tensor4(st->dkv.data(), 1, S, h, dn + dv),
+                                                 st->dkpe, dn);
               mark("disassemble_kv_grad (no poll)");
-              const auto dkv2 = mlacp::detail::as_matrix(dkv, S, width);
-              mlacp::detail::linear_dgrad(space, dkv2, w_sel, T(0), mlacp::detail::as_matrix(grad_latent, S, R));
-              mark("w_kvb dgrad (panelled)");
-              mlacp::detail::copy_columns(space, grad_latent, 0, grad_payload, 0, R);
-              mlacp::detail::copy_columns(space, dkpe, 0, grad_payload, R, dr);
-              mark("payload columns (no poll)");
-              mlacp::detail::linear_wgrad(space, dkv2, mlacp::detail::as_matrix(latent, S, R), dw_sel);
-              mark("w_kvb wgrad (panelled)");
-              Kokkos::deep_copy(space, local_payload,
-                                Kokkos::subview(grad_payload, Kokkos::ALL(), std::make_pair(0, s), Kokkos::ALL()));
-              mlacp::rope_backward(space, mlacp::as_rank4(local_payload), R, dr, offset);
-              mlacp::rms_norm_backward(space, kv_a, g_kv, rstd, local_payload, d_kv_a, dg_kv);
-              mlacp::detail::copy_columns(space, local_payload, R, d_kv_a, R, dr);
+              const Tensor3 d_payload = st->latent_kv->backward(
+                  space, st->dkv, st->dkpe, true, WeightRows(st->dw_kvb.data(), st->dw_kvb.extent(0), R), BiasPart(),
+                  true, st->grad_payload, st->grad_latent, st->reduced);
+              mark("LatentKVLinear::backward (w_kvb dgrad, latent reduce-scatter, w_kvb wgrad)");
+              mlacp::rope_backward(space, mlacp::as_rank4(d_payload), R, mlacp::as_rank4(st->d_kv_a), R, st->rope);
+              mlacp::rms_norm_backward(space, st->kv_a, st->g_kv, st->rstd, d_payload, st->d_kv_a, st->dg_kv);
               mark("rope + rms_norm backward (no poll)");
-              const auto da2 = mlacp::detail::as_matrix(d_kv_a, s, R + dr);
-              mlacp::detail::linear_wgrad(space, da2, mlacp::detail::as_matrix(x, s, D), dw_kva);
+              const auto da2 = mlacp::detail::as_matrix(st->d_kv_a, s, R + dr);
+              mlacp::detail::linear_wgrad(space, da2, mlacp::detail::as_matrix(st->x, s, D), st->dw_kva);
               mark("w_kva wgrad (panelled)");
-              mlacp::detail::linear_dgrad(space, da2, w_kva, T(1), mlacp::detail::as_matrix(dx, s, D));
+              mlacp::detail::linear_dgrad(space, da2, st->w_kva, T(1), mlacp::detail::as_matrix(st->dx, s, D));
               mark("w_kva dgrad (panelled)");
             };
+            auto no_mark = [](const char*) {};
             Pair p;
             p.compute_name = "kv backward";
             p.comm_name = "dQ a2a";
             p.panel_rows = S;
-            p.compute = [space, compute_steps]() {
+            p.prepare = [space, st, R, &mesh]() {
+              st->q_pair.emplace(mesh, "Q");
+              st->q_pair->launch_forward(space, st->q_token_local, true, st->q_heads);
+              st->q_pair->wait_forward();
+              st->latent_kv.emplace();
+              st->latent_kv->forward(space, st->gathered, WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), R),
+                                     BiasPart(), mesh, st->kv, Tensor3(), st->latent);
+            };
+            p.compute = [space, kv_backward, no_mark]() {
               mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
-              compute_steps([](const char*) {});
+              kv_backward(no_mark);
             };
-            p.compute_polled = [space, compute_steps]() {
+            p.collective = [space, st, &mesh]() {
+              const Tensor5 whole(st->dq.data(), 1, 1, st->dq.extent(1), st->dq.extent(2), st->dq.extent(3));
+              mlacp::launch_all_to_all(space, whole, 0, 2, mesh, "dQ a2a", st->dq_blocks).wait();
+            };
+            p.piece = [space, st, kv_backward, no_mark](bool overlap) {
+              st->q_pair->launch_backward(space, st->dq, st->dq_blocks);
+              if (!overlap) st->q_pair->wait_backward_blocks();
+              {
+                mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
+                kv_backward(no_mark);
+              }
+              if (overlap) st->q_pair->wait_backward_blocks();
+            };
+            p.compute_polled = [space, kv_backward]() {
               mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
-              compute_steps([](const char*) { mlacp::progress(); });
+              kv_backward([](const char*) { mlacp::progress(); });
             };
-            p.launch = [space, dq, &mesh]() {
-              return waiter(mlacp::launch_all_to_all(space, dq, 0, 2, mesh, "dQ a2a"));
+            p.piece_polled = [space, st, kv_backward]() {
+              st->q_pair->launch_backward(space, st->dq, st->dq_blocks);
+              {
+                mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
+                kv_backward([](const char*) { mlacp::progress(); });
+              }
+              st->q_pair->wait_backward_blocks();
             };
-            p.breakdown = [space, compute_steps, &mesh]() {
+            p.breakdown = [space, st, kv_backward, &mesh]() {
               // One pass with a fence after each step, max over ranks: how long each stretch runs, and which of
               // them never call mlacp::progress().
               JsonObject o;
               std::vector<std::pair<std::string, double>> steps;
+              st->latent_kv.emplace();
+              st->latent_kv->forward(space, st->gathered,
+                                     WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), st->w_kvb.extent(1)), BiasPart(),
+                                     mesh, st->kv, Tensor3(), st->latent);
               Kokkos::fence();
               double last = now();
-              compute_steps([&](const char* name) {
+              kv_backward([&](const char* name) {
                 space.fence();
                 const double t = now();
                 steps.emplace_back(name, t - last);
@@ -271,7 +394,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               }
               return o;
             };
-            p.launch_raw = raw_launcher(dq.size(), mesh.comm(), P);
+            p.launch_raw = raw_launcher(st->dq.size(), mesh.comm(), P);
             p.sizes = [=]() {
               return JsonObject()
                   .num("S", S)
@@ -285,58 +408,220 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
                   .num("D", D)
                   .num("comm_bytes_per_rank", 8.0 * S * h * dqk)
                   .num("comm_bytes_leaving_rank", 8.0 * S * h * dqk * (P - 1) / P)
+                  .num("latent_reduce_scatter_bytes_per_rank", 8.0 * S * (R + dr))
                   .num("gemm_flops", 4.0 * S * width * R + 4.0 * s * (R + dr) * D);
             };
             return p;
           }};
 }
 
-// (3) latent reduce-scatter of the payload gradient [1, S, R+dr] (SUM, along the sequence) with
-// dw_sel[W, R] += grad_kv[S, W]^T latent[S, R], W = h*(dn+dv) (calibrated).
+// (3) LatentKVLinear::backward: the w_kvb dgrad joined with the shared key's gradient into the payload gradient
+// [1, S, R+dr], its SUM reduce-scatter along the sequence launched, dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]
+// while it is in flight, W = h*(dn+dv) (calibrated).
 PairSpec pair_rs(const mlacp::Mesh& mesh, int rows) {
   const int P = mesh.size();
   const int R = 120, dr = 8;
-  return {"latent reduce-scatter + w_kvb wgrad", 192, [&mesh, rows, P, R, dr](int W) {
-            const Space space;
-            const int S = rows;
-            Tensor3 grad_payload("d payload", 1, S, R + dr);
-            Matrix grad_kv("d kv", S, W), latent("latent", S, R), dw("dw_kvb", W, R);
-            mlacp::testing::synthetic::fill(grad_payload, 31, 1.0);
-            mlacp::testing::synthetic::fill(grad_kv, 32, 1.0);
-            mlacp::testing::synthetic::fill(latent, 33, 1.0);
-            Pair p;
-            p.compute_name = "w_kvb wgrad";
-            p.comm_name = "latent reduce-scatter";
-            p.panel_rows = S;
-            p.compute = [space, grad_kv, latent, dw]() {
-              mlacp::detail::ComputePhase<Space> phase(space, "w_kvb wgrad");
-              mlacp::detail::linear_wgrad(space, grad_kv, latent, dw);
-            };
-            p.launch = [space, grad_payload, &mesh]() {
-              return waiter(mlacp::launch_reduce_scatter(space, grad_payload, 1, mesh, "latent reduce-scatter"));
-            };
-            p.launch_raw = raw_launcher(grad_payload.size(), mesh.comm(), P);
-            p.sizes = [=]() {
-              return JsonObject()
-                  .num("S", S)
-                  .num("R", R)
-                  .num("dr", dr)
-                  .num("W_h_dn_dv", W)
-                  .num("comm_bytes_per_rank", 8.0 * S * (R + dr))
-                  .num("comm_bytes_leaving_rank", 8.0 * S * (R + dr) * (P - 1) / P)
-                  .num("gemm_flops", 2.0 * S * W * R)
-                  .str("gemm", "dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]");
-            };
-            return p;
-          }};
+  return {
+      "latent reduce-scatter + w_kvb wgrad", 192, [&mesh, rows, P, R, dr](int W) {
+        const Space space;
+        const int S = rows;
+        struct State {
+          Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
+          Matrix w_sel, dw_sel;               // [W, R]
+          Tensor3 kv, latent;                 // [1, S, W], [1, S, R]
+          Tensor3 grad_kv, grad_shared;       // [1, S, W], [1, S, dr]
+          Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
+          Tensor3 reduced;                    // [1, S/P, R+dr] (empty at P == 1)
+          std::optional<LatentKVLinear> invocation;
+        };
+        auto st = std::make_shared<State>();
+        st->gathered = Tensor3("gathered payload", 1, S, R + dr);
+        st->w_sel = Matrix("w_sel", W, R);
+        st->dw_sel = Matrix("dw_sel", W, R);
+        st->kv = Tensor3("kv", 1, S, W);
+        st->latent = Tensor3("latent", 1, S, R);
+        st->grad_kv = Tensor3("d kv", 1, S, W);
+        st->grad_shared = Tensor3("d k_pe", 1, S, dr);
+        st->grad_payload = Tensor3("d payload", 1, S, R + dr);
+        st->grad_latent = Tensor3("d latent", 1, S, R);
+        st->reduced = destination<Tensor3>(mesh, "d payload local", 1, S / P, R + dr);
+        mlacp::testing::synthetic::fill(st->gathered, 31, 1.0);
+        mlacp::testing::synthetic::fill(st->grad_kv, 32, 1.0);
+        mlacp::testing::synthetic::fill(st->grad_shared, 33, 1.0);
+        mlacp::testing::synthetic::fill(st->w_sel, 34, 0.1);
+        const auto rows_of = [](const Matrix& m) { return WeightRows(m.data(), m.extent(0), m.extent(1)); };
+        Pair p;
+        p.compute_name = "w_kvb wgrad";
+        p.comm_name = "latent reduce-scatter";
+        p.panel_rows = S;
+        p.prepare = [space, st, rows_of, &mesh]() {
+          st->invocation.emplace();
+          st->invocation->forward(space, st->gathered, rows_of(st->w_sel), BiasPart(), mesh, st->kv, Tensor3(),
+                                  st->latent);
+        };
+        p.compute = [space, st, rows_of]() {
+          st->invocation->backward(space, st->grad_kv, st->grad_shared, false, rows_of(st->dw_sel), BiasPart(), true,
+                                   st->grad_payload, st->grad_latent, st->reduced);
+        };
+        p.collective = [space, st, &mesh]() {
+          mlacp::launch_reduce_scatter(space, st->grad_payload, 1, mesh, "latent reduce-scatter", st->reduced).wait();
+        };
+        p.piece = [space, st, rows_of](bool overlap) {
+          st->invocation->backward(space, st->grad_kv, st->grad_shared, true, rows_of(st->dw_sel), BiasPart(), overlap,
+                                   st->grad_payload, st->grad_latent, st->reduced);
+        };
+        p.launch_raw = raw_launcher(st->grad_payload.size(), mesh.comm(), P);
+        p.sizes = [=]() {
+          return JsonObject()
+              .num("S", S)
+              .num("R", R)
+              .num("dr", dr)
+              .num("W_h_dn_dv", W)
+              .num("comm_bytes_per_rank", 8.0 * S * (R + dr))
+              .num("comm_bytes_leaving_rank", 8.0 * S * (R + dr) * (P - 1) / P)
+              .num("gemm_flops", 2.0 * S * W * R)
+              .num("dgrad_before_launch_flops", 2.0 * S * W * R)
+              .str("gemm", "dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]");
+        };
+        return p;
+      }};
 }
 
 // ---- the run ----------------------------------------------------------------------------------------------------
 
-struct Row {
-  std::string label;
-  double compute, comm, pair, blocking, e, pair_over_max, blocking_over_max;
+// What the command line asks for.
+struct Settings {
+  int rows = 0, repeats = 0, warmup = 0;
+  bool quick = false;
+  bool panel_sweep = false;      // E by OverlapPolicy::panels
+  bool balance_sweep = false;    // E at comm/compute 0.67 and 1.5 (library pairs, not --quick)
+  bool progress_thread = false;  // the opt-in progress-thread experiment
+  int modes = 2;                 // 0: the library's collectives; 1: also the transfer only (raw MPI)
+  std::vector<int> panel_counts;
+  mlacp::OverlapPolicy default_policy;
 };
+
+Settings read_settings(const Options& o, const mlacp::Mesh& mesh) {
+  Settings st;
+  const int P = mesh.size();
+  st.rows = o.get_int("rows", o.quick ? 1024 : 8192);
+  if (st.rows % (P * P) != 0) throw std::invalid_argument("--rows must be divisible by P*P");
+  st.repeats = o.repeats_or(3, 11);
+  st.warmup = o.warmup;
+  st.quick = o.quick;
+  st.panel_sweep = o.extra.count("no-sweep") == 0;
+  st.balance_sweep = st.panel_sweep && !o.quick;
+  st.progress_thread = o.extra.count("progress-thread") != 0;
+  st.modes = o.extra.count("no-transfer-only") ? 1 : 2;
+  st.panel_counts = o.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
+  st.default_policy = mlacp::overlap_policy();
+  return st;
+}
+
+// One pair in one mode at its calibrated size. Mode `raw` (transfer only): the collective is the same bytes as a raw
+// MPI request on pre-packed buffers in mlacp's progress registry, launched around the piece's compute alone: how
+// well the panelled GEMM's polling hides the transfer itself, without the pack and unpack kernels (CPU work that
+// cannot overlap).
+struct PairRun {
+  std::string label;
+  bool raw = false;
+  Pair pair;
+  int dim = 0;
+};
+
+// Per-round phases of the overlapped piece, on this rank: from its start to the collective's launch (the dgrad that
+// produces its input, pack, MPI start), the compute with the collective in flight, and the wait (rest, unpack).
+struct PhaseLog {
+  std::vector<double> launch, compute, wait;
+  bool was_recording = false;  // the recorder's state before a recorded round (restored after it)
+};
+
+// The overlapped piece with mlacp's event recorder on, and its phases read from the launch and wait_begin events of
+// `comm_name` between two markers. Only the markers are recorded inside the timed body (the recorder is switched and
+// read in prepare and finish, untimed).
+PreparedBody recording_phases(const Pair& pair, std::function<void()> overlapped, PhaseLog& log) {
+  static const std::string marker = "mlacp-perf-overlap: overlapped piece";
+  PreparedBody b;
+  b.prepare = [&pair, &log]() {
+    if (pair.prepare) pair.prepare();
+    log.was_recording = mlacp::events::enabled();
+    mlacp::events::clear();
+    mlacp::events::enable(true);
+  };
+  b.body = [overlapped]() {
+    mlacp::events::record(mlacp::EventKind::compute_begin, marker);
+    overlapped();
+    Kokkos::fence();
+    mlacp::events::record(mlacp::EventKind::compute_end, marker);
+  };
+  b.finish = [&pair, &log]() {
+    mlacp::events::enable(log.was_recording);
+    const auto list = mlacp::events::snapshot();
+    const auto index = [&](mlacp::EventKind kind, const std::string& name) {
+      const auto i = mlacp::events::find(list, kind, name);
+      if (i < 0)
+        throw std::logic_error(std::string("mlacp-perf-overlap: no ") + mlacp::to_string(kind) + " event of '" + name +
+                               "' recorded in the overlapped pair (expected one)");
+      return list[static_cast<std::size_t>(i)].time_s;
+    };
+    const double start = index(mlacp::EventKind::compute_begin, marker);
+    const double launched = index(mlacp::EventKind::launch, pair.comm_name);
+    const double waited = index(mlacp::EventKind::wait_begin, pair.comm_name);
+    const double end = index(mlacp::EventKind::compute_end, marker);
+    log.launch.push_back(launched - start);
+    log.compute.push_back(waited - launched);
+    log.wait.push_back(end - waited);
+  };
+  return b;
+}
+
+// The piece overlapped: the library's collective inside the piece, or (raw) the raw transfer around its compute.
+std::function<void()> overlapped_piece(const PairRun& run) {
+  const Pair& p = run.pair;
+  if (!run.raw) return [&p]() { p.piece(true); };
+  return [&p]() {
+    Waiter wait = p.launch_raw();
+    mlacp::events::record(mlacp::EventKind::launch, p.comm_name);
+    p.compute();
+    Kokkos::fence();
+    mlacp::events::record(mlacp::EventKind::wait_begin, p.comm_name);
+    wait();
+  };
+}
+
+// The piece blocking: the wait right after the launch, then the compute.
+std::function<void()> blocking_piece(const PairRun& run) {
+  const Pair& p = run.pair;
+  if (!run.raw) return [&p]() { p.piece(false); };
+  return [&p]() {
+    p.launch_raw()();
+    p.compute();
+  };
+}
+
+std::function<void()> collective_alone(const PairRun& run) {
+  const Pair& p = run.pair;
+  if (!run.raw) return p.collective;
+  return [&p]() { p.launch_raw()(); };
+}
+
+// The compute's free dimension scaled until T_comm / T_compute is within 10% of `target` (1 for the figures of
+// record); rebuilds run.pair at the chosen size and returns it.
+int calibrate(PairRun& run, const PairSpec& spec, double target, int dim, const Settings& settings, MPI_Comm comm) {
+  Region region("calibrate");
+  run.pair = spec.make(dim);
+  for (int step = 0; step < (settings.quick ? 2 : 4); ++step) {
+    const auto cal = measure_interleaved_prepared(comm, 1, settings.quick ? 1 : 3,
+                                                  {{{}, collective_alone(run)}, {run.pair.prepare, run.pair.compute}});
+    const double off = cal[0].median() / cal[1].median() / target;
+    if (step > 0 && off > 0.9 && off < 1.1) break;
+    const int next = std::clamp(static_cast<int>(std::lround(dim * std::pow(off, 0.9) / 8.0)) * 8, 8, 4096);
+    if (next == dim) break;
+    dim = next;
+    run.pair = spec.make(dim);
+  }
+  return dim;
+}
 
 // Per-rank median of the recorded rounds after the warm-up, then the maximum over the ranks.
 double phase_median(std::vector<double> times, int warmup, MPI_Comm comm) {
@@ -348,271 +633,311 @@ double phase_median(std::vector<double> times, int warmup, MPI_Comm comm) {
 }
 
 struct Phases {
-  std::string label;
-  double launch, compute, wait, compute_alone;
+  double launch = 0, compute = 0, wait = 0;
 };
+
+// Everything of one pair measured together, interleaved round by round (see measure_interleaved): the compute alone,
+// the collective alone, the piece overlapped and blocking, the piece with progress between its kernels (when the pair
+// has one) and the overlapped piece at each panel count of the sweep.
+struct PairMeasurement {
+  Samples compute, collective, overlapped, blocking;
+  std::optional<Samples> polled;
+  std::vector<Samples> by_panels;  // one per Settings::panel_counts when the sweep runs
+  Phases phases;                   // of the overlapped piece
+  std::size_t progress_calls_per_round = 0;
+  double tc() const { return compute.median(); }
+  double tm() const { return collective.median(); }
+  double tb() const { return blocking.median(); }
+  double e_of(double overlapped_time) const { return overlap_e(tc(), tm(), tb(), overlapped_time); }
+  double ideal_of(double overlapped_time) const { return pair_over_ideal(tc(), tm(), tb(), overlapped_time); }
+};
+
+PairMeasurement measure_sequential_and_overlapped(const PairRun& run, const Settings& settings, MPI_Comm comm) {
+  const Pair& p = run.pair;
+  PhaseLog log;
+  const auto overlapped = overlapped_piece(run);
+  // The figures come from the uninstrumented bodies; the phases from a separate overlapped body with the event
+  // recorder on (its recording cost stays out of E).
+  enum Body : std::size_t { compute, collective, overlapped_pair, blocking, overlapped_recorded, first_optional };
+  std::vector<PreparedBody> bodies = {{p.prepare, p.compute},
+                                      {{}, collective_alone(run)},
+                                      {p.prepare, overlapped},
+                                      {p.prepare, blocking_piece(run)},
+                                      recording_phases(p, overlapped, log)};
+  const bool polled = run.raw ? static_cast<bool>(p.compute_polled) : static_cast<bool>(p.piece_polled);
+  if (polled) {
+    if (run.raw)
+      bodies.push_back({p.prepare, [&p]() {
+                          Waiter wait = p.launch_raw();
+                          p.compute_polled();
+                          wait();
+                        }});
+    else
+      bodies.push_back({p.prepare, p.piece_polled});
+  }
+  const std::size_t sweep_first = bodies.size();
+  const std::vector<int> panel_counts = settings.panel_sweep ? settings.panel_counts : std::vector<int>{};
+  auto& policy = mlacp::overlap_policy();
+  for (const int panels : panel_counts)
+    bodies.push_back({p.prepare, [&, panels]() {
+                        policy.panels = panels;
+                        overlapped();
+                        policy = settings.default_policy;
+                      }});
+  const std::size_t calls_before = mlacp::progress_calls();
+  std::vector<Samples> samples;
+  {
+    Region r("measure");
+    samples = measure_interleaved_prepared(comm, settings.warmup, settings.repeats, bodies);
+  }
+  PairMeasurement m;
+  m.progress_calls_per_round =
+      (mlacp::progress_calls() - calls_before) / static_cast<std::size_t>(settings.warmup + settings.repeats);
+  m.compute = samples[compute];
+  m.collective = samples[collective];
+  m.overlapped = samples[overlapped_pair];
+  m.blocking = samples[blocking];
+  if (polled) m.polled = samples[first_optional];
+  m.by_panels.assign(samples.begin() + static_cast<std::ptrdiff_t>(sweep_first), samples.end());
+  m.phases = {phase_median(log.launch, settings.warmup, comm), phase_median(log.compute, settings.warmup, comm),
+              phase_median(log.wait, settings.warmup, comm)};
+  return m;
+}
+
+// The opt-in experiment: the piece unpanelled (panels = 1) with a progress thread polling mlacp::progress() every
+// 50 or 500 us, and the compute alone with the thread (its slowdown). Returns the JSON list and the report line.
+std::pair<std::string, std::string> measure_progress_thread(const PairRun& run, const PairMeasurement& m,
+                                                            const Settings& settings, MPI_Comm comm) {
+  Region r("progress thread");
+  const Pair& p = run.pair;
+  auto& policy = mlacp::overlap_policy();
+  policy.panels = 1;
+  std::vector<std::string> docs;
+  std::string line = "  " + run.label + " (panels=1 + progress thread):";
+  const auto overlapped = overlapped_piece(run);
+  for (const int interval : {50, 500}) {
+    const auto ts = measure_interleaved_prepared(comm, settings.warmup, settings.repeats,
+                                                 {{p.prepare, [&]() { with_progress_thread(interval, overlapped); }},
+                                                  {p.prepare, [&]() { with_progress_thread(interval, p.compute); }}});
+    const Samples &s = ts[0], &c = ts[1];
+    docs.push_back(JsonObject()
+                       .num("interval_us", interval)
+                       .samples("overlapped_pair", s)
+                       .samples("compute_with_thread", c)
+                       .num("E", m.e_of(s.median()))
+                       .num("pair_over_ideal", m.ideal_of(s.median()))
+                       .text());
+    line += "  " + std::to_string(interval) + "us: E=" + fixed(m.e_of(s.median()), 2) + " compute x" +
+            fixed(c.median() / m.tc(), 2);
+  }
+  policy = settings.default_policy;
+  return {jlist(docs), line};
+}
+
+// The balance sweep (library pairs only): E at the edges of the 1.5x band, compute longer (comm/compute 0.67) and
+// compute shorter (1.5), each calibrated and measured as above with its own compute, collective and blocking piece.
+// Leaves run.pair at the last size calibrated. Returns the JSON list and the report line.
+std::pair<std::string, std::string> measure_balance(PairRun& run, const PairSpec& spec, double e_balanced,
+                                                    const Settings& settings, MPI_Comm comm) {
+  Region r("balance sweep");
+  std::vector<std::string> docs;
+  std::string line = "  " + run.label + ":  1.00:" + fixed(e_balanced, 2);
+  for (const double target : {1.0 / 1.5, 1.5}) {
+    calibrate(run, spec, target, run.dim, settings, comm);
+    const Pair& p = run.pair;
+    const auto ts = measure_interleaved_prepared(comm, settings.warmup, settings.repeats,
+                                                 {{p.prepare, p.compute},
+                                                  {{}, collective_alone(run)},
+                                                  {p.prepare, overlapped_piece(run)},
+                                                  {p.prepare, blocking_piece(run)}});
+    const double c = ts[0].median(), m = ts[1].median(), pt = ts[2].median(), b = ts[3].median();
+    docs.push_back(JsonObject()
+                       .num("target_comm_over_compute", target)
+                       .num("comm_over_compute", m / c)
+                       .samples("compute_alone", ts[0])
+                       .samples("collective_alone", ts[1])
+                       .samples("overlapped_pair", ts[2])
+                       .samples("blocking_sequence", ts[3])
+                       .num("E", overlap_e(c, m, b, pt))
+                       .num("pair_over_ideal", pair_over_ideal(c, m, b, pt))
+                       .text());
+    line += "  " + fixed(m / c, 2) + ":" + fixed(overlap_e(c, m, b, pt), 2);
+  }
+  return {jlist(docs), line};
+}
+
+// One table row of the report.
+struct Row {
+  std::string label;
+  double compute, comm, pair, blocking, e, pair_over_ideal;
+};
+
+struct PhaseRow {
+  std::string label;
+  Phases phases;
+  double compute_alone;
+};
+
+// What the report prints on rank 0, collected pair by pair.
+struct Report {
+  std::vector<std::string> pair_docs;
+  std::vector<Row> table;
+  std::vector<PhaseRow> phases;
+  std::vector<std::string> sweep_lines, balance_lines;
+};
+
+JsonObject pair_json(const PairRun& run, const PairMeasurement& m, const Settings& settings) {
+  const Pair& p = run.pair;
+  const double tc = m.tc(), tm = m.tm(), tp = m.overlapped.median();
+  JsonObject pd;
+  pd.str("pair", run.label)
+      .str("mode", run.raw ? "transfer only (raw MPI on pre-packed buffers around the piece's compute, polled by the "
+                             "library GEMM)"
+                           : "library piece")
+      .str("compute", p.compute_name)
+      .str("collective", p.comm_name)
+      .obj("sizes", p.sizes())
+      .num("calibrated_dim", run.dim)
+      .num("panel_rows", static_cast<double>(p.panel_rows))
+      .num("effective_panels", effective_panels(p.panel_rows, settings.default_policy))
+      .num("progress_calls_per_round", static_cast<double>(m.progress_calls_per_round))
+      .samples("compute_alone", m.compute)
+      .samples("collective_alone", m.collective)
+      .samples("overlapped_pair", m.overlapped)
+      .samples("blocking_sequence", m.blocking)
+      .obj("overlapped_phases_s", JsonObject()
+                                      .str("what",
+                                           "per-rank medians, max over ranks: launch (from the start: the dgrad "
+                                           "producing the collective's input, pack, MPI start), compute with the "
+                                           "collective in flight, wait (rest, unpack)")
+                                      .num("launch", m.phases.launch)
+                                      .num("compute_in_pair", m.phases.compute)
+                                      .num("wait", m.phases.wait)
+                                      .num("compute_slowdown", m.phases.compute / tc))
+      .num("comm_over_compute", tm / tc)
+      .str("E_is", "(blocking - overlapped) / min(compute, comm)")
+      .num("E", m.e_of(tp))
+      .str("pair_over_ideal_is", "overlapped / (blocking - min(compute, comm))")
+      .num("pair_over_ideal", m.ideal_of(tp))
+      .raw("within_1_5x", std::max(tc, tm) / std::min(tc, tm) <= 1.5 ? "true" : "false");
+  if (m.polled)
+    pd.obj("with_progress_between_kernels", JsonObject()
+                                                .str("what", "mlacp::progress() after each non-GEMM step too")
+                                                .samples("overlapped_pair", *m.polled)
+                                                .num("E", m.e_of(m.polled->median()))
+                                                .num("pair_over_ideal", m.ideal_of(m.polled->median())));
+  return pd;
+}
+
+// The panel sweep's JSON list and report line: the piece with OverlapPolicy::panels = 1 (one GEMM call: progress only
+// before and after it) .. 32, E against the same compute-alone, collective-alone and blocking medians.
+std::pair<std::string, std::string> panel_sweep_result(const PairRun& run, const PairMeasurement& m,
+                                                       const Settings& settings) {
+  std::vector<std::string> docs;
+  std::string line = "  " + run.label + ":";
+  for (std::size_t i = 0; i < m.by_panels.size(); ++i) {
+    const Samples& sp = m.by_panels[i];
+    mlacp::OverlapPolicy policy = settings.default_policy;
+    policy.panels = settings.panel_counts[i];
+    const double e = m.e_of(sp.median());
+    docs.push_back(JsonObject()
+                       .num("panels", settings.panel_counts[i])
+                       .num("effective_panels", effective_panels(run.pair.panel_rows, policy))
+                       .samples("overlapped_pair", sp)
+                       .num("E", e)
+                       .num("pair_over_ideal", m.ideal_of(sp.median()))
+                       .text());
+    line += "  p=" + std::to_string(settings.panel_counts[i]) + ":" + fixed(e, 2);
+  }
+  return {jlist(docs), line};
+}
+
+// One pair in one mode, from calibration to its entries in the report.
+void benchmark_pair(const PairSpec& spec, bool raw, const Settings& settings, MPI_Comm comm, Report& report) {
+  PairRun run;
+  run.label = spec.name + (raw ? " [transfer only]" : "");
+  run.raw = raw;
+  Region region(run.label);
+  run.dim = calibrate(run, spec, 1.0, spec.initial_dim, settings, comm);
+  const PairMeasurement m = measure_sequential_and_overlapped(run, settings, comm);
+  const double tc = m.tc(), tm = m.tm(), tp = m.overlapped.median(), tb = m.tb();
+  report.table.push_back(Row{run.label, tc, tm, tp, tb, m.e_of(tp), m.ideal_of(tp)});
+  if (m.polled)
+    report.table.push_back(Row{run.label + " +poll", tc, tm, m.polled->median(), tb, m.e_of(m.polled->median()),
+                               m.ideal_of(m.polled->median())});
+  report.phases.push_back(PhaseRow{run.label, m.phases, tc});
+  JsonObject pd = pair_json(run, m, settings);
+  if (run.pair.breakdown) {
+    Region r("breakdown");
+    pd.obj("compute_breakdown_s", run.pair.breakdown());
+  }
+  if (settings.panel_sweep) {
+    auto [docs, line] = panel_sweep_result(run, m, settings);
+    report.sweep_lines.push_back(line);
+    pd.raw("panel_sweep", docs);
+  }
+  if (settings.progress_thread) {
+    auto [docs, line] = measure_progress_thread(run, m, settings, comm);
+    report.sweep_lines.push_back(line);
+    pd.raw("progress_thread", docs);
+  }
+  if (settings.balance_sweep && !raw) {
+    auto [docs, line] = measure_balance(run, spec, m.e_of(tp), settings, comm);
+    report.balance_lines.push_back(line);
+    pd.raw("balance_sweep", docs);
+  }
+  report.pair_docs.push_back(pd.text());
+}
+
+void print_report(const Report& report, const Options& o, const Settings& settings, int P) {
+  std::cout << "mlacp-perf-overlap: P=" << P << " transport=" << o.transport << " rate=" << o.rate
+            << " repeats=" << settings.repeats
+            << " (median of max over ranks), panels=" << settings.default_policy.panels
+            << " min_panel_rows=" << settings.default_policy.min_panel_rows << "\n";
+  std::cout << "(E = (blocking - pair) / min(compute, comm); pair/ideal = pair / (blocking - min(compute, comm)))\n";
+  std::cout << std::left << std::setw(54) << "pair" << std::right << std::setw(10) << "compute" << std::setw(10)
+            << "comm" << std::setw(10) << "pair" << std::setw(10) << "blocking" << std::setw(8) << "E" << std::setw(12)
+            << "pair/ideal" << std::setw(11) << "comm/comp"
+            << "\n";
+  for (const Row& r : report.table)
+    std::cout << std::left << std::setw(54) << r.label << std::right << std::setw(8) << ms(r.compute) << "ms"
+              << std::setw(8) << ms(r.comm) << "ms" << std::setw(8) << ms(r.pair) << "ms" << std::setw(8)
+              << ms(r.blocking) << "ms" << std::setw(8) << fixed(r.e, 2) << std::setw(12) << fixed(r.pair_over_ideal, 3)
+              << std::setw(11) << fixed(r.comm / r.compute, 2) << "\n";
+  std::cout << "Where the overlapped pair's time goes (per-rank medians, max over ranks):\n"
+            << std::left << std::setw(54) << "pair" << std::right << std::setw(10) << "launch" << std::setw(12)
+            << "compute" << std::setw(10) << "wait" << std::setw(18) << "compute/alone\n";
+  for (const PhaseRow& p : report.phases)
+    std::cout << std::left << std::setw(54) << p.label << std::right << std::setw(8) << ms(p.phases.launch) << "ms"
+              << std::setw(10) << ms(p.phases.compute) << "ms" << std::setw(8) << ms(p.phases.wait) << "ms"
+              << std::setw(17) << fixed(p.phases.compute / p.compute_alone, 3) << "\n";
+  if (!report.sweep_lines.empty()) {
+    std::cout << "E by OverlapPolicy::panels (1 = one GEMM call, no polling inside it):\n";
+    for (const auto& l : report.sweep_lines) std::cout << l << "\n";
+  }
+  if (!report.balance_lines.empty()) {
+    std::cout << "E by comm/compute (measured ratio:E; the band of the targets is 0.67..1.5):\n";
+    for (const auto& l : report.balance_lines) std::cout << l << "\n";
+  }
+}
 
 int run(int argc, char** argv) {
   const Options o = parse_options(argc, argv, {"--rows"}, {"--progress-thread", "--no-sweep", "--no-transfer-only"});
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   mesh.set_checked(false);  // the benchmark measures the transport, not the argument agreement
-  const int P = mesh.size(), rank = mesh.rank();
-  const int rows = o.get_int("rows", o.quick ? 1024 : 8192);
-  if (rows % (P * P) != 0) throw std::invalid_argument("--rows must be divisible by P*P");
-  const int repeats = o.repeats_or(3, 11), warmup = o.warmup;
-  const bool sweep = o.extra.count("no-sweep") == 0;
-  const bool ratio_sweep = sweep && !o.quick;
-  const bool thread_experiment = o.extra.count("progress-thread") != 0;
-  const MPI_Comm comm = mesh.comm();
-  auto& policy = mlacp::overlap_policy();
-  const mlacp::OverlapPolicy default_policy = policy;
-  const std::vector<int> panel_sweep = o.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
-
-  JsonObject doc = header("mlacp-perf-overlap", o, P, repeats);
+  const Settings settings = read_settings(o, mesh);
+  JsonObject doc = header("mlacp-perf-overlap", o, mesh.size(), settings.repeats);
   doc.obj("default_policy", JsonObject()
-                                .num("panels", default_policy.panels)
-                                .num("min_panel_rows", static_cast<double>(default_policy.min_panel_rows)));
-  std::vector<std::string> pair_docs;
-  std::vector<Row> table;
-  std::vector<Phases> phases;
-  std::vector<std::string> sweep_lines;
-  std::vector<std::string> balance_lines;
-
-  // Mode 0: the library's collectives (the figures of record). Mode 1 (unless --no-transfer-only): the same bytes as
-  // raw MPI requests on pre-packed buffers in mlacp's progress registry, calibrated again: how well the panelled
-  // GEMM's polling hides the transfer itself, without the pack and unpack kernels (CPU work that cannot overlap).
-  const int modes = o.extra.count("no-transfer-only") ? 1 : 2;
-  for (int mode = 0; mode < modes; ++mode)
-    for (const PairSpec& spec : {pair_do(mesh, rows), pair_dq(mesh, rows), pair_rs(mesh, rows)}) {
-      const bool raw = mode == 1;
-      const std::string label = spec.name + (raw ? " [transfer only]" : "");
-      Region region(label);
-      // Calibration: the collective alone, then the compute's free dimension scaled until T_comm / T_compute is
-      // within 10% of `target` (1 for the figures of record).
-      Pair pair;
-      auto go = [&]() { return raw ? pair.launch_raw() : pair.launch(); };
-      double t_comm = 0, t_compute = 0;
-      auto calibrate = [&](double target, int dim) {
-        Region r("calibrate");
-        pair = spec.make(dim);
-        for (int step = 0; step < (o.quick ? 2 : 4); ++step) {
-          const auto cal =
-              measure_interleaved(comm, 1, o.quick ? 1 : 3, {[&]() { go()(); }, [&]() { pair.compute(); }});
-          t_comm = cal[0].median();
-          t_compute = cal[1].median();
-          const double off = t_comm / t_compute / target;
-          if (step > 0 && off > 0.9 && off < 1.1) break;
-          const int next = std::clamp(static_cast<int>(std::lround(dim * std::pow(off, 0.9) / 8.0)) * 8, 8, 4096);
-          if (next == dim) break;
-          dim = next;
-          pair = spec.make(dim);
-        }
-        return dim;
-      };
-      const int dim = calibrate(1.0, spec.initial_dim);
-      // Everything measured together, interleaved round by round (see measure_interleaved): the compute alone, the
-      // collective alone, the pair, the blocking sequence, and the pair at each panel count of the sweep.
-      // The overlapped pair, also timed per phase on each rank: the launch (pack, MPI start), the compute with the
-      // collective in flight (on host spaces a fence ends it), and the wait (what was left of the transfer, unpack).
-      std::vector<double> phase_launch, phase_compute, phase_wait;
-      auto overlapped_body = [&](bool record) {
-        const double t0 = now();
-        Waiter wait = go();
-        const double t1 = now();
-        pair.compute();
-        Kokkos::fence();
-        const double t2 = now();
-        wait();
-        if (!record) return;
-        phase_launch.push_back(t1 - t0);
-        phase_compute.push_back(t2 - t1);
-        phase_wait.push_back(now() - t2);
-      };
-      std::vector<std::function<void()>> bodies = {pair.compute, [&]() { go()(); }, [&]() { overlapped_body(true); },
-                                                   [&]() {
-                                                     go()();
-                                                     pair.compute();
-                                                   }};
-      const std::vector<int> sweep_panels = sweep ? panel_sweep : std::vector<int>{};
-      const bool polled = static_cast<bool>(pair.compute_polled);
-      if (polled)
-        bodies.push_back([&]() {
-          Waiter wait = go();
-          pair.compute_polled();
-          wait();
-        });
-      for (const int panels : sweep_panels)
-        bodies.push_back([&, panels]() {
-          policy.panels = panels;
-          overlapped_body(false);
-          policy = default_policy;
-        });
-      std::vector<Samples> samples;
-      const std::size_t calls_before = mlacp::progress_calls();
-      {
-        Region r("measure");
-        samples = measure_interleaved(comm, warmup, repeats, bodies);
-      }
-      const std::size_t polls = (mlacp::progress_calls() - calls_before) / static_cast<std::size_t>(warmup + repeats);
-      const std::size_t sweep_first = polled ? 5 : 4;
-      const Samples &compute = samples[0], &collective = samples[1], &overlapped = samples[2], &blocking = samples[3];
-      const double tc = compute.median(), tm = collective.median(), tp = overlapped.median(), tb = blocking.median();
-      Row row{label, tc, tm, tp, tb, overlap_e(tc, tm, tp), tp / std::max(tc, tm), tb / std::max(tc, tm)};
-      table.push_back(row);
-      const Phases ph{label, phase_median(phase_launch, warmup, comm), phase_median(phase_compute, warmup, comm),
-                      phase_median(phase_wait, warmup, comm), tc};
-      phases.push_back(ph);
-
-      JsonObject pd;
-      pd.str("pair", label)
-          .str("mode", raw ? "transfer only (raw MPI on pre-packed buffers, polled by the library GEMM)" : "library")
-          .str("compute", pair.compute_name)
-          .str("collective", pair.comm_name)
-          .obj("sizes", pair.sizes())
-          .num("calibrated_dim", dim)
-          .num("panel_rows", static_cast<double>(pair.panel_rows))
-          .num("effective_panels", effective_panels(pair.panel_rows, default_policy))
-          .num("progress_calls_per_round", static_cast<double>(polls))
-          .samples("compute_alone", compute)
-          .samples("collective_alone", collective)
-          .samples("overlapped_pair", overlapped)
-          .samples("blocking_sequence", blocking)
-          .obj("overlapped_phases_s", JsonObject()
-                                          .str("what",
-                                               "per-rank medians, max over ranks: launch (pack, MPI start), "
-                                               "compute with the collective in flight, wait (rest, unpack)")
-                                          .num("launch", ph.launch)
-                                          .num("compute_in_pair", ph.compute)
-                                          .num("wait", ph.wait)
-                                          .num("compute_slowdown", ph.compute / tc))
-          .num("comm_over_compute", tm / tc)
-          .num("E", row.e)
-          .num("pair_over_max", row.pair_over_max)
-          .num("blocking_over_max", row.blocking_over_max)
-          .raw("within_1_5x", std::max(tc, tm) / std::min(tc, tm) <= 1.5 ? "true" : "false");
-      if (polled) {
-        const double t = samples[4].median();
-        pd.obj("with_progress_between_kernels", JsonObject()
-                                                    .str("what", "mlacp::progress() after each non-GEMM kernel too")
-                                                    .samples("overlapped_pair", samples[4])
-                                                    .num("E", overlap_e(tc, tm, t))
-                                                    .num("pair_over_max", t / std::max(tc, tm)));
-        table.push_back(
-            Row{label + " +poll", tc, tm, t, tb, overlap_e(tc, tm, t), t / std::max(tc, tm), tb / std::max(tc, tm)});
-      }
-      if (pair.breakdown) {
-        Region r("breakdown");
-        pd.obj("compute_breakdown_s", pair.breakdown());
-      }
-
-      // The panel sweep: the same pair with OverlapPolicy::panels = 1 (one GEMM call: progress only before and after
-      // it) .. 32, E against the same compute-alone and collective-alone medians.
-      if (sweep) {
-        std::vector<std::string> sweep_docs;
-        std::string line = "  " + label + ":";
-        for (std::size_t i = 0; i < sweep_panels.size(); ++i) {
-          const Samples& sp = samples[sweep_first + i];
-          mlacp::OverlapPolicy p = default_policy;
-          p.panels = sweep_panels[i];
-          const double e = overlap_e(tc, tm, sp.median());
-          sweep_docs.push_back(JsonObject()
-                                   .num("panels", sweep_panels[i])
-                                   .num("effective_panels", effective_panels(pair.panel_rows, p))
-                                   .samples("overlapped_pair", sp)
-                                   .num("E", e)
-                                   .num("pair_over_max", sp.median() / std::max(tc, tm))
-                                   .text());
-          line += "  p=" + std::to_string(sweep_panels[i]) + ":" + fixed(e, 2);
-        }
-        sweep_lines.push_back(line);
-        pd.raw("panel_sweep", jlist(sweep_docs));
-      }
-
-      if (thread_experiment) {
-        Region r("progress thread");
-        std::vector<std::string> docs;
-        policy.panels = 1;
-        std::string line = "  " + label + " (panels=1 + progress thread):";
-        for (const int interval : {50, 500}) {
-          const auto ts = measure_interleaved(comm, warmup, repeats,
-                                              {[&]() {
-                                                 Waiter wait = go();
-                                                 with_progress_thread(interval, pair.compute);
-                                                 wait();
-                                               },
-                                               [&]() { with_progress_thread(interval, pair.compute); }});
-          const Samples &s = ts[0], &c = ts[1];
-          const double e = overlap_e(tc, tm, s.median());
-          docs.push_back(JsonObject()
-                             .num("interval_us", interval)
-                             .samples("overlapped_pair", s)
-                             .samples("compute_with_thread", c)
-                             .num("E", e)
-                             .num("pair_over_max", s.median() / std::max(tc, tm))
-                             .text());
-          line += "  " + std::to_string(interval) + "us: E=" + fixed(e, 2) + " compute x" + fixed(c.median() / tc, 2);
-        }
-        policy = default_policy;
-        sweep_lines.push_back(line);
-        pd.raw("progress_thread", jlist(docs));
-      }
-      // The balance sweep (library pairs only): E at the edges of the 1.5x band, compute longer (comm/compute 0.67)
-      // and compute shorter (1.5), each calibrated and measured as above with its own compute and collective alone.
-      if (ratio_sweep && !raw) {
-        Region r("balance sweep");
-        std::vector<std::string> docs;
-        std::string line = "  " + label + ":  1.00:" + fixed(row.e, 2);
-        for (const double target : {1.0 / 1.5, 1.5}) {
-          calibrate(target, dim);
-          const auto ts = measure_interleaved(comm, warmup, repeats,
-                                              {pair.compute, [&]() { go()(); }, [&]() { overlapped_body(false); }});
-          const double c = ts[0].median(), m = ts[1].median(), pt = ts[2].median();
-          docs.push_back(JsonObject()
-                             .num("target_comm_over_compute", target)
-                             .num("comm_over_compute", m / c)
-                             .samples("compute_alone", ts[0])
-                             .samples("collective_alone", ts[1])
-                             .samples("overlapped_pair", ts[2])
-                             .num("E", overlap_e(c, m, pt))
-                             .num("pair_over_max", pt / std::max(c, m))
-                             .text());
-          line += "  " + fixed(m / c, 2) + ":" + fixed(overlap_e(c, m, pt), 2);
-        }
-        balance_lines.push_back(line);
-        pd.raw("balance_sweep", jlist(docs));
-      }
-      pair_docs.push_back(pd.text());
-    }
-  doc.raw("pairs", jlist(pair_docs));
-
-  if (rank == 0) {
-    std::cout << "mlacp-perf-overlap: P=" << P << " transport=" << o.transport << " rate=" << o.rate
-              << " repeats=" << repeats << " (median of max over ranks), panels=" << default_policy.panels
-              << " min_panel_rows=" << default_policy.min_panel_rows << "\n";
-    std::cout << std::left << std::setw(54) << "pair" << std::right << std::setw(10) << "compute" << std::setw(10)
-              << "comm" << std::setw(10) << "pair" << std::setw(10) << "blocking" << std::setw(8) << "E"
-              << std::setw(11) << "pair/max" << std::setw(11) << "comm/comp"
-              << "\n";
-    for (const Row& r : table)
-      std::cout << std::left << std::setw(54) << r.label << std::right << std::setw(8) << ms(r.compute) << "ms"
-                << std::setw(8) << ms(r.comm) << "ms" << std::setw(8) << ms(r.pair) << "ms" << std::setw(8)
-                << ms(r.blocking) << "ms" << std::setw(8) << fixed(r.e, 2) << std::setw(11) << fixed(r.pair_over_max, 3)
-                << std::setw(11) << fixed(r.comm / r.compute, 2) << "\n";
-    std::cout << "Where the overlapped pair's time goes (per-rank medians, max over ranks):\n"
-              << std::left << std::setw(54) << "pair" << std::right << std::setw(10) << "launch" << std::setw(12)
-              << "compute" << std::setw(10) << "wait" << std::setw(18) << "compute/alone\n";
-    for (const Phases& p : phases)
-      std::cout << std::left << std::setw(54) << p.label << std::right << std::setw(8) << ms(p.launch) << "ms"
-                << std::setw(10) << ms(p.compute) << "ms" << std::setw(8) << ms(p.wait) << "ms" << std::setw(17)
-                << fixed(p.compute / p.compute_alone, 3) << "\n";
-    if (!sweep_lines.empty()) {
-      std::cout << "E by OverlapPolicy::panels (1 = one GEMM call, no polling inside it):\n";
-      for (const auto& l : sweep_lines) std::cout << l << "\n";
-    }
-    if (!balance_lines.empty()) {
-      std::cout << "E by comm/compute (measured ratio:E; the band of the targets is 0.67..1.5):\n";
-      for (const auto& l : balance_lines) std::cout << l << "\n";
-    }
+                                .num("panels", settings.default_policy.panels)
+                                .num("min_panel_rows", static_cast<double>(settings.default_policy.min_panel_rows)));
+  Report report;
+  for (int mode = 0; mode < settings.modes; ++mode)
+    for (const PairSpec& spec :
+         {pair_do(mesh, settings.rows), pair_dq(mesh, settings.rows), pair_rs(mesh, settings.rows)})
+      benchmark_pair(spec, mode == 1, settings, mesh.comm(), report);
+  doc.raw("pairs", jlist(report.pair_docs));
+  if (mesh.rank() == 0) {
+    print_report(report, o, settings, mesh.size());
     write_json(o.json, doc.text());
   }
   return 0;
