@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+sys.dont_write_bytecode = True  # nothing written next to the scripts
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from merge_traces import merge  # noqa: E402
 
