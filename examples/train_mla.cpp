@@ -24,10 +24,11 @@
 #include <iomanip>
 #include <random>
 #include <string>
+#include <type_traits>
 
 namespace {
 
-using T = float;
+using T = float;  // or double
 using Space = Kokkos::DefaultExecutionSpace;
 using Layer = mlacp::MlaAttention<T, Space>;
 using Tensor3 = Layer::tensor3;  // [batch, tokens, hidden], LayoutRight
@@ -66,7 +67,8 @@ template <class View>
 void all_reduce_sum(const View& v, MPI_Comm comm) {
   auto host = Kokkos::create_mirror_view(v);  // v itself when it is in host memory
   Kokkos::deep_copy(host, v);
-  MPI_Allreduce(MPI_IN_PLACE, host.data(), static_cast<int>(host.span()), MPI_FLOAT, MPI_SUM, comm);
+  const MPI_Datatype type = std::is_same_v<T, double> ? MPI_DOUBLE : MPI_FLOAT;
+  MPI_Allreduce(MPI_IN_PLACE, host.data(), static_cast<int>(host.span()), type, MPI_SUM, comm);
   Kokkos::deep_copy(v, host);
 }
 
