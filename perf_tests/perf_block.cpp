@@ -186,7 +186,8 @@ Result run_strategy(const mlacp::MlaConfig& base, mlacp::MlaStrategy strategy, c
 
 int run(int argc, char** argv) {
   const Options o = parse_options(
-      argc, argv, {"--timeline", "--trace", "--batch", "--seq", "--hidden", "--heads", "--nope", "--rope", "--vdim", "--latent"});
+      argc, argv,
+      {"--timeline", "--trace", "--batch", "--seq", "--hidden", "--heads", "--nope", "--rope", "--vdim", "--latent"});
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   mesh.set_checked(false);
   const int P = mesh.size(), rank = mesh.rank();

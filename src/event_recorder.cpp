@@ -44,8 +44,8 @@ namespace {
 constexpr std::size_t recent_capacity = 64;
 
 // What record() does, in one word so that "nothing" costs one relaxed load: bit 0 records the list (enable), bit 1
-// keeps the recent launches and waits for the watchdog's report (on while a wait timeout is set). MLACP_TRACE sets bit 0
-// from the start.
+// keeps the recent launches and waits for the watchdog's report (on while a wait timeout is set). MLACP_TRACE sets bit
+// 0 from the start.
 constexpr unsigned recording = 1u;
 constexpr unsigned keeping_recent = 2u;
 
