@@ -15,9 +15,12 @@
 // overlapped backward's time corresponds to.
 //
 // --timeline FILE writes the events of one overlapped backward per strategy, all ranks gathered on rank 0, for
-// scripts/plot_timeline.py.
+// scripts/plot_timeline.py. --trace FILE writes the same backwards as a Chrome trace, one file per rank (FILE with the
+// rank inserted: trace.json -> trace.rank0.json, ...; scripts/merge_traces.py joins them), for Perfetto or
+// chrome://tracing; each strategy's backward is a compute slice "backward <strategy> (overlapped)" around its phases.
 //
-//   mpirun -n 2 mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--repeats N] [--transport-label STR]
+//   mpirun -n 2 mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--trace FILE] [--repeats N]
+//                                [--transport-label STR]
 //                                [--rate-label STR] [--seq S] [--hidden D] [--heads H] [--latent R]
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
@@ -37,7 +40,7 @@ using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
 using Layer = mlacp::MlaAttention<T, Space>;
 
 const char* usage =
-    "usage: mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--repeats N] [--warmup N]\n"
+    "usage: mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--trace FILE] [--repeats N] [--warmup N]\n"
     "                        [--transport-label STR] [--rate-label STR] [--batch B] [--seq S] [--hidden D]\n"
     "                        [--heads H] [--nope dn] [--rope dr] [--vdim dv] [--latent R]\n";
 
@@ -100,10 +103,11 @@ struct Result {
   std::string strategy;
   Samples overlapped, blocking, compute, comm;
   std::string timeline;
+  std::vector<mlacp::Event> trace;  // this rank's events of the timeline's backward, inside one enclosing slice
 };
 
 Result run_strategy(const mlacp::MlaConfig& base, mlacp::MlaStrategy strategy, const mlacp::Mesh& mesh, int warmup,
-                    int repeats, bool want_timeline) {
+                    int repeats, bool want_timeline, bool want_trace) {
   const Space space;
   const MPI_Comm comm = mesh.comm();
   mlacp::MlaConfig c = base;
@@ -154,15 +158,27 @@ Result run_strategy(const mlacp::MlaConfig& base, mlacp::MlaStrategy strategy, c
       }
     }
   }
-  if (want_timeline) {
+  if (want_timeline || want_trace) {
     Region r("timeline");
     auto forward = overlapped.forward(space, x);
     Kokkos::fence();
     MPI_Barrier(comm);
     mlacp::events::clear();
+    const auto begin = std::chrono::steady_clock::now();
     auto grads = overlapped.backward(space, forward, dy);
     Kokkos::fence();
-    result.timeline = gather_events(mlacp::events::snapshot(), comm);
+    const auto end = std::chrono::steady_clock::now();
+    const auto events = mlacp::events::snapshot();
+    if (want_timeline) result.timeline = gather_events(events, comm);
+    if (want_trace) {
+      const std::string name = "backward " + result.strategy + " (overlapped)";
+      const auto ns = [](std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+      };
+      result.trace.push_back({mlacp::EventKind::compute_begin, name, 0.0, ns(begin)});
+      result.trace.insert(result.trace.end(), events.begin(), events.end());
+      result.trace.push_back({mlacp::EventKind::compute_end, name, 0.0, ns(end)});
+    }
   }
   mlacp::events::enable(false);
   return result;
@@ -170,7 +186,8 @@ Result run_strategy(const mlacp::MlaConfig& base, mlacp::MlaStrategy strategy, c
 
 int run(int argc, char** argv) {
   const Options o = parse_options(
-      argc, argv, {"--timeline", "--batch", "--seq", "--hidden", "--heads", "--nope", "--rope", "--vdim", "--latent"});
+      argc, argv,
+      {"--timeline", "--trace", "--batch", "--seq", "--hidden", "--heads", "--nope", "--rope", "--vdim", "--latent"});
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   mesh.set_checked(false);
   const int P = mesh.size(), rank = mesh.rank();
@@ -186,6 +203,7 @@ int run(int argc, char** argv) {
   c.latent = o.get_int("latent", o.quick ? 32 : 512);
   if (const std::string error = c.error(P); !error.empty()) throw std::invalid_argument(error);
   const std::string timeline_path = o.get("timeline", "");
+  const std::string trace_path = o.get("trace", "");
   // Before any layer runs: the machine's GEMM rate at q_proj's forward shape, [B*s, D] x [D, H*dqk].
   const GemmRate gemm = measure_gemm_rate<T>(mesh.comm(), c.batch * c.seq / P, c.hidden, c.heads * c.qk_dim());
   const mlacp::MlaFlops flops = mlacp::mla_flops(c, P);
@@ -207,7 +225,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> docs, timelines;
   std::vector<Result> results;
   for (const auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-    Result r = run_strategy(c, strategy, mesh, warmup, repeats, !timeline_path.empty());
+    Result r = run_strategy(c, strategy, mesh, warmup, repeats, !timeline_path.empty(), !trace_path.empty());
     const double tov = r.overlapped.median(), tb = r.blocking.median(), tc = r.compute.median(), tm = r.comm.median();
     docs.push_back(JsonObject()
                        .str("strategy", r.strategy)
@@ -227,6 +245,11 @@ int run(int argc, char** argv) {
     results.push_back(std::move(r));
   }
   doc.raw("strategies", jlist(docs));
+  if (!trace_path.empty()) {
+    std::vector<mlacp::Event> trace;
+    for (const Result& r : results) trace.insert(trace.end(), r.trace.begin(), r.trace.end());
+    mlacp::events::write_chrome_trace(trace_path, trace, rank);
+  }
 
   // What the default configuration's checked mode costs: the overlapped forward + backward with checked mode on (the
   // default, one small agreement per collective and per layer call) and off, interleaved, latent strategy.

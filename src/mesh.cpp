@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/event_recorder.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/agreement.hpp>
 #include <mlacp/mpi/communicator.hpp>
@@ -109,6 +110,7 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership)
   }
   rank_ = mpi::rank(comm_);
   size_ = mpi::size(comm_);
+  events::detail::set_trace_rank(mpi::rank(MPI_COMM_WORLD));  // the process's name in an MLACP_TRACE file
   try {
     agree_on_environment();
   } catch (...) {

@@ -2,6 +2,7 @@
 // The handle of one launched collective.
 #pragma once
 
+#include <mlacp/compat.hpp>
 #include <mlacp/detail/pending_transport.hpp>
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
@@ -11,6 +12,7 @@
 #include <any>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +28,11 @@ namespace mlacp {
 /// (or assigned over) while launched and not waited completes the operation first, so that no request leaks and no
 /// buffer is freed while the transport may still write it, and reports the misuse (stderr and
 /// diagnostics::unwaited_handles()).
+///
+/// Seen by Kokkos Tools (when a tool is loaded or a callback set): a mark event "mlacp::launch <name>" when the
+/// collective is handed to the transport, the wait as a region "mlacp::wait <name>", and a mark event
+/// "mlacp::complete <name>" when its result is available; with the compute phases' "mlacp::<phase>" regions a
+/// connector shows which collective was in flight during which compute, and how long each wait blocked.
 template <class ResultView>
 class AsyncCollective {
  public:
@@ -46,6 +53,7 @@ class AsyncCollective {
     state_->finish = std::move(finish);
     if (state_->transport) detail::register_pending(state_->transport.get());
     events::record(EventKind::launch, state_->name);
+    if (compat::tools::active()) compat::tools::mark_event("mlacp::launch " + state_->name);
   }
 
   ~AsyncCollective() { abandon(); }
@@ -93,14 +101,20 @@ class AsyncCollective {
     require_launched("wait");
     if (state_->waited) throw UsageError("mlacp: collective '" + state_->name + "' cannot be waited twice");
     events::record(EventKind::wait_begin, state_->name);
-    if (state_->transport) {
-      detail::unregister_pending(state_->transport.get());
-      state_->transport->wait();
+    const bool tools = compat::tools::active();
+    {
+      std::optional<compat::ScopedRegion> region;
+      if (tools) region.emplace("mlacp::wait " + state_->name);
+      if (state_->transport) {
+        detail::unregister_pending(state_->transport.get());
+        state_->transport->wait();
+      }
+      if (state_->finish) state_->finish();
     }
-    if (state_->finish) state_->finish();
     state_->waited = true;
     state_->finish = nullptr;
     events::record(EventKind::wait_end, state_->name);
+    if (tools) compat::tools::mark_event("mlacp::complete " + state_->name);
     return state_->result;
   }
 

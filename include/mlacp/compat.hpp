@@ -101,5 +101,29 @@ inline allocate_data_callback current_allocate_data_callback() {
 inline void set_allocate_data_callback(allocate_data_callback callback) {
   Kokkos::Tools::Experimental::set_allocate_data_callback(callback);
 }
+
+// Events and regions: Kokkos::Tools::markEvent / pushRegion / popRegion / profileLibraryLoaded, the EventSet of
+// callbacks (get_callbacks / set_callbacks) and the profile-event and region callback setters exist, spelled the same,
+// in 3.4 and 4.x.
+/// True when a Kokkos Tools library is loaded or a callback was set in process: callers skip building event names
+/// otherwise.
+inline bool active() { return Kokkos::Tools::profileLibraryLoaded(); }
+/// A Kokkos Tools mark event (a tool's profile_event callback gets `name`).
+inline void mark_event(const std::string& name) { Kokkos::Tools::markEvent(name); }
+using callbacks = Kokkos::Tools::Experimental::EventSet;
+inline callbacks current_callbacks() { return Kokkos::Tools::Experimental::get_callbacks(); }
+inline void set_callbacks(const callbacks& all) { Kokkos::Tools::Experimental::set_callbacks(all); }
+using profile_event_callback = Kokkos_Profiling_profileEventFunction;
+using push_region_callback = Kokkos_Profiling_pushFunction;
+using pop_region_callback = Kokkos_Profiling_popFunction;
+inline void set_profile_event_callback(profile_event_callback callback) {
+  Kokkos::Tools::Experimental::set_profile_event_callback(callback);
+}
+inline void set_push_region_callback(push_region_callback callback) {
+  Kokkos::Tools::Experimental::set_push_region_callback(callback);
+}
+inline void set_pop_region_callback(pop_region_callback callback) {
+  Kokkos::Tools::Experimental::set_pop_region_callback(callback);
+}
 }  // namespace mlacp::compat::tools
 // ---- Kokkos Tools (end) --------------------------------------------------------------------------------------------

@@ -3,6 +3,12 @@
 // of each collective and the begin and end of each GEMM. Off by default; when off (and the watchdog is off), recording
 // costs one relaxed atomic load: no lock, no clock, no copy of the name. The perf tests draw it as a timeline; the
 // unit tests assert on the order.
+//
+// The events can also be written as a Chrome trace-event JSON file (chrome_trace / write_chrome_trace), which
+// Perfetto (ui.perfetto.dev) and chrome://tracing open: one process per rank, one track ("thread") for compute and
+// one per collective in flight. MLACP_TRACE=FILE turns recording on in any program that uses mlacp and writes each
+// process's events to FILE with its rank inserted (trace.json -> trace.rank0.json, trace.rank1.json, ...) when the
+// process exits; scripts/merge_traces.py joins the ranks' files into one.
 #pragma once
 
 #include <chrono>
@@ -27,6 +33,9 @@ struct Event {
   EventKind kind;
   std::string name;
   double time_s;  ///< seconds since the recorder was last cleared (steady clock)
+  /// The same instant as steady-clock nanoseconds since the clock's epoch: not reset by clear(), and on Linux the
+  /// same clock in every process of one machine (the time axis of the Chrome trace).
+  std::int64_t clock_ns;
 };
 
 namespace events {
@@ -58,6 +67,42 @@ void keep_recent(bool on) noexcept;
 
 /// Index of the first event of `kind` named `name` in `list`, or -1.
 std::ptrdiff_t find(const std::vector<Event>& list, EventKind kind, const std::string& name);
+
+// ---- Chrome trace-event JSON ----------------------------------------------------------------------------------------
+
+/// `list` (one process's events, in recorded order) as a Chrome trace-event JSON document ({"traceEvents": [...]}):
+/// process `rank` ("rank N"), thread 0 "compute" with one complete ("X") slice per compute phase (nested phases nest),
+/// threads 1, 2, ... "collective in flight #k" with one slice per collective from its launch to the end of its wait
+/// and inside it a "wait <name>" slice for the time blocked in wait(); a collective never waited in `list` (mesh
+/// agreements, which record only their launch) is an instant ("i") on the compute track, a phase or collective still
+/// open at the end a "B" event without its "E". Times are microseconds of the steady clock (Event::clock_ns), so
+/// the files of ranks on one machine line up; "otherData" holds the host and the offset to Unix time for others.
+std::string chrome_trace(const std::vector<Event>& list, int rank);
+
+/// `path` with ".rank<rank>" inserted before its extension: "out/trace.json" -> "out/trace.rank3.json",
+/// "trace" -> "trace.rank3".
+std::string rank_path(const std::string& path, int rank);
+
+/// Writes chrome_trace(list, rank) to rank_path(path, rank). Throws mlacp::Error naming the file when it cannot be
+/// written.
+void write_chrome_trace(const std::string& path, const std::vector<Event>& list, int rank);
+
+/// The rank this process writes its MLACP_TRACE file as: its rank in MPI_COMM_WORLD, told by the first Mesh
+/// constructed; before that the launcher's rank variable (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID)
+/// or 0.
+int trace_rank() noexcept;
+
+/// The file MLACP_TRACE names ("" when unset). When set (read at the recorder's first use, at the latest when the
+/// first Mesh is constructed), recording is on from the start, and at process exit (std::atexit: after main returns
+/// or exit() is called, when neither Kokkos nor MPI needs to be alive) the events recorded since the last clear()
+/// are written to rank_path(trace_file(), trace_rank()). A process that aborts (MPI_Abort, the watchdog) writes
+/// nothing. A program that turns recording off or clears the recorder keeps that control.
+std::string trace_file();
+
+namespace detail {
+/// The process's rank in MPI_COMM_WORLD (Mesh's constructor calls it; the first call wins).
+void set_trace_rank(int world_rank) noexcept;
+}  // namespace detail
 
 }  // namespace events
 }  // namespace mlacp
