@@ -67,7 +67,7 @@ class _MlaFunction(torch.autograd.Function):
         pending, y = layer.forward(x.data_ptr(), tuple(x.shape), flags)
         y = torch.from_numpy(y)
         if any(ctx.needs_input_grad[1:]):
-            ctx.pending = pending
+            ctx.pending, ctx.layer, ctx.flags = pending, layer, flags
             ctx.names = module._names
             ctx.save_for_backward(x, *params)  # kept alive (the layer reads them) and guarded against in-place edits
         return y
@@ -82,6 +82,10 @@ class _MlaFunction(torch.autograd.Function):
         dx = torch.zeros_like(x) if ctx.needs_input_grad[1] else None
         views = {n: (g.data_ptr(), tuple(g.shape)) for n, g in zip(ctx.names, grads) if g is not None}
         pending, ctx.pending = ctx.pending, None
+        if pending is None:
+            # A second backward through a retained graph (retain_graph=True, gradcheck): mlacp's forward state is
+            # consumed by its backward, so the forward runs again on the same (version-checked) x and weights.
+            pending, _ = ctx.layer.forward(x.data_ptr(), tuple(x.shape), ctx.flags)
         pending.backward(dy.data_ptr(), tuple(dy.shape), views, 0 if dx is None else dx.data_ptr(),
                          tuple(x.shape))
         return (None, dx, *grads)
