@@ -13,7 +13,7 @@ namespace {
 
 // A new exception class `name` of module `m` deriving from `bases`; the module keeps it.
 PyObject* new_exception(py::module_& m, const char* name, const char* doc, py::tuple bases) {
-  const std::string qualified = std::string(PyModule_GetName(m.ptr())) + "." + name;
+  const std::string qualified = std::string("mlacp.") + name;  // as users import it
   PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
   if (type == nullptr) throw py::error_already_set();
   m.add_object(name, py::reinterpret_borrow<py::object>(type));
