@@ -111,8 +111,8 @@ class PendingForward {
 
   /// x [B, s, D] at `x_address` -> the pending forward and y as a NumPy array over the layer's output View.
   static std::pair<std::shared_ptr<PendingForward>, py::array> run(const std::shared_ptr<Layer<T>>& layer,
-                                                                    std::uintptr_t x_address, const Shape& x_shape,
-                                                                    const MlaRequiresGrad& flags) {
+                                                                   std::uintptr_t x_address, const Shape& x_shape,
+                                                                   const MlaRequiresGrad& flags) {
     auto pending = std::make_shared<PendingForward>();
     pending->layer_ = layer;
     const auto x = wrap<tensor3>(x_address, x_shape, "x");
@@ -161,8 +161,8 @@ void bind_layer(py::module_& m, const std::string& suffix) {
   py::class_<Layer<T>, std::shared_ptr<Layer<T>>>(m, ("Layer_" + suffix).c_str(),
                                                   "mlacp::MlaAttention over caller-owned weights (internal; use "
                                                   "mlacp.MlaAttention).")
-      .def(py::init<const MlaConfig&, std::shared_ptr<Mesh>, const py::dict&>(), py::arg("config"),
-           py::arg("mesh"), py::arg("weights"))
+      .def(py::init<const MlaConfig&, std::shared_ptr<Mesh>, const py::dict&>(), py::arg("config"), py::arg("mesh"),
+           py::arg("weights"))
       .def("forward", &PendingForward<T>::run, py::arg("x_address"), py::arg("x_shape"), py::arg("flags"))
       .def_property_readonly("local_seq", [](const Layer<T>& l) { return l.layer().local_seq(); })
       .def_property_readonly("local_heads", [](const Layer<T>& l) { return l.layer().local_heads(); })

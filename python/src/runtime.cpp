@@ -52,7 +52,8 @@ void bind_runtime(py::module_& m) {
   initialize_kokkos();
   m.def("_finalize_kokkos", &request_kokkos_finalize,
         "Finalises Kokkos once no mlacp object holds memory (registered with atexit by the mlacp package).");
-  m.def("_kokkos_users", [] { return g_users.load(); }, "Objects alive that hold Kokkos memory (tests).");
+  m.def(
+      "_kokkos_users", [] { return g_users.load(); }, "Objects alive that hold Kokkos memory (tests).");
   m.def("_kokkos_initialized", [] { return Kokkos::is_initialized(); });
   m.attr("__version__") = mlacp::version();
 
