@@ -34,10 +34,12 @@ export RATE=$rate
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # The release preset: Release, compiled for this machine's instruction set (-march=native), as an HPC build for a
 # known cluster is (Kokkos_ARCH_*); the softmax rows of the attention core vectorise with AVX2 and up.
+# The Python package is built too (PYTHONPATH=$build_dir/python), so that a PyTorch script runs on the same release
+# build as the benchmarks.
 # shellcheck disable=SC2086
-cmake --preset release -B "$build_dir" ${CMAKE_ARGS:-} >/dev/null
+cmake --preset release -B "$build_dir" -DMLACP_ENABLE_PYTHON=ON ${CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "${BUILD_JOBS:-$(nproc)}" --target mlacp-perf-overlap mlacp-perf-block \
-  mlacp-perf-efficiency mlacp-perf-attention mlacp-mla-block
+  mlacp-perf-efficiency mlacp-perf-attention mlacp-mla-block _mlacp
 
 mkdir -p "$out"
 bin=$build_dir/perf_tests

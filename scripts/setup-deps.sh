@@ -9,7 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev
   python3 python3-numpy python3-matplotlib
-  python3-torch python3-mpi4py
+  python3-torch python3-mpi4py pybind11-dev python3-pytest
   iproute2
   munge slurmctld slurmd slurm-client
 )

@@ -2,7 +2,9 @@
 # Builds mlacp and runs every test:
 #   1. the format check (clang-format);
 #   2. build/ (CMake preset dev: RelWithDebInfo, warnings as errors) and all of ctest: MPI tests at 1, 2 and 4 ranks,
-#      the install test, the error catalogue and watchdog scenarios, the soak test, the perf tests in --quick mode, and the Slurm tests
+#      the install test, the error catalogue and watchdog scenarios, the soak test, the perf tests in --quick mode, the
+#      Python package's pytest suites at 1, 2 and 4 ranks and examples/train_mla.py (-L python, -L examples), and the
+#      Slurm tests
 #      (a local single-node Slurm is started and stopped by the tests themselves; needs root);
 #   3. build-asan/ (preset asan: AddressSanitizer + UndefinedBehaviorSanitizer) and the MPI tests at 1 and 2 ranks.
 # Installs the Debian dependencies first when something is missing. Exits non-zero on any failure.
@@ -29,7 +31,8 @@ if mpirun --version 2>/dev/null | grep -q "Open MPI"; then preflags=(-DMPIEXEC_P
 
 echo "== build and test ($build_dir, preset dev)"
 # shellcheck disable=SC2086
-cmake --preset dev -B "$build_dir" -DMLACP_ENABLE_SLURM_TESTS="${SLURM_TESTS:-ON}" "${preflags[@]}" ${CMAKE_ARGS:-}
+cmake --preset dev -B "$build_dir" -DMLACP_ENABLE_SLURM_TESTS="${SLURM_TESTS:-ON}" -DMLACP_ENABLE_PYTHON=ON "${preflags[@]}" \
+  ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j "$jobs"
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-1}" ${CTEST_ARGS:-}

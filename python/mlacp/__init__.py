@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+"""mlacp from PyTorch: Multi-head Latent Attention under Ulysses context parallelism, with the backward's
+collectives overlapped with compute.
+
+    from mpi4py import MPI
+    import torch, mlacp
+
+    mesh = mlacp.Mesh(MPI.COMM_WORLD)
+    config = mlacp.MlaConfig(batch=2, seq=256, hidden=128, heads=4, nope=16, rope=8, vdim=16, latent=32)
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=0)
+    y = layer(x_local)              # x_local [B, S/P, D]: this rank's tokens
+    y.backward(dy_local)            # mlacp's overlapped backward
+    mlacp.all_reduce_grads(layer)   # weight gradients summed over the mesh
+
+Run under MPI: mpirun -n 2 python3 train.py
+"""
+import atexit as _atexit
+
+# mpi4py first: it initialises MPI (and its C API is what the extension reads the communicator from).
+from mpi4py import MPI as _MPI  # noqa: F401
+
+from . import _mlacp
+from ._mlacp import (CommunicationError, Error, InvalidArgument, MlaConfig, MlaRequiresGrad, MlaStrategy,
+                     ReduceScatterAlgorithm, UsageError, events, overlap_policy, set_overlap_policy,
+                     set_wait_timeout, wait_timeout)
+from .attention import MlaAttention
+from .gradients import all_reduce_grads
+from .mesh import Mesh
+
+__version__ = _mlacp.__version__
+
+# Kokkos is finalised at exit, after every layer and output is gone (registered after mpi4py's import, so it runs
+# before MPI is finalised).
+_atexit.register(_mlacp._finalize_kokkos)
+
+__all__ = [
+    "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
+    "MlaStrategy", "ReduceScatterAlgorithm", "UsageError", "all_reduce_grads", "events", "overlap_policy",
+    "set_overlap_policy", "set_wait_timeout", "wait_timeout"
+]

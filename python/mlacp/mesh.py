@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+"""mlacp.Mesh: the Ulysses group over an mpi4py communicator."""
+from . import _mlacp
+
+
+class Mesh(_mlacp.Mesh):
+    """A Ulysses (context-parallel) group over an mpi4py communicator, e.g. ``MPI.COMM_WORLD``.
+
+    The communicator is borrowed: mlacp never frees it (pass ``comm.Dup()`` to keep mlacp's collectives apart from
+    yours). Construction is collective over it. Settings are properties: ``rank``, ``size``, ``checked`` (agreement
+    of shapes across ranks, errors raised on every rank; setting it is collective), ``check_finite``,
+    ``host_staging``, ``reduce_scatter_algorithm`` (setting it is collective).
+    """
+
+    def __init__(self, comm):
+        super().__init__(comm)
+        self.comm = comm  # what all_reduce_grads reduces over
+
+    def agree(self, where, local_error, fields=()):
+        """Raises mlacp.InvalidArgument on every rank if any rank's ``local_error`` is not empty (the lowest such
+        rank's message), or if a (name, int) field differs across ranks; checked mesh only, else this rank's error
+        alone. One small collective (the library's agreement)."""
+        _mlacp._agree(self, where, local_error, list(fields))

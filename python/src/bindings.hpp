@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The pieces of the Python extension mlacp._mlacp, one binding per concept (see module.cpp for the order).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace mlacp::python {
+
+/// mlacp's exception hierarchy as Python exceptions (Error, InvalidArgument, UsageError, CommunicationError).
+void bind_errors(pybind11::module_& m);
+/// Kokkos' lifetime in the interpreter, the process-wide settings (overlap policy, wait watchdog) and the event
+/// recorder.
+void bind_runtime(pybind11::module_& m);
+/// mlacp::Mesh over an mpi4py communicator, and the agreement the Python layer uses for its own checks.
+void bind_mesh(pybind11::module_& m);
+/// MlaConfig, MlaStrategy and MlaRequiresGrad.
+void bind_config(pybind11::module_& m);
+/// The MLA layer over caller-owned (torch) storage, one class per value type.
+void bind_layer_float(pybind11::module_& m);
+void bind_layer_double(pybind11::module_& m);
+
+}  // namespace mlacp::python

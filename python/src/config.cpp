@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// MlaConfig (the same field names as the C++ struct), MlaStrategy and MlaRequiresGrad.
+#include <mlacp/error.hpp>
+#include <mlacp/mla/config.hpp>
+
+#include "bindings.hpp"
+
+namespace mlacp::python {
+namespace py = pybind11;
+
+namespace {
+
+// An MlaStrategy or its name ("latent" / "expanded"; InvalidArgument naming the value otherwise).
+MlaStrategy strategy_of(const py::handle& value) {
+  if (py::isinstance<py::str>(value)) return parse_strategy(value.cast<std::string>());
+  return value.cast<MlaStrategy>();
+}
+
+std::string repr(const MlaConfig& c) {
+  auto flag = [](bool b) { return b ? std::string("True") : std::string("False"); };
+  return "mlacp.MlaConfig(batch=" + std::to_string(c.batch) + ", seq=" + std::to_string(c.seq) +
+         ", hidden=" + std::to_string(c.hidden) + ", heads=" + std::to_string(c.heads) +
+         ", nope=" + std::to_string(c.nope) + ", rope=" + std::to_string(c.rope) + ", vdim=" + std::to_string(c.vdim) +
+         ", latent=" + std::to_string(c.latent) + ", bias=" + flag(c.bias) + ", strategy='" + to_string(c.strategy) +
+         "', rope_base=" + py::repr(py::float_(c.rope_base)).cast<std::string>() +
+         ", rms_eps=" + py::repr(py::float_(c.rms_eps)).cast<std::string>() + ", overlap=" + flag(c.overlap) + ")";
+}
+
+}  // namespace
+
+void bind_config(py::module_& m) {
+  py::enum_<MlaStrategy>(m, "MlaStrategy", "How keys and values reach the head-sharded attention (MLA_SPEC).")
+      .value("latent", MlaStrategy::latent)
+      .value("expanded", MlaStrategy::expanded);
+
+  const MlaConfig defaults;
+  py::class_<MlaConfig>(m, "MlaConfig",
+                        "The dimensions of one MLA block (mlacp::MlaConfig; seq is the global sequence length S).")
+      .def(py::init([](int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent, bool bias,
+                       const py::object& strategy, double rope_base, double rms_eps, bool overlap) {
+             MlaConfig c;
+             c.batch = batch;
+             c.seq = seq;
+             c.hidden = hidden;
+             c.heads = heads;
+             c.nope = nope;
+             c.rope = rope;
+             c.vdim = vdim;
+             c.latent = latent;
+             c.bias = bias;
+             c.strategy = strategy_of(strategy);
+             c.rope_base = rope_base;
+             c.rms_eps = rms_eps;
+             c.overlap = overlap;
+             return c;
+           }),
+           py::kw_only(), py::arg("batch") = 0, py::arg("seq") = 0, py::arg("hidden") = 0, py::arg("heads") = 0,
+           py::arg("nope") = 0, py::arg("rope") = 0, py::arg("vdim") = 0, py::arg("latent") = 0,
+           py::arg("bias") = defaults.bias, py::arg("strategy") = "latent", py::arg("rope_base") = defaults.rope_base,
+           py::arg("rms_eps") = defaults.rms_eps, py::arg("overlap") = defaults.overlap)
+      .def(py::init<const MlaConfig&>(), py::arg("other"), "A copy.")
+      .def_readwrite("batch", &MlaConfig::batch)
+      .def_readwrite("seq", &MlaConfig::seq)
+      .def_readwrite("hidden", &MlaConfig::hidden)
+      .def_readwrite("heads", &MlaConfig::heads)
+      .def_readwrite("nope", &MlaConfig::nope)
+      .def_readwrite("rope", &MlaConfig::rope)
+      .def_readwrite("vdim", &MlaConfig::vdim)
+      .def_readwrite("latent", &MlaConfig::latent)
+      .def_readwrite("bias", &MlaConfig::bias)
+      .def_property(
+          "strategy", [](const MlaConfig& c) { return c.strategy; },
+          [](MlaConfig& c, const py::object& s) { c.strategy = strategy_of(s); }, "MlaStrategy or 'latent'/'expanded'")
+      .def_readwrite("rope_base", &MlaConfig::rope_base)
+      .def_readwrite("rms_eps", &MlaConfig::rms_eps)
+      .def_readwrite("overlap", &MlaConfig::overlap)
+      .def("qk_dim", &MlaConfig::qk_dim)
+      .def("error", &MlaConfig::error, py::arg("group_size"),
+           "Why this configuration cannot run on a group of group_size ranks ('' when it can).")
+      .def("describe", &MlaConfig::describe)
+      .def("__repr__", &repr)
+      .def("__copy__", [](const MlaConfig& c) { return c; })
+      .def("__deepcopy__", [](const MlaConfig& c, const py::dict&) { return c; });
+
+  py::class_<MlaRequiresGrad>(m, "MlaRequiresGrad", "Which inputs, weights and biases need a gradient.")
+      .def(py::init<>())
+      .def_readwrite("x", &MlaRequiresGrad::x)
+      .def_readwrite("w_q", &MlaRequiresGrad::w_q)
+      .def_readwrite("b_q", &MlaRequiresGrad::b_q)
+      .def_readwrite("w_kva", &MlaRequiresGrad::w_kva)
+      .def_readwrite("g_kv", &MlaRequiresGrad::g_kv)
+      .def_readwrite("w_kvb", &MlaRequiresGrad::w_kvb)
+      .def_readwrite("b_kvb", &MlaRequiresGrad::b_kvb)
+      .def_readwrite("w_o", &MlaRequiresGrad::w_o)
+      .def_readwrite("b_o", &MlaRequiresGrad::b_o)
+      .def_static("none", &MlaRequiresGrad::none);
+}
+
+}  // namespace mlacp::python

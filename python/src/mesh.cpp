@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// mlacp.Mesh over an mpi4py communicator. The only MPI this extension touches is reading the MPI_Comm handle out of
+// the mpi4py object (mpi4py's C API); everything else goes through mlacp::Mesh. The mesh borrows the communicator:
+// mlacp never frees it, and the Python object keeps the mpi4py communicator alive while the mesh lives.
+#include <mpi4py/mpi4py.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mlacp/detail/collective_validation.hpp>
+#include <mlacp/error.hpp>
+#include <mlacp/mesh.hpp>
+
+#include "bindings.hpp"
+
+namespace mlacp::python {
+namespace py = pybind11;
+
+namespace {
+
+MPI_Comm comm_of(const py::handle& comm) {
+  MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
+  if (handle == nullptr) throw py::error_already_set();  // mpi4py's TypeError: not an mpi4py.MPI.Comm
+  if (*handle == MPI_COMM_NULL) throw mlacp::InvalidArgument("mlacp.Mesh: the communicator is MPI.COMM_NULL");
+  return *handle;
+}
+
+}  // namespace
+
+void bind_mesh(py::module_& m) {
+  if (import_mpi4py() < 0) throw py::error_already_set();
+
+  py::enum_<ReduceScatterAlgorithm>(m, "ReduceScatterAlgorithm",
+                                    "How the reduce-scatter moves data over MPI (mlacp::ReduceScatterAlgorithm).")
+      .value("pairwise", ReduceScatterAlgorithm::pairwise)
+      .value("mpi", ReduceScatterAlgorithm::mpi);
+
+  py::class_<Mesh, std::shared_ptr<Mesh>>(m, "Mesh", py::dynamic_attr(),
+                                          "A Ulysses group over an mpi4py communicator (borrowed, never freed). "
+                                          "Construction is collective over the communicator.")
+      .def(py::init([](const py::handle& comm) {
+             const MPI_Comm c = comm_of(comm);
+             py::gil_scoped_release release;
+             return std::make_shared<Mesh>(c, Mesh::Ownership::borrow);
+           }),
+           py::arg("comm"), py::keep_alive<1, 2>())
+      .def_property_readonly("rank", &Mesh::rank)
+      .def_property_readonly("size", &Mesh::size)
+      .def_property_readonly("owns_communicator", &Mesh::owns_communicator)
+      .def_property_readonly("has_nccl", &Mesh::has_nccl)
+      .def_property(
+          "checked", &Mesh::checked,
+          [](Mesh& mesh, bool on) {
+            py::gil_scoped_release release;
+            mesh.set_checked(on);
+          },
+          "Checked mode: every call agrees on shapes across ranks and raises a rank's error on every rank "
+          "(setting it is collective: every rank must set the same value).")
+      .def_property("check_finite", &Mesh::check_finite, &Mesh::set_check_finite,
+                    "The layer checks that x and dy hold no NaN or Inf, on every rank, before any collective.")
+      .def_property("host_staging", &Mesh::host_staging, &Mesh::set_host_staging,
+                    "MPI collectives copy through host buffers even where MPI could read the memory directly.")
+      .def_property(
+          "reduce_scatter_algorithm", &Mesh::reduce_scatter_algorithm,
+          [](Mesh& mesh, ReduceScatterAlgorithm algorithm) {
+            py::gil_scoped_release release;
+            mesh.set_reduce_scatter_algorithm(algorithm);
+          },
+          "ReduceScatterAlgorithm.pairwise (default) or .mpi (setting it is collective).")
+      .def("__repr__", [](const Mesh& mesh) {
+        return "mlacp.Mesh(rank=" + std::to_string(mesh.rank()) + ", size=" + std::to_string(mesh.size()) +
+               ", checked=" + (mesh.checked() ? "True" : "False") + ")";
+      });
+
+  m.def(
+      "_agree",
+      [](const Mesh& mesh, const std::string& where, const std::string& local_error,
+         const std::vector<std::pair<std::string, std::int64_t>>& fields, const std::string& context) {
+        py::gil_scoped_release release;
+        detail::agree_or_throw(mesh, where, local_error, fields, context);
+      },
+      py::arg("mesh"), py::arg("where"), py::arg("local_error"), py::arg("fields") = detail::AgreementFields{},
+      py::arg("context") = "",
+      "The library's agreement (mlacp::detail::agree_or_throw): on a checked mesh every rank raises the lowest failing "
+      "rank's InvalidArgument, or one naming a field whose value differs across ranks; unchecked, this rank's own "
+      "error only.");
+}
+
+}  // namespace mlacp::python

@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+"""mlacp.MlaAttention against the single-process PyTorch reference of MLA_SPEC: y, dx and every weight gradient
+(summed over the ranks with all_reduce_grads), both strategies, float and double, with and without biases."""
+import pytest
+import torch
+from conftest import small_config
+from mla_reference import gather, reference, relative_error, shard, tolerance
+
+import mlacp
+
+
+def run_layer(comm, layer, x_full, dy_full):
+    """The distributed layer on this rank's shard: gathered y and dx, and the weight gradients summed over ranks."""
+    x_local = shard(x_full, comm.rank, comm.size).requires_grad_()
+    y_local = layer(x_local)
+    y_local.backward(shard(dy_full, comm.rank, comm.size))
+    mlacp.all_reduce_grads(layer)
+    return gather(comm, y_local), gather(comm, x_local.grad), {n: p.grad for n, p in layer.named_parameters()}
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "blocking"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["double", "float"])
+@pytest.mark.parametrize("strategy", ["latent", "expanded"])
+def test_matches_reference(comm, mesh, strategy, dtype, bias, overlap):
+    config = small_config(strategy=strategy, bias=bias, overlap=overlap)
+    layer = mlacp.MlaAttention(config, mesh, dtype=dtype, seed=7)
+    generator = torch.Generator().manual_seed(11)
+    x_full = torch.randn(config.batch, config.seq, config.hidden, generator=generator, dtype=torch.float64).to(dtype)
+    dy_full = torch.randn(x_full.shape, generator=generator, dtype=torch.float64).to(dtype)
+
+    y, dx, grads = run_layer(comm, layer, x_full, dy_full)
+    y_ref, dx_ref, grads_ref = reference(config, layer, x_full, dy_full)
+
+    assert y.dtype == dtype and y.shape == y_ref.shape
+    errors = {"y": relative_error(y, y_ref), "dx": relative_error(dx, dx_ref)}
+    expected = {"w_q", "w_kva", "g_kv", "w_kvb", "w_o"} | ({"b_q", "b_kvb", "b_o"} if bias else set())
+    assert set(grads) == expected
+    for name in expected:
+        assert grads[name] is not None and grads[name].dtype == dtype, name
+        errors["d" + name] = relative_error(grads[name], grads_ref[name])
+    worst = max(errors.values())
+    assert worst <= tolerance(dtype), f"relative errors above {tolerance(dtype)}: {errors}"
+
+
+def test_same_weights_on_every_rank_and_per_seed(comm, mesh):
+    config = small_config(bias=True)
+    a = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=3)
+    b = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=3)
+    c = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=4)
+    names = [n for n, _ in a.named_parameters()]
+    assert names == ["w_q", "b_q", "w_kva", "g_kv", "w_kvb", "b_kvb", "w_o", "b_o"]
+    for n, p in a.named_parameters():
+        assert torch.equal(p, getattr(b, n)), n
+        assert all(torch.equal(p, torch.from_numpy(q)) for q in comm.allgather(p.detach().numpy())), n
+    assert not torch.equal(a.w_q, c.w_q)
+    assert torch.equal(a.g_kv, torch.ones_like(a.g_kv))
+    f = mlacp.MlaAttention(config, mesh, dtype=torch.float32, seed=3)
+    assert torch.equal(f.w_q, a.w_q.float())  # the same draw, rounded
+    assert [n for n, _ in mlacp.MlaAttention(small_config(), mesh).named_parameters()] == [
+        "w_q", "w_kva", "g_kv", "w_kvb", "w_o"
+    ]
+
+
+def test_load_state_dict_and_replaced_storage(comm, mesh):
+    """load_state_dict writes into the parameters' storage (which the layer wraps); replacing a parameter's storage
+    (.data = ..., .double()) makes the module wrap the new one. Both give the reference's numbers for the new
+    weights."""
+    config = small_config(bias=True)
+    source = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=21)
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=22)
+    layer.load_state_dict(source.state_dict())
+    generator = torch.Generator().manual_seed(5)
+    x_full = torch.randn(config.batch, config.seq, config.hidden, generator=generator, dtype=torch.float64)
+    dy_full = torch.randn(x_full.shape, generator=generator, dtype=torch.float64)
+    y, _, _ = run_layer(comm, layer, x_full, dy_full)
+    y_ref, _, _ = reference(config, source, x_full, dy_full)
+    assert relative_error(y, y_ref) <= 1e-10
+
+    layer.zero_grad(set_to_none=True)
+    layer.w_o.data = layer.w_o.data * 0.5  # new storage
+    y, dx, grads = run_layer(comm, layer, x_full, dy_full)
+    y_ref, dx_ref, grads_ref = reference(config, layer, x_full, dy_full)
+    assert relative_error(y, y_ref) <= 1e-10
+    assert relative_error(grads["w_o"], grads_ref["w_o"]) <= 1e-10
+
+    layer.zero_grad(set_to_none=True)
+    layer.float()  # new storage and dtype: a float layer from here on
+    y, dx, grads = run_layer(comm, layer, x_full.float(), dy_full.float())
+    assert y.dtype == torch.float32
+    y_ref, dx_ref, grads_ref = reference(config, layer, x_full.float(), dy_full.float())
+    assert relative_error(y, y_ref) <= 1e-4 and relative_error(dx, dx_ref) <= 1e-4
+
+
+def test_no_copy_in_or_out(comm, mesh):
+    """The layer reads x's storage (an in-place change of x between forward and backward is caught by autograd's
+    version check) and y is the layer's own output memory, kept alive by the tensor."""
+    config = small_config()
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=1)
+    x = torch.randn(config.batch, config.seq // comm.size, config.hidden, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    with torch.no_grad():
+        x.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    with torch.no_grad():
+        y1 = layer(x)
+        y2 = layer(x)
+    assert y1.data_ptr() != y2.data_ptr()  # a held output is never reused
+    assert torch.equal(y1, y2)
+    assert layer._layer.forward_workspaces_in_use >= 2
+    del y1, y2
+    assert mlacp._mlacp._kokkos_users() > 0
+
+
+def test_gradient_accumulation(comm, mesh):
+    """Two forwards pending at once, then both backwards: the gradients add up (torch accumulates .grad)."""
+    config = small_config()
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=2)
+    s = config.seq // comm.size
+    x1 = torch.randn(config.batch, s, config.hidden, dtype=torch.float64)
+    x2 = torch.randn(config.batch, s, config.hidden, dtype=torch.float64)
+    y1, y2 = layer(x1), layer(x2)
+    (y1.sum() + 2 * y2.sum()).backward()
+    accumulated = layer.w_kvb.grad.clone()
+    layer.zero_grad(set_to_none=True)
+    layer(x1).sum().backward()
+    first = layer.w_kvb.grad.clone()
+    layer.zero_grad(set_to_none=True)
+    (2 * layer(x2).sum()).backward()
+    assert relative_error(accumulated, first + layer.w_kvb.grad) <= 1e-12
