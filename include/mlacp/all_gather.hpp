@@ -20,9 +20,7 @@ AsyncCollective<collective_result_t<ViewType>> all_gather_even(const ExecSpace& 
   const int parts = mesh.size();
   impl::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::all_gather);
   const auto send = detail::allocate_buffer<T, MemSpace>(space, name + " send", view.size());
-  Kokkos::deep_copy(space, send.view,
-                    Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-                        view.data(), view.size()));
+  Kokkos::deep_copy(space, send.view, detail::Vector<T, MemSpace, detail::Unmanaged>(view.data(), view.size()));
   launch.result = impl::allocate_result(into, name, view, dim,
                                         static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) * parts);
   const auto receive =
@@ -73,9 +71,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   compat::ScopedRegion region("mlacp::launch_all_gather " + name);
   impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_gather);
   const auto send = detail::allocate_buffer<T, MemSpace>(space, name + " send", view.size());
-  Kokkos::deep_copy(space, send.view,
-                    Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-                        view.data(), view.size()));
+  Kokkos::deep_copy(space, send.view, detail::Vector<T, MemSpace, detail::Unmanaged>(view.data(), view.size()));
   launch.result = impl::allocate_result(into, name, view, dim, part.total());
   const detail::AroundDim gathered = detail::around_dim(launch.result, dim);
   const auto receive = impl::gather_receive_v<T, MemSpace>(space, launch.result, gathered, part, name);

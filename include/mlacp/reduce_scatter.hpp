@@ -30,7 +30,7 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
   launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
   launch.extend_lifetime(sent.owner);
   // The result is LayoutRight and contiguous: the backend's reduce-scatter writes it directly, or the block sum does.
-  const detail::Buffer<T, MemSpace> result_buffer(launch.result.data(), count);
+  const detail::Vector<T, MemSpace> result_buffer(launch.result.data(), count);
   if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
     launch.recv = result_buffer;
     return impl::start(space, mesh, std::move(launch));
@@ -102,7 +102,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
   launch.extend_lifetime(sent.owner);
   // The result is LayoutRight and contiguous: the backend's reduce-scatter writes it directly, or the block sum does.
-  const detail::Buffer<T, MemSpace> result_buffer(launch.result.data(), count);
+  const detail::Vector<T, MemSpace> result_buffer(launch.result.data(), count);
   if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
     launch.recv = result_buffer;
     return impl::start(space, mesh, std::move(launch));

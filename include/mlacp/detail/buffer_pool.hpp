@@ -141,14 +141,14 @@ class BufferPool {
 /// alive (by the handle) for as long as the View is used.
 template <class T, class MemSpace>
 struct PooledBuffer {
-  Buffer<T, MemSpace> view;
+  Vector<T, MemSpace> view;
   typename BufferPool<MemSpace>::bytes_view storage;
 };
 
 template <class T, class MemSpace, class ExecSpace>
 PooledBuffer<T, MemSpace> allocate_buffer(const ExecSpace& space, const std::string& label, std::size_t n) {
   auto storage = BufferPool<MemSpace>::instance().acquire(n * sizeof(T), label, buffer_user(space));
-  return {Buffer<T, MemSpace>(reinterpret_cast<T*>(storage.data()), n), storage};
+  return {Vector<T, MemSpace>(reinterpret_cast<T*>(storage.data()), n), storage};
 }
 
 }  // namespace mlacp::detail

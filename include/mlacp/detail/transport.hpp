@@ -4,6 +4,7 @@
 #pragma once
 
 #include <mlacp/detail/pending_transport.hpp>
+#include <mlacp/view_types.hpp>
 #include <mlacp/watchdog.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -15,11 +16,6 @@
 #include <vector>
 
 namespace mlacp::detail {
-
-/// A contiguous run of n values in MemSpace that a backend reads or writes (unmanaged: its owner is kept alive by
-/// the handle, see AsyncCollective::extend_lifetime).
-template <class T, class MemSpace>
-using Buffer = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
 
 /// What moves: one peer block per rank, `count` values each, or the request's PeerBlocks (uneven collectives).
 enum class Operation {
@@ -43,8 +39,8 @@ struct PeerBlocks {
 template <class T, class MemSpace>
 struct TransportRequest {
   Operation operation;
-  Buffer<T, MemSpace> send;
-  Buffer<T, MemSpace> recv;
+  Vector<T, MemSpace> send;
+  Vector<T, MemSpace> recv;
   std::size_t count = 0;  ///< values per peer block (even collectives)
   CollectiveInfo info;    ///< what the watchdog reports about it (its name is the collective's)
   /// Uneven collectives: the blocks of `send` (all_to_all, exchange_blocks, reduce_scatter_sum: block j for rank j)

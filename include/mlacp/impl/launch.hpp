@@ -128,8 +128,8 @@ struct CollectiveLaunch {
   std::string name;             ///< the caller's name of the collective (events, watchdog, errors)
   detail::CollectiveCall call;  ///< the validated call (for the watchdog's report)
   detail::Operation operation;
-  detail::Buffer<T, MemSpace> send;  ///< what the transport reads
-  detail::Buffer<T, MemSpace> recv;  ///< where the transport writes
+  detail::Vector<T, MemSpace> send;  ///< what the transport reads
+  detail::Vector<T, MemSpace> recv;  ///< where the transport writes
   std::size_t count = 0;             ///< values per peer block (even collectives)
   detail::PeerBlocks send_blocks;    ///< uneven collectives: the blocks of `send` (see TransportRequest)
   detail::PeerBlocks recv_blocks;    ///< uneven collectives: the blocks of `recv`
@@ -178,7 +178,7 @@ AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
 /// otherwise the blocks are packed on `space` into a pooled buffer.
 template <class T, class MemSpace>
 struct ScatterSend {
-  detail::Buffer<T, MemSpace> buffer;
+  detail::Vector<T, MemSpace> buffer;
   std::any owner;  ///< the pooled buffer (empty when the input is sent in place)
 };
 
@@ -186,7 +186,7 @@ template <class T, class MemSpace, class ExecSpace, class ViewType>
 ScatterSend<T, MemSpace> scatter_send(const ExecSpace& space, const ViewType& input, const detail::AroundDim& scattered,
                                       int parts, const std::string& name) {
   const auto n = static_cast<std::size_t>(scattered.size());
-  if (scattered.outer == 1) return {detail::Buffer<T, MemSpace>(input.data(), n), {}};
+  if (scattered.outer == 1) return {detail::Vector<T, MemSpace>(input.data(), n), {}};
   auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " send", n);
   detail::pack_blocks(space, input.data(), pooled.view.data(), scattered, parts, name + " pack");
   return {pooled.view, pooled};
@@ -198,7 +198,7 @@ ScatterSend<T, MemSpace> scatter_send(const ExecSpace& space, const ViewType& in
 /// nothing is unpacked; otherwise into a pooled buffer that `unpack` scatters into the result at wait().
 template <class T, class MemSpace>
 struct GatherReceive {
-  detail::Buffer<T, MemSpace> buffer;
+  detail::Vector<T, MemSpace> buffer;
   std::any owner;                ///< the pooled buffer (empty when received in place: the handle holds the result)
   std::function<void()> unpack;  ///< empty when received in place
 };
@@ -207,7 +207,7 @@ template <class T, class MemSpace, class ExecSpace, class Result>
 GatherReceive<T, MemSpace> gather_receive(const ExecSpace& space, const Result& result,
                                           const detail::AroundDim& received, int parts, const std::string& name) {
   const auto n = static_cast<std::size_t>(received.size() * parts);
-  if (received.outer == 1) return {detail::Buffer<T, MemSpace>(result.data(), n), {}, {}};
+  if (received.outer == 1) return {detail::Vector<T, MemSpace>(result.data(), n), {}, {}};
   auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " recv", n);
   const T* in = pooled.view.data();
   T* out = result.data();
@@ -257,7 +257,7 @@ ScatterSend<T, MemSpace> scatter_send_v(const ExecSpace& space, const ViewType& 
                                         const detail::AroundDim& scattered, const Partition& partition,
                                         const std::string& name) {
   const auto n = static_cast<std::size_t>(scattered.size());
-  if (scattered.outer == 1) return {detail::Buffer<T, MemSpace>(input.data(), n), {}};
+  if (scattered.outer == 1) return {detail::Vector<T, MemSpace>(input.data(), n), {}};
   std::vector<std::any> owners;
   const std::int64_t* offsets = partition_offsets<MemSpace>(space, partition, name + " send", owners);
   auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " send", n);
@@ -274,7 +274,7 @@ GatherReceive<T, MemSpace> gather_receive_v(const ExecSpace& space, const Result
                                             const detail::AroundDim& gathered, const Partition& partition,
                                             const std::string& name) {
   const auto n = static_cast<std::size_t>(gathered.size());
-  if (gathered.outer == 1) return {detail::Buffer<T, MemSpace>(result.data(), n), {}, {}};
+  if (gathered.outer == 1) return {detail::Vector<T, MemSpace>(result.data(), n), {}, {}};
   std::vector<std::any> owners;
   const std::int64_t* offsets = partition_offsets<MemSpace>(space, partition, name + " recv", owners);
   auto pooled = detail::allocate_buffer<T, MemSpace>(space, name + " recv", n);

@@ -20,6 +20,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/flash_attention_rows.hpp>
 #include <mlacp/mla/flash_attention_scratch.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -32,8 +33,7 @@ namespace mlacp::detail {
 template <class View4>
 auto head_rows(const View4& t, std::int64_t b, std::int64_t hd, std::int64_t row0, std::int64_t n) {
   using value_type = typename View4::value_type;
-  using full_type = Kokkos::View<value_type**, Kokkos::LayoutRight, typename View4::memory_space,
-                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using full_type = detail::Matrix<value_type, typename View4::memory_space, detail::Unmanaged>;
   const auto ld = static_cast<std::int64_t>(t.stride(1));
   const auto col0 = static_cast<std::size_t>(hd * static_cast<std::int64_t>(t.stride(2)));
   const full_type full(t.data() + b * static_cast<std::int64_t>(t.stride(0)) + row0 * ld, static_cast<std::size_t>(n),

@@ -4,6 +4,8 @@
 // D_i = rowsum(dO_i o O_i) of the backward that both of its paths read from it.
 #pragma once
 
+#include <mlacp/view_types.hpp>
+
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -14,9 +16,9 @@ namespace mlacp::detail {
 /// host path's score tiles and row statistics, and the backward's row term D of both paths.
 template <class T, class MemSpace>
 struct FlashScratch {
-  Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> scores, grads;  // [query_tile, key_tile]
-  Kokkos::View<double*, MemSpace> row_max, row_sum;                // [query_tile]
-  Kokkos::View<double*, MemSpace> row_term;                        // D [B * h * S]
+  detail::Matrix<T, MemSpace> scores, grads;          // [query_tile, key_tile]
+  detail::Vector<double, MemSpace> row_max, row_sum;  // [query_tile]
+  detail::Vector<double, MemSpace> row_term;          // D [B * h * S]
 
   /// The host path's [tq, tk] score tiles and [tq] row statistics (reallocated only when the tiles change).
   void reserve_tiles(std::int64_t tq, std::int64_t tk) {
@@ -36,7 +38,7 @@ struct FlashScratch {
 /// D_i = rowsum(dO_i o O_i) for every (b, head, query) into ws.row_term[(b*h + head)*S + i], accumulated in double.
 template <class ExecSpace, class O, class DO>
 void flash_row_term(const ExecSpace& space, const O& o, const DO& d_o,
-                    const Kokkos::View<double*, typename ExecSpace::memory_space>& row_term) {
+                    const detail::Vector<double, typename ExecSpace::memory_space>& row_term) {
   const auto n_s = static_cast<std::int64_t>(o.extent(1)), n_h = static_cast<std::int64_t>(o.extent(2));
   const auto d_v = static_cast<std::int64_t>(o.extent(3));
   const std::int64_t rows = static_cast<std::int64_t>(o.extent(0)) * n_s;

@@ -16,6 +16,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/flash_attention_rows.hpp>
 #include <mlacp/mla/flash_attention_scratch.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -28,11 +29,9 @@ struct FlashTeam {
   using policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   using member = typename policy::member_type;
   template <class T>
-  using matrix = Kokkos::View<T**, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
-                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using matrix = detail::Matrix<T, typename ExecSpace::scratch_memory_space, detail::Unmanaged>;
   template <class T>
-  using vector = Kokkos::View<T*, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
-                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using vector = detail::Vector<T, typename ExecSpace::scratch_memory_space, detail::Unmanaged>;
   using NT = KokkosBatched::Trans::NoTranspose;
   using TR = KokkosBatched::Trans::Transpose;
   using Algo = KokkosBatched::Algo::Gemm::Unblocked;
@@ -149,7 +148,7 @@ template <class ExecSpace, class Q, class K, class V, class O, class Lse, class 
 void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
                          const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
                          const Docs& docs, std::int64_t tile_q, std::int64_t tile_k,
-                         const Kokkos::View<double*, typename ExecSpace::memory_space>& row_term) {
+                         const detail::Vector<double, typename ExecSpace::memory_space>& row_term) {
   using T = typename DO::non_const_value_type;
   using team = FlashTeam<ExecSpace>;
   using mat = typename team::template matrix<T>;

@@ -19,6 +19,7 @@
 #include <mlacp/error.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/view_utils.hpp>
+#include <mlacp/view_types.hpp>
 
 #include <cstdint>
 #include <stdexcept>
@@ -52,7 +53,7 @@ void rope_validate(const char* who, const View4& x, int first_column, int width)
 /// calling transcendental functions.
 template <class MemSpace>
 struct RopeTable {
-  Kokkos::View<double**, Kokkos::LayoutRight, MemSpace> cos, sin;
+  detail::Matrix<double, MemSpace> cos, sin;
   Kokkos::View<const std::int64_t*, MemSpace> positions;  // with explicit_positions: the positions of the rows
   bool explicit_positions = false;                        // false: consecutive positions from position_offset
   std::int64_t position_offset = 0;
