@@ -5,7 +5,9 @@ usage: check_dump.py DIR   (exit 0 when every check passes)
 
 1. Every file loads with MLA_SPEC's dtype and shape, and holds finite values.
 2. y equals MLA_SPEC's forward recomputed here in float64 numpy from the dumped x and weights (full sequence, one
-   process), within MLA_SPEC's tolerance (1e-10 double, 1e-4 float).
+   process), within MLA_SPEC's tolerance (1e-10 double, 1e-4 float). With cu_seqlens.npy (int64, packed documents;
+   written by --cu-seqlens) the RoPE positions restart at each document's start (step 4) and attention is causal
+   within a document only (step 6), the same for every batch row.
 3. Every gradient (dx and each weight's) is checked against finite differences of L = sum(y * dy) of that numpy
    forward along a random direction u: |(L(p + h u) - L(p - h u)) / 2h - <grad, u>| <= tol * |grad| |u|.
 """
@@ -16,9 +18,19 @@ from pathlib import Path
 import numpy as np
 
 
-def mla_forward(p, x, c):
-    """MLA_SPEC steps 1-7 on the full sequence in float64 (P = 1): y [B, S, D]."""
+def document_starts(S, cu_seqlens):
+    """start_of(t) for every token t: the first token of t's document (0 for all without cu_seqlens)."""
+    if cu_seqlens is None:
+        return np.zeros(S, dtype=np.int64)
+    doc = np.searchsorted(cu_seqlens, np.arange(S), side="right") - 1
+    return cu_seqlens[doc]
+
+
+def mla_forward(p, x, c, cu_seqlens=None):
+    """MLA_SPEC steps 1-7 on the full sequence in float64 (P = 1): y [B, S, D]; packed documents with cu_seqlens."""
     B, S, _ = x.shape
+    starts = document_starts(S, cu_seqlens)
+    positions = np.arange(S) - starts
     H, dn, dr, dv, R = c["heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
     dqk = dn + dr
     q = (x @ p["w_q"].T + p.get("b_q", 0.0)).reshape(B, S, H, dqk)
@@ -26,7 +38,7 @@ def mla_forward(p, x, c):
     lat, k_pe = a[..., :R], a[..., R:]
     lat = lat / np.sqrt(np.mean(lat * lat, axis=-1, keepdims=True) + 1e-6) * p["g_kv"]
     inv_freq = 10000.0 ** (-2.0 * np.arange(dr // 2) / dr)
-    angle = np.arange(S)[:, None] * inv_freq[None, :]
+    angle = positions[:, None] * inv_freq[None, :]
     cos, sin = np.concatenate([np.cos(angle)] * 2, -1), np.concatenate([np.sin(angle)] * 2, -1)
 
     def rot(t, cos_, sin_):
@@ -39,7 +51,9 @@ def mla_forward(p, x, c):
     k = np.concatenate([kv[..., :dn], np.broadcast_to(k_pe[:, :, None, :], (B, S, H, dr))], -1)
     v = kv[..., dn:]
     scores = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(dqk)
-    scores = np.where(np.tril(np.ones((S, S), dtype=bool)), scores, -np.inf)
+    keys = np.arange(S)
+    visible = (keys[None, :] <= keys[:, None]) & (keys[None, :] >= starts[:, None])  # causal, within the document
+    scores = np.where(visible, scores, -np.inf)
     prob = np.exp(scores - scores.max(-1, keepdims=True))
     prob /= prob.sum(-1, keepdims=True)
     o = np.einsum("bhij,bjhd->bihd", prob, v).reshape(B, S, H * dv)
@@ -53,9 +67,15 @@ def check_values(d, c):
     p = {n: np.load(d / f"{n}.npy").astype(np.float64) for n in names}
     x = np.load(d / "x.npy").astype(np.float64)
     dy = np.load(d / "dy.npy").astype(np.float64)
+    cu_path = d / "cu_seqlens.npy"
+    cu = np.load(cu_path) if cu_path.exists() else None
     problems = []
+    if cu is not None:
+        S = x.shape[1]
+        if cu.dtype != np.int64 or cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != S or np.any(np.diff(cu) <= 0):
+            return [f"cu_seqlens.npy: {cu.dtype}{cu.shape} {cu.tolist()}, expected int64 offsets 0 < ... < S = {S}"]
     y = np.load(d / "y.npy").astype(np.float64)
-    want = mla_forward(p, x, c)
+    want = mla_forward(p, x, c, cu)
     err = np.linalg.norm(y - want) / np.linalg.norm(want)
     if err > tol:
         problems.append(f"y differs from the numpy forward by {err:.3e} (tolerance {tol:g})")
@@ -72,8 +92,8 @@ def check_values(d, c):
         def loss(shift):
             moved = base + shift * u
             if n == "x":
-                return float(np.sum(mla_forward(p, moved, c) * dy))
-            return float(np.sum(mla_forward({**p, n: moved}, x, c) * dy))
+                return float(np.sum(mla_forward(p, moved, c, cu) * dy))
+            return float(np.sum(mla_forward({**p, n: moved}, x, c, cu) * dy))
 
         fd = (loss(h) - loss(-h)) / (2 * h)
         analytic = float(np.sum(grad * u))
@@ -113,7 +133,8 @@ def main(directory: str) -> int:
         problems += check_values(d, c)
     for p in problems:
         print("check_dump:", p)
-    print(f"check_dump: {len(shapes)} tensors in {d}, y against a numpy forward, every gradient against finite "
+    packed = "" if not (d / "cu_seqlens.npy").exists() else " (packed documents, cu_seqlens.npy)"
+    print(f"check_dump: {len(shapes)} tensors in {d}{packed}, y against a numpy forward, every gradient against finite "
           f"differences: {'OK' if not problems else 'FAILED'}")
     return 0 if not problems else 1
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
+#include <mlacp/mla/document_layout.hpp>
 
 #include <sstream>
 
@@ -32,6 +33,12 @@ std::string MlaConfig::error(int group_size) const {
     out << "mlacp::MlaConfig: seq = " << seq << " is not divisible by the Ulysses group size P = " << group_size;
   } else if (!(rms_eps > 0) || !(rope_base > 0)) {
     out << "mlacp::MlaConfig: rms_eps = " << rms_eps << ", rope_base = " << rope_base << "; expected positive values";
+  } else if (!cu_seqlens.empty()) {
+    try {
+      DocumentLayout::validate(cu_seqlens, seq, "MlaConfig");
+    } catch (const InvalidArgument& e) {
+      out << e.what();
+    }
   }
   return out.str();
 }
@@ -40,6 +47,7 @@ std::string MlaConfig::describe() const {
   std::ostringstream out;
   out << "B=" << batch << " S=" << seq << " D=" << hidden << " H=" << heads << " dn=" << nope << " dr=" << rope
       << " dv=" << vdim << " R=" << latent << " bias=" << (bias ? "yes" : "no") << " strategy=" << to_string(strategy);
+  if (!cu_seqlens.empty()) out << " documents=" << cu_seqlens.size() - 1;
   return out.str();
 }
 

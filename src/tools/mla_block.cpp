@@ -57,9 +57,11 @@ const char* usage =
     "usage: mlacp-mla-block [--batch B] [--seq S] [--hidden D] [--heads H] [--nope dn] [--rope dr] [--vdim dv]\n"
     "                       [--latent R] [--strategy latent|expanded] [--dtype float|double] [--bias] [--seed N]\n"
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
-    "                       [--no-reference]\n"
+    "                       [--no-reference] [--cu-seqlens 0,a,b,...,S]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
-    "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n";
+    "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n"
+    "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
+    "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -108,6 +110,18 @@ Options parse(int argc, char** argv) {
         o.seed = std::stoull(value);
       } else if (flag == "--dump") {
         o.dump = value;
+      } else if (flag == "--cu-seqlens") {
+        // Packed documents: comma-separated offsets 0 < a < b < ... < S (checked with the configuration).
+        c.cu_seqlens.clear();
+        std::size_t begin = 0;
+        while (begin <= value.size()) {
+          const std::size_t end = std::min(value.find(',', begin), value.size());
+          const std::string entry = value.substr(begin, end - begin);
+          std::size_t used = 0;
+          c.cu_seqlens.push_back(std::stoll(entry, &used));
+          if (used != entry.size()) throw std::invalid_argument("");
+          begin = end + 1;
+        }
       } else if (flag == "--json") {
         o.json = value;
       } else if (flag == "--tolerance") {
@@ -348,6 +362,8 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
                  D = static_cast<std::size_t>(c.hidden);
       dump<T>(o.dump, "x", to_host(x_full), {B, S, D});
       dump<T>(o.dump, "dy", to_host(dy_full), {B, S, D});
+      if (!c.cu_seqlens.empty())
+        mlacp::tools::write_npy(o.dump + "/cu_seqlens.npy", c.cu_seqlens, {c.cu_seqlens.size()});
       auto shape = [](const auto& v) {
         std::vector<std::size_t> e;
         for (unsigned d = 0; d < static_cast<unsigned>(std::decay_t<decltype(v)>::rank); ++d) e.push_back(v.extent(d));
@@ -376,8 +392,11 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << ",\n  \"kv_lora_rank\": " << c.latent << ",\n  \"bias\": " << (c.bias ? "true" : "false")
            << ",\n  \"dtype\": \"" << o.dtype << "\",\n  \"strategy\": \"" << mlacp::to_string(c.strategy)
            << "\",\n  \"seed\": " << o.seed << ",\n  \"ranks\": " << P
-           << ",\n  \"overlap\": " << (c.overlap ? "true" : "false") << "\n}\n";
-      std::cout << "  dumped " << got.size() + 2 + params.size() << " .npy files and config.json to " << o.dump << "\n";
+           << ",\n  \"overlap\": " << (c.overlap ? "true" : "false") << ",\n  \"cu_seqlens\": [";
+      for (std::size_t i = 0; i < c.cu_seqlens.size(); ++i) json << (i ? ", " : "") << c.cu_seqlens[i];
+      json << "]\n}\n";
+      std::cout << "  dumped " << got.size() + 2 + params.size() + (c.cu_seqlens.empty() ? 0 : 1)
+                << " .npy files and config.json to " << o.dump << "\n";
     }
 
     if (!o.json.empty()) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// A minimal .npy (NumPy format 1.0) writer: little-endian, C order, float32 or float64.
+// A minimal .npy (NumPy format 1.0) writer: little-endian, C order, float32, float64 or int64.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,8 @@ namespace mlacp::tools {
 
 template <class T>
 void write_npy(const std::string& path, const std::vector<T>& data, const std::vector<std::size_t>& shape) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "write_npy: float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int64_t>,
+                "write_npy: float, double or int64");
   std::string dims;
   std::size_t count = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -23,7 +24,10 @@ void write_npy(const std::string& path, const std::vector<T>& data, const std::v
   if (count != data.size())
     throw std::invalid_argument("write_npy: " + path + " has " + std::to_string(data.size()) +
                                 " values for a shape of " + std::to_string(count));
-  std::string header = std::string("{'descr': '") + (std::is_same_v<T, float> ? "<f4" : "<f8") +
+  std::string header = std::string("{'descr': '") +
+                       (std::is_same_v<T, float>    ? "<f4"
+                        : std::is_same_v<T, double> ? "<f8"
+                                                    : "<i8") +
                        "', 'fortran_order': False, 'shape': (" + dims + "), }";
   // magic (6) + version (2) + header length (2) + header + '\n', padded with spaces to a multiple of 64.
   const std::size_t unpadded = 10 + header.size() + 1;

@@ -117,14 +117,16 @@ TEST(SteadyState, ViewAllocationCounterSeesEveryView) {
 
 // Forward + backward into caller-provided gradient Views: iterations 2..N allocate no View at all (the layer's
 // buffers and the collectives' results live in the layer's memory) and no communication buffer. Both strategies,
-// with and without biases.
+// with and without biases, one document and packed documents (cu_seqlens: the RoPE positions are built once).
 TEST(SteadyState, ForwardBackwardIntoCallerGradientsAllocatesNoView) {
   ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const int P = mesh.size();
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-    for (bool bias : {false, true}) {
-      const auto c = mlacp::test::make_config(1, 8 * P, 16, 2 * P, 4, 2, 3, 6, bias, strategy);
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool bias = variant == 1;
+      auto c = mlacp::test::make_config(1, 8 * P, 16, 2 * P, 4, 2, 3, 6, bias, strategy);
+      if (variant == 2) c.cu_seqlens = {0, 3, 4, 8 * P - 1, 8 * P};
       mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
       Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / P, c.hidden);
       mlacp::test::fill(x, 4, 1.0);
@@ -135,7 +137,8 @@ TEST(SteadyState, ForwardBackwardIntoCallerGradientsAllocatesNoView) {
             layer.backward(Space(), forward, x, grads);
           },
           4, {});
-      const std::string what = std::string(mlacp::to_string(strategy)) + (bias ? " with bias" : " without bias");
+      const std::string what = std::string(mlacp::to_string(strategy)) + (bias ? " with bias" : " without bias") +
+                               (c.cu_seqlens.empty() ? "" : ", packed documents");
       EXPECT_GT(counted.first, 0u) << what << ": the first iteration allocates the workspaces";
       EXPECT_EQ(counted.buffers, 0u) << what << ": communication buffers allocated after the first iteration";
       EXPECT_TRUE(counted.other_labels.empty())

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mlacp {
 
@@ -34,10 +35,14 @@ struct MlaConfig {
   /// true: the backward overlaps each collective with its independent compute. false: every collective is waited
   /// right after its launch (the blocking baseline of the perf tests; same numbers, same order of compute).
   bool overlap = true;
+  /// Packed variable-length sequences (document_layout.hpp): cumulative document offsets c[0] = 0 < c[1] < ... <
+  /// c[n] = seq over the global sequence, the same on every rank and for every batch row. Attention never crosses a
+  /// document and RoPE positions restart at 0 at each document's start. Empty: one document (plain causal attention).
+  std::vector<std::int64_t> cu_seqlens;
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
-  /// dr even, H and S divisible by P.
+  /// dr even, H and S divisible by P, cu_seqlens empty or strictly increasing from 0 to seq.
   std::string error(int group_size) const;
   /// A one-line description, for messages and reports.
   std::string describe() const;

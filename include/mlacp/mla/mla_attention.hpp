@@ -42,6 +42,10 @@ namespace mlacp {
 /// their results: they take no destination). y stays valid for as long as the caller holds it: a workspace whose output
 /// is still referenced is not reused. A layer is used from one host thread at a time.
 ///
+/// Packed sequences: config.cu_seqlens (the same on every rank) splits the global sequence into documents; each
+/// rank's RoPE positions restart at every document start within its shard and the core masks attention per document
+/// (both strategies). The layout is part of the configuration the ranks agree on.
+///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
 /// rank: configuration (heads or seq not divisible by P, ...), weights whose shapes disagree with it, x or dy of the
 /// wrong shape or differing across ranks, backward before forward, a second backward of the same forward.
@@ -107,7 +111,14 @@ class MlaAttention {
       : config_(config), weights_(std::move(weights)), mesh_(&mesh), core_(std::move(core)) {
     std::string error = config_.error(mesh.size());
     if (error.empty()) error = detail::weights_error(config_, weights_, "weight");
+    if (error.empty() && config_.cu_seqlens.size() > 2 &&
+        !detail::core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>)
+      error = "mlacp::MlaAttention: cu_seqlens has " + std::to_string(config_.cu_seqlens.size() - 1) +
+              " documents but the attention core takes no DocumentLayout; expected a core with a trailing "
+              "`const DocumentLayout&` in forward and backward (attention_core.hpp) or one document";
     detail::agree_or_throw(mesh, "mlacp::MlaAttention", error, pieces_.config_fields(), config_.describe());
+    // Validated and agreed: the layout is built once for the layer's life (its RoPE positions on first use).
+    if (!config_.cu_seqlens.empty()) documents_ = DocumentLayout(config_.cu_seqlens, config_.seq);
   }
 
   /// Not copyable or movable: a pending Forward refers to its layer (and to the workspace the layer owns), so the
@@ -121,6 +132,8 @@ class MlaAttention {
   const MlaConfig& config() const { return config_; }
   const weights_type& weights() const { return weights_; }
   const Mesh& mesh() const { return *mesh_; }
+  /// The packed documents of config().cu_seqlens (empty: one document).
+  const DocumentLayout& documents() const { return documents_; }
   int local_seq() const { return config_.seq / mesh_->size(); }
   int local_heads() const { return config_.heads / mesh_->size(); }
 
@@ -200,8 +213,9 @@ class MlaAttention {
   weights_type weights_;
   const Mesh* mesh_;
   Core core_;
+  DocumentLayout documents_;
   mutable Memory memory_;
-  pieces_type pieces_{config_, weights_, *mesh_, core_, memory_.scratch};
+  pieces_type pieces_{config_, weights_, *mesh_, core_, documents_, memory_.scratch};
   schedule_type schedule_ = make_schedule();
 };
 

@@ -11,6 +11,7 @@
 #include <mlacp/detail/finite_check.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
+#include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/flash_attention.hpp>
 #include <mlacp/mla/input_a2a.hpp>
 #include <mlacp/mla/kv_layout.hpp>
@@ -30,6 +31,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace mlacp::detail {
 
@@ -38,6 +40,19 @@ inline bool needs_q(const MlaRequiresGrad& r) { return r.x || r.w_q || r.b_q; }
 inline bool needs_payload(const MlaRequiresGrad& r) { return r.x || r.w_kva || r.g_kv; }
 inline bool needs_kv(const MlaRequiresGrad& r) { return needs_payload(r) || r.w_kvb || r.b_kvb; }
 inline bool needs_attention(const MlaRequiresGrad& r) { return needs_q(r) || needs_kv(r); }
+
+/// Whether Core's forward takes a trailing DocumentLayout (packed documents) after (space, q, k, v, o, lse).
+template <class Core, class ExecSpace, class Tensor4View, class Tensor3View, class = void>
+struct core_takes_documents : std::false_type {};
+template <class Core, class ExecSpace, class Tensor4View, class Tensor3View>
+struct core_takes_documents<
+    Core, ExecSpace, Tensor4View, Tensor3View,
+    std::void_t<decltype(std::declval<const Core&>().forward(
+        std::declval<const ExecSpace&>(), std::declval<const Tensor4View&>(), std::declval<const Tensor4View&>(),
+        std::declval<const Tensor4View&>(), std::declval<const Tensor4View&>(), std::declval<const Tensor3View&>(),
+        std::declval<const DocumentLayout&>()))>> : std::true_type {};
+template <class Core, class ExecSpace, class Tensor4View, class Tensor3View>
+inline constexpr bool core_takes_documents_v = core_takes_documents<Core, ExecSpace, Tensor4View, Tensor3View>::value;
 
 /// One forward pass as a schedule sees it: its input x [B, s, D], the gradients its backward will produce, and the
 /// workspace it borrowed from the layer's pool.
@@ -67,13 +82,15 @@ class SchedulePieces {
   using pass_type = ForwardPass<T, ExecSpace>;
 
   SchedulePieces(const MlaConfig& config, const weights_type& weights, const Mesh& mesh, const Core& core,
-                 scratch_type& scratch)
-      : config_(&config), weights_(&weights), mesh_(&mesh), core_(&core), scratch_(&scratch) {}
+                 const DocumentLayout& documents, scratch_type& scratch)
+      : config_(&config), weights_(&weights), mesh_(&mesh), core_(&core), documents_(&documents), scratch_(&scratch) {}
 
   const MlaConfig& config() const { return *config_; }
   const weights_type& weights() const { return *weights_; }
   const Mesh& mesh() const { return *mesh_; }
   scratch_type& scratch() const { return *scratch_; }
+  /// The packed documents (config().cu_seqlens), the same on every rank; empty: one document.
+  const DocumentLayout& documents() const { return *documents_; }
   int local_seq() const { return config_->seq / mesh_->size(); }
   int local_heads() const { return config_->heads / mesh_->size(); }
 
@@ -100,7 +117,25 @@ class SchedulePieces {
             {"strategy", static_cast<int>(c.strategy)},
             {"overlap", c.overlap},
             {"rope_base (bit pattern of the double)", bits(c.rope_base)},
-            {"rms_eps (bit pattern of the double)", bits(c.rms_eps)}};
+            {"rms_eps (bit pattern of the double)", bits(c.rms_eps)},
+            {"cu_seqlens.size()", static_cast<std::int64_t>(c.cu_seqlens.size())},
+            {"cu_seqlens (FNV-1a hash of the offsets)", hash_offsets(c.cu_seqlens)}};
+  }
+
+  /// FNV-1a over the bytes of the offsets: equal layouts hash equally; a differing one is caught with overwhelming
+  /// probability (the sizes are compared too).
+  static std::int64_t hash_offsets(const std::vector<std::int64_t>& offsets) {
+    std::uint64_t h = 14695981039346656037ull;
+    for (const std::int64_t v : offsets) {
+      const auto u = static_cast<std::uint64_t>(v);
+      for (int byte = 0; byte < 8; ++byte) {
+        h ^= (u >> (8 * byte)) & 0xffu;
+        h *= 1099511628211ull;
+      }
+    }
+    std::int64_t out = 0;
+    std::memcpy(&out, &h, sizeof out);
+    return out;
   }
 
   /// The caller's gradient Views that are provided (allocated) must have exactly their weight's shape (dx: x's), else
@@ -226,12 +261,21 @@ class SchedulePieces {
   }
 
   /// The RoPE table of this rank's token positions (fixed per rank and configuration): built on first use, read by
-  /// every rotation of q, k_pe and their gradients.
+  /// every rotation of q, k_pe and their gradients. One document: the global token indices [r*s, (r+1)*s). Packed
+  /// documents: the position within each token's document (make_rope_positions), restarting at 0 at its start.
   const RopeTable<memory_space>& rope_table(const ExecSpace& space) const {
     auto& table = scratch_->rope;
     const std::int64_t offset = static_cast<std::int64_t>(mesh_->rank()) * local_seq();
-    if (!table.matches(local_seq(), offset, config_->rope, config_->rope_base))
-      table = make_rope_table(space, local_seq(), offset, config_->rope, config_->rope_base);
+    const int width = config_->rope;
+    const double base = config_->rope_base;
+    if (documents_->single()) {
+      if (!table.matches(local_seq(), offset, width, base))
+        table = make_rope_table(space, local_seq(), offset, width, base);
+    } else if (!(table.cos.data() != nullptr && table.matches(table.positions, width, base) &&
+                 static_cast<std::int64_t>(table.positions.extent(0)) == local_seq())) {
+      // The layout is fixed for the layer's life: the positions are built once, with the table that refers to them.
+      table = make_rope_table(space, make_rope_positions(space, offset, local_seq(), *documents_), width, base);
+    }
     return table;
   }
 
@@ -271,7 +315,7 @@ class SchedulePieces {
     ensure(w.lse, "mlacp::lse", B, h, S);
     {
       ComputePhase<ExecSpace> phase(space, "attention fprop");
-      core_->forward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
+      core_forward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
     }
     return w.out_proj.forward(space, w.o, weights_->w_o, weights_->b_o, *mesh_, ensure(w.y, "mlacp::y", B, s, c.hidden),
                               into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim));
@@ -301,7 +345,7 @@ class SchedulePieces {
       dv = ensure(scratch.dv, "mlacp::dv", B, S, h, c.vdim);
     }
     ComputePhase<ExecSpace> phase(space, "attention bprop");
-    core_->backward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, dq, dk, dv);
+    core_backward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, dq, dk, dv);
     return true;
   }
 
@@ -349,6 +393,23 @@ class SchedulePieces {
   }
 
  private:
+  // The core with the document layout where there is more than one document; a core that takes no layout (see
+  // attention_core.hpp) is only called with one document (the layer refuses packed documents for it at construction).
+  template <class... Args>
+  void core_forward(const ExecSpace& space, const Args&... args) const {
+    if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, Tensor3<T, memory_space>>)
+      core_->forward(space, args..., *documents_);
+    else
+      core_->forward(space, args...);
+  }
+  template <class... Args>
+  void core_backward(const ExecSpace& space, const Args&... args) const {
+    if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, Tensor3<T, memory_space>>)
+      core_->backward(space, args..., *documents_);
+    else
+      core_->backward(space, args...);
+  }
+
   std::pair<std::size_t, std::size_t> selected_rows() const {
     const auto width =
         static_cast<std::size_t>(local_heads()) * static_cast<std::size_t>(config_->nope + config_->vdim);
@@ -359,6 +420,7 @@ class SchedulePieces {
   const weights_type* weights_;
   const Mesh* mesh_;
   const Core* core_;
+  const DocumentLayout* documents_;
   scratch_type* scratch_;
 };
 

@@ -1,0 +1,341 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Packed variable-length sequences (MlaConfig::cu_seqlens) in the distributed MLA layer: forward and every gradient
+// against the same layer on one rank over the full sequence, for both strategies, float and double, with and without
+// biases, over fixed and random packings (a document of length 1, documents spanning several shards, boundaries on
+// and off shard boundaries). The one-rank layer itself is checked against the plain-loop host reference with
+// cu_seqlens (forward) and against finite differences (gradients), and a layout that differs across ranks raises on
+// every rank.
+#include "mla_test_data.hpp"
+#include "mpi_test_harness.hpp"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <mlacp/mla/mla_attention.hpp>
+#include <mlacp/testing/reference_forward.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+template <class T>
+using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+
+constexpr int kSeq = 32;
+
+mlacp::MlaConfig packed_config(mlacp::MlaStrategy strategy, bool bias, std::vector<std::int64_t> cu_seqlens,
+                               int batch = 2) {
+  auto c = mlacp::test::make_config(batch, kSeq, 48, 4, 8, 4, 6, 12, bias, strategy);
+  c.cu_seqlens = std::move(cu_seqlens);
+  return c;
+}
+
+// A random packing of kSeq tokens into `documents` documents (the same on every rank: the seed decides).
+std::vector<std::int64_t> random_packing(unsigned seed, int documents) {
+  std::mt19937 gen(seed);
+  std::set<std::int64_t> cuts;
+  std::uniform_int_distribution<std::int64_t> pick(1, kSeq - 1);
+  while (static_cast<int>(cuts.size()) < documents - 1) cuts.insert(pick(gen));
+  std::vector<std::int64_t> c{0};
+  c.insert(c.end(), cuts.begin(), cuts.end());
+  c.push_back(kSeq);
+  return c;
+}
+
+// The packings every case runs: a document of length 1 ([5, 6)), one spanning three shards at P = 4 ([6, 20) over
+// shards 0, 1, 2 of 8 tokens), boundaries on shard boundaries, a single token at the end, and random ones.
+std::vector<std::vector<std::int64_t>> packings() {
+  std::vector<std::vector<std::int64_t>> p = {{0, 5, 6, 20, 32}, {0, 8, 16, 24, 32},   {0, 1, 31, 32},
+                                              {0, 32},           random_packing(7, 4), random_packing(13, 9)};
+  return p;
+}
+
+std::string describe(const std::vector<std::int64_t>& c) {
+  std::string out = "cu_seqlens {";
+  for (std::size_t i = 0; i < c.size(); ++i) out += (i ? "," : "") + std::to_string(c[i]);
+  return out + "}";
+}
+
+template <class T>
+Tensor3<T> shard(const Tensor3<T>& full, const mlacp::Mesh& mesh) {
+  const std::size_t s = full.extent(1) / static_cast<std::size_t>(mesh.size());
+  const auto begin = s * static_cast<std::size_t>(mesh.rank());
+  Tensor3<T> local("shard", full.extent(0), s, full.extent(2));
+  Kokkos::deep_copy(local, Kokkos::subview(full, Kokkos::ALL(), std::make_pair(begin, begin + s), Kokkos::ALL()));
+  return local;
+}
+
+std::vector<double> sum_over_ranks(std::vector<double> v) {
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return v;
+}
+
+struct Case {
+  mlacp::MlaStrategy strategy;
+  bool bias;
+  int batch;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias" : "_nobias") + "_batch" +
+         std::to_string(info.param.batch);
+}
+
+class MlaPacked : public ::testing::TestWithParam<Case> {};
+
+// The distributed layer with cu_seqlens against the one-rank layer with the same cu_seqlens (checked itself against
+// independent references below): y, dx and every weight gradient (summed over the ranks).
+template <class T>
+void check_against_single_rank(const Case& c) {
+  const double tolerance = std::is_same_v<T, double> ? 1e-10 : 1e-4;
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mlacp::Mesh self(MPI_COMM_SELF);
+  const Space space;
+  using mlacp::test::host_values;
+  using mlacp::test::relative_error;
+  for (const auto& cu : packings()) {
+    const auto config = packed_config(c.strategy, c.bias, cu, c.batch);
+    const std::string what = describe(cu);
+    const auto weights = mlacp::test::make_weights<T, Mem>(config, 42);
+    Tensor3<T> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
+    mlacp::test::fill(x, 100, 1.0);
+    mlacp::test::fill(dy, 200, 1.0);
+
+    mlacp::MlaAttention<T> reference(config, weights, self);
+    auto ref_forward = reference.forward(space, x);
+    const auto ref_grads = reference.backward(space, ref_forward, dy);
+
+    mlacp::MlaAttention<T> layer(config, weights, mesh);
+    // Two iterations: the second reuses the layer's RoPE positions and workspaces built by the first.
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      auto forward = layer.forward(space, shard(x, mesh));
+      const auto grads = layer.backward(space, forward, shard(dy, mesh));
+      EXPECT_LE(relative_error(host_values(forward.output()), host_values(shard(ref_forward.output(), mesh))),
+                tolerance)
+          << "y " << what;
+      EXPECT_LE(relative_error(host_values(grads.dx), host_values(shard(ref_grads.dx, mesh))), tolerance)
+          << "dx " << what;
+      auto expect_weight_gradient = [&](const char* name, const auto& got, const auto& want) {
+        ASSERT_NE(got.data(), nullptr) << name;
+        EXPECT_LE(relative_error(sum_over_ranks(host_values(got)), host_values(want)), tolerance)
+            << name << " " << what;
+      };
+      expect_weight_gradient("dw_q", grads.w_q, ref_grads.w_q);
+      expect_weight_gradient("dw_kva", grads.w_kva, ref_grads.w_kva);
+      expect_weight_gradient("dg_kv", grads.g_kv, ref_grads.g_kv);
+      expect_weight_gradient("dw_kvb", grads.w_kvb, ref_grads.w_kvb);
+      expect_weight_gradient("dw_o", grads.w_o, ref_grads.w_o);
+      if (c.bias) {
+        expect_weight_gradient("db_q", grads.b_q, ref_grads.b_q);
+        expect_weight_gradient("db_kvb", grads.b_kvb, ref_grads.b_kvb);
+        expect_weight_gradient("db_o", grads.b_o, ref_grads.b_o);
+      }
+    }
+  }
+}
+
+TEST_P(MlaPacked, DoubleMatchesSingleRankFullSequence) { check_against_single_rank<double>(GetParam()); }
+TEST_P(MlaPacked, FloatMatchesSingleRankFullSequence) { check_against_single_rank<float>(GetParam()); }
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded})
+    for (bool bias : {false, true}) cases.push_back({strategy, bias, 2});
+  cases.push_back({mlacp::MlaStrategy::latent, true, 1});
+  cases.push_back({mlacp::MlaStrategy::expanded, false, 1});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MlaPacked, ::testing::ValuesIn(all_cases()), case_name);
+
+// The packing changes the numbers (the test above can fail): with documents, y differs from the one-document y.
+TEST(MlaPackedMath, DocumentsChangeTheOutput) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto packed = packed_config(mlacp::MlaStrategy::latent, false, {0, 5, 6, 20, 32});
+  auto plain = packed;
+  plain.cu_seqlens.clear();
+  const auto weights = mlacp::test::make_weights<double, Mem>(packed, 3);
+  Tensor3<double> x("x", packed.batch, packed.seq / mesh.size(), packed.hidden);
+  mlacp::test::fill(x, 4 + mesh.rank(), 1.0);
+  mlacp::MlaAttention<double> a(packed, weights, mesh), b(plain, weights, mesh);
+  const auto ya = mlacp::test::host_values(a.forward(Space(), x).output());
+  const auto yb = mlacp::test::host_values(b.forward(Space(), x).output());
+  double worst = 0;
+  for (std::size_t i = 0; i < ya.size(); ++i) worst = std::max(worst, std::abs(ya[i] - yb[i]));
+  EXPECT_GT(worst, 1e-3) << "a packed sequence gave the one-document output on rank " << mesh.rank();
+}
+
+// The one-rank layer with cu_seqlens equals the plain-loop host reference of MLA_SPEC with the same cu_seqlens
+// (positions restart per document, attention masked per document), both strategies, with and without bias.
+TEST(MlaPackedMath, SingleRankForwardMatchesPlainLoopReference) {
+  mlacp::Mesh self(MPI_COMM_SELF);
+  for (const auto& cu : packings()) {
+    for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+      for (bool bias : {false, true}) {
+        const auto config = packed_config(strategy, bias, cu);
+        const auto w = mlacp::test::make_weights<double, Mem>(config, 5);
+        Tensor3<double> x("x", config.batch, config.seq, config.hidden);
+        mlacp::test::fill(x, 77, 1.0);
+        mlacp::MlaAttention<double> layer(config, w, self);
+        const auto y = layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output();
+
+        mlacp::testing::reference::ReferenceWeights<double> hw;
+        auto host = [](const auto& v) { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v); };
+        hw.w_q = host(w.w_q);
+        hw.w_kva = host(w.w_kva);
+        hw.g_kv = host(w.g_kv);
+        hw.w_kvb = host(w.w_kvb);
+        hw.w_o = host(w.w_o);
+        if (bias) {
+          hw.b_q = host(w.b_q);
+          hw.b_kvb = host(w.b_kvb);
+          hw.b_o = host(w.b_o);
+        }
+        const mlacp::testing::reference::ReferenceDims dims{config.batch, config.seq,  config.hidden, config.heads,
+                                                            config.nope,  config.rope, config.vdim,   config.latent};
+        mlacp::testing::reference::ReferenceWeights<double>::tensor3_type y_ref("y_ref", config.batch, config.seq,
+                                                                                config.hidden);
+        mlacp::testing::reference::mla_forward(dims, hw, host(x), y_ref, cu);
+        std::vector<double> want(y_ref.data(), y_ref.data() + y_ref.size());
+        EXPECT_LE(mlacp::test::relative_error(mlacp::test::host_values(y), want), 1e-12)
+            << mlacp::to_string(strategy) << (bias ? " with" : " without") << " bias, " << describe(cu);
+      }
+    }
+  }
+}
+
+// Every gradient of the one-rank packed layer equals central finite differences of L = sum(y * dy) along a random
+// direction (the reference the distributed gradients are compared with is itself right).
+TEST(MlaPackedMath, SingleRankGradientsMatchFiniteDifferences) {
+  mlacp::Mesh self(MPI_COMM_SELF);
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    auto config = packed_config(strategy, true, {0, 3, 4, 9, 12});
+    config.seq = 12;
+    const auto w = mlacp::test::make_weights<double, Mem>(config, 9);
+    Tensor3<double> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
+    mlacp::test::fill(x, 31, 1.0);
+    mlacp::test::fill(dy, 32, 1.0);
+    mlacp::MlaAttention<double> layer(config, w, self);
+    auto forward = layer.forward(Space(), x);
+    const auto grads = layer.backward(Space(), forward, dy);
+    auto loss = [&] {
+      const auto y = mlacp::test::host_values(layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output());
+      const auto d = mlacp::test::host_values(dy);
+      double l = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) l += y[i] * d[i];
+      return l;
+    };
+    std::uint64_t seed = 2000;
+    auto check = [&](const char* name, const auto& param, const auto& grad) {
+      const auto base = mlacp::test::host_values(param);
+      const auto direction = mlacp::test::pseudo_random(base.size(), ++seed, 1.0);
+      const double eps = 1e-5;
+      auto set = [&](double t) {
+        auto h = Kokkos::create_mirror_view(param);
+        for (std::size_t i = 0; i < base.size(); ++i) h.data()[i] = base[i] + t * direction[i];
+        Kokkos::deep_copy(param, h);
+      };
+      set(eps);
+      const double plus = loss();
+      set(-eps);
+      const double minus = loss();
+      set(0);
+      const double numeric = (plus - minus) / (2 * eps);
+      const auto g = mlacp::test::host_values(grad);
+      double analytic = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) analytic += g[i] * direction[i];
+      EXPECT_NEAR(analytic, numeric, 1e-6 * (std::abs(numeric) + 1.0)) << mlacp::to_string(strategy) << " " << name;
+    };
+    check("x", x, grads.dx);
+    check("w_q", w.w_q, grads.w_q);
+    check("b_q", w.b_q, grads.b_q);
+    check("w_kva", w.w_kva, grads.w_kva);
+    check("g_kv", w.g_kv, grads.g_kv);
+    check("w_kvb", w.w_kvb, grads.w_kvb);
+    check("b_kvb", w.b_kvb, grads.b_kvb);
+    check("w_o", w.w_o, grads.w_o);
+    check("b_o", w.b_o, grads.b_o);
+  }
+}
+
+// A layout that differs on one rank (other offsets, or another number of documents) makes every rank raise the
+// same error at construction, before any collective of the layer.
+TEST(MlaPackedErrors, LayoutThatDiffersAcrossRanksRaisesOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto base = packed_config(mlacp::MlaStrategy::latent, false, {0, 5, 6, 20, 32});
+  const auto weights = mlacp::test::make_weights<double, Mem>(base, 11);
+  const bool odd_one = mesh.rank() == mesh.size() - 1 && mesh.size() > 1;
+  const std::vector<std::pair<std::vector<std::int64_t>, std::string>> cases = {
+      {{0, 5, 7, 20, 32}, "disagree on cu_seqlens (FNV-1a hash of the offsets)"},
+      {{0, 5, 6, 32}, "disagree on cu_seqlens.size()"},
+      {{}, "disagree on cu_seqlens.size()"}};
+  for (const auto& [other, message] : cases) {
+    auto config = base;
+    if (odd_one) config.cu_seqlens = other;
+    if (mesh.size() == 1) {
+      EXPECT_NO_THROW(mlacp::MlaAttention<double>(config, weights, mesh));
+      continue;
+    }
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { mlacp::MlaAttention<double>(config, weights, mesh); },
+                                                      message);
+  }
+}
+
+// An invalid cu_seqlens on one rank: every rank raises the error naming the bad entry.
+TEST(MlaPackedErrors, InvalidLayoutOnOneRankRaisesOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto base = packed_config(mlacp::MlaStrategy::expanded, false, {0, 5, 6, 20, 32});
+  const auto weights = mlacp::test::make_weights<double, Mem>(base, 11);
+  const std::vector<std::pair<std::vector<std::int64_t>, std::string>> cases = {
+      {{0, 6, 6, 32}, "mlacp::MlaConfig: cu_seqlens[2] = 6 <= cu_seqlens[1] = 6; expected strictly increasing"},
+      {{0, 5, 31}, "mlacp::MlaConfig: cu_seqlens[2] = 31; expected the sequence length 32"},
+      {{1, 32}, "mlacp::MlaConfig: cu_seqlens[0] = 1; expected 0"},
+      {{0}, "mlacp::MlaConfig: cu_seqlens has 1 entries; expected at least 2"}};
+  for (const auto& [bad, message] : cases) {
+    auto config = base;
+    if (mesh.rank() == mesh.size() - 1) config.cu_seqlens = bad;
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { mlacp::MlaAttention<double>(config, weights, mesh); },
+                                                      message);
+  }
+}
+
+// A core written before packed documents (no trailing DocumentLayout): it runs one document, and the layer refuses
+// more than one at construction, on every rank, instead of silently attending across documents.
+struct CoreWithoutDocuments {
+  mlacp::CausalAttentionCore inner;
+  template <class Q, class K, class V, class O, class L>
+  void forward(const Space& space, const Q& q, const K& k, const V& v, const O& o, const L& lse) const {
+    inner.forward(space, q, k, v, o, lse);
+  }
+  template <class Q, class K, class V, class O, class L, class DO, class DQ, class DK, class DV>
+  void backward(const Space& space, const Q& q, const K& k, const V& v, const O& o, const L& lse, const DO& d_o,
+                const DQ& dq, const DK& dk, const DV& dv) const {
+    inner.backward(space, q, k, v, o, lse, d_o, dq, dk, dv);
+  }
+};
+
+TEST(MlaPackedErrors, CoreWithoutDocumentLayoutIsRefusedForSeveralDocuments) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto config = packed_config(mlacp::MlaStrategy::latent, false, {0, 5, 6, 20, 32});
+  const auto weights = mlacp::test::make_weights<double, Mem>(config, 11);
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::MlaAttention<double, Space, CoreWithoutDocuments>(config, weights, mesh); },
+      "cu_seqlens has 4 documents but the attention core takes no DocumentLayout");
+  auto one = config;
+  one.cu_seqlens = {0, 32};
+  mlacp::MlaAttention<double, Space, CoreWithoutDocuments> layer(one, weights, mesh);
+  Tensor3<double> x("x", one.batch, one.seq / mesh.size(), one.hidden);
+  mlacp::test::fill(x, 4 + mesh.rank(), 1.0);
+  auto f = layer.forward(Space(), x);
+  layer.backward(Space(), f, x);
+}
+
+}  // namespace
