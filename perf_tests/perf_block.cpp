@@ -28,6 +28,9 @@
 #include <mlacp/mla/mla_attention.hpp>
 #include <mlacp/testing/synthetic.hpp>
 
+#include <cstdint>
+#include <random>
+
 #include "perf_common.hpp"
 
 namespace {
@@ -42,7 +45,8 @@ using Layer = mlacp::MlaAttention<T, Space>;
 const char* usage =
     "usage: mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--trace FILE] [--repeats N] [--warmup N]\n"
     "                        [--transport-label STR] [--rate-label STR] [--batch B] [--seq S] [--hidden D]\n"
-    "                        [--heads H] [--nope dn] [--rope dr] [--vdim dv] [--latent R]\n";
+    "                        [--heads H] [--nope dn] [--rope dr] [--vdim dv] [--latent R]\n"
+    "                        [--pack-docs N] [--pack-longest L]\n";
 
 // Sum over the collectives of (wait_end - launch) in `events` (a blocking backward).
 double communication_time(const std::vector<mlacp::Event>& events) {
@@ -184,10 +188,106 @@ Result run_strategy(const mlacp::MlaConfig& base, mlacp::MlaStrategy strategy, c
   return result;
 }
 
+// Packing's payoff: a batch of documents of mixed lengths packed into one sequence with MlaConfig::cu_seqlens against
+// the same documents padded to the longest (a batch of one row per document, causal attention per row, the pad tokens
+// computed and moved), latent strategy, overlapped forward + backward, interleaved.
+struct Packing {
+  std::vector<std::int64_t> lengths;  // per document
+  int longest = 0, padded_seq = 0;    // padded_seq: the longest rounded up to a multiple of P
+  std::int64_t packed_seq = 0;        // sum of the lengths, a multiple of P
+  Samples packed, padded;
+  double packed_bytes = 0, padded_bytes = 0;  // per rank per step, in the collectives' send buffers
+  std::vector<std::string> collectives;       // the launches of one packed step, from the event record
+};
+
+// `documents` lengths from a seeded spread over [longest/8, longest], the first one the longest, the shortest grown
+// so that the total is a multiple of P (the same on every rank: mt19937's raw output is specified by the standard).
+std::vector<std::int64_t> document_lengths(int documents, int longest, int P) {
+  std::mt19937 engine(13);
+  std::vector<std::int64_t> lengths{longest};
+  for (int d = 1; d < documents; ++d) {
+    const double u = static_cast<double>(engine()) / 4294967296.0;  // [0, 1)
+    lengths.push_back(std::max<std::int64_t>(1, std::llround(longest * (0.125 + 0.875 * u))));
+  }
+  std::int64_t total = 0;
+  for (const auto l : lengths) total += l;
+  auto shortest = std::min_element(lengths.begin(), lengths.end());
+  *shortest += (P - total % P) % P;
+  return lengths;
+}
+
+// Elements a rank hands to the collectives in one latent forward + backward: Q and dQ all-to-alls B*s*H*dqk each, O
+// and dO B*s*H*dv each, the payload all-gather B*s*(R+dr), the latent reduce-scatter B*S*(R+dr); s = S/P.
+double latent_step_elements(const mlacp::MlaConfig& c, int P) {
+  const double B = c.batch, S = c.seq, s = S / P, H = c.heads;
+  return B * s * (2 * H * c.qk_dim() + 2 * H * c.vdim + (c.latent + c.rope)) + B * S * (c.latent + c.rope);
+}
+
+Packing measure_packing(const mlacp::MlaConfig& base, const mlacp::Mesh& mesh, int documents, int longest, int warmup,
+                        int repeats) {
+  const Space space;
+  const int P = mesh.size();
+  Packing result;
+  result.longest = longest;
+  result.lengths = document_lengths(documents, longest, P);
+  result.padded_seq = (longest + P - 1) / P * P;
+  mlacp::MlaConfig packed = base, padded = base;
+  packed.strategy = padded.strategy = mlacp::MlaStrategy::latent;
+  packed.overlap = padded.overlap = true;
+  packed.batch = 1;
+  packed.cu_seqlens = {0};
+  for (const auto l : result.lengths) packed.cu_seqlens.push_back(packed.cu_seqlens.back() + l);
+  result.packed_seq = packed.cu_seqlens.back();
+  packed.seq = static_cast<int>(result.packed_seq);
+  padded.batch = documents;
+  padded.seq = result.padded_seq;
+  for (const auto* c : {&packed, &padded})
+    if (const std::string error = c->error(P); !error.empty())
+      throw std::invalid_argument("the packing measurement's configuration: " + error);
+  const Layer packed_layer(packed, mlacp::testing::synthetic::weights<T, Mem>(packed, 7), mesh);
+  const Layer padded_layer(padded, mlacp::testing::synthetic::weights<T, Mem>(padded, 7), mesh);
+  Tensor3 xp("x packed", 1, packed_layer.local_seq(), base.hidden);
+  Tensor3 xd("x padded", documents, padded_layer.local_seq(), base.hidden);
+  mlacp::testing::synthetic::fill(xp, 400 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+  mlacp::testing::synthetic::fill(xd, 500 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+  const auto step = [&space](const Layer& layer, const Tensor3& x) {
+    auto forward = layer.forward(space, x);
+    layer.backward(space, forward, x);
+  };
+  // The collectives one packed step launches, to hold the analytic count to what the layer does.
+  mlacp::events::enable(true);
+  mlacp::events::clear();
+  step(packed_layer, xp);
+  Kokkos::fence();
+  for (const auto& e : mlacp::events::snapshot())
+    if (e.kind == mlacp::EventKind::launch) result.collectives.push_back(e.name);
+  mlacp::events::enable(false);
+  const std::vector<std::string> expected{"Q a2a",  "payload all-gather",   "O a2a", "dO a2a",
+                                          "dQ a2a", "latent reduce-scatter"};
+  std::vector<std::string> seen = result.collectives, wanted = expected;
+  std::sort(seen.begin(), seen.end());
+  std::sort(wanted.begin(), wanted.end());
+  if (seen != wanted) {
+    std::string list;
+    for (const auto& n : result.collectives) list += (list.empty() ? "" : ", ") + n;
+    throw std::runtime_error(
+        "the packing measurement counts the bytes of Q a2a, payload all-gather, O a2a, dO a2a, dQ "
+        "a2a and latent reduce-scatter, but one latent step launched: " +
+        list);
+  }
+  const auto samples = measure_interleaved(mesh.comm(), warmup, repeats,
+                                           {[&] { step(packed_layer, xp); }, [&] { step(padded_layer, xd); }});
+  result.packed = samples[0];
+  result.padded = samples[1];
+  result.packed_bytes = 8.0 * latent_step_elements(packed, P);
+  result.padded_bytes = 8.0 * latent_step_elements(padded, P);
+  return result;
+}
+
 int run(int argc, char** argv) {
-  const Options o = parse_options(
-      argc, argv,
-      {"--timeline", "--trace", "--batch", "--seq", "--hidden", "--heads", "--nope", "--rope", "--vdim", "--latent"});
+  const Options o = parse_options(argc, argv,
+                                  {"--timeline", "--trace", "--batch", "--seq", "--hidden", "--heads", "--nope",
+                                   "--rope", "--vdim", "--latent", "--pack-docs", "--pack-longest"});
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   mesh.set_checked(false);
   const int P = mesh.size(), rank = mesh.rank();
@@ -279,6 +379,49 @@ int run(int argc, char** argv) {
                                    .samples("checked_off", checked_off)
                                    .num("on_over_off", checked_on.median() / checked_off.median()));
 
+  // Packing's payoff: N documents (longest L, the others from a seeded spread over L/8..L) packed with cu_seqlens
+  // against the same documents padded to the longest as a batch of N rows.
+  const int pack_docs = o.get_int("pack-docs", 8);
+  const int pack_longest = o.get_int("pack-longest", o.quick ? 64 : c.seq);
+  if (pack_docs < 1 || pack_longest < 1)
+    throw std::invalid_argument("--pack-docs " + std::to_string(pack_docs) + " and --pack-longest " +
+                                std::to_string(pack_longest) + ": expected both >= 1");
+  const Packing pack = measure_packing(c, mesh, pack_docs, pack_longest, warmup, repeats);
+  const double real_tokens = static_cast<double>(pack.packed_seq);
+  const double padded_tokens = static_cast<double>(pack_docs) * pack.padded_seq;
+  double real_pairs = 0;
+  std::vector<double> lengths;
+  for (const auto l : pack.lengths) {
+    real_pairs += 0.5 * static_cast<double>(l) * static_cast<double>(l + 1);
+    lengths.push_back(static_cast<double>(l));
+  }
+  const double padded_pairs = pack_docs * 0.5 * pack.padded_seq * (pack.padded_seq + 1.0);
+  const char* bytes_formula =
+      "8 * (B*s*(2*H*(dn+dr) + 2*H*dv + (R+dr)) + B*S*(R+dr)) per rank, s = S/P: Q and dQ all-to-alls, O and dO "
+      "all-to-alls, payload all-gather (send), latent reduce-scatter (send)";
+  std::vector<std::string> collective_names;
+  for (const auto& n : pack.collectives) collective_names.push_back(jstr(n));
+  doc.obj("packing", JsonObject()
+                         .str("what",
+                              "latent forward + backward, overlapped: documents packed with cu_seqlens (B=1) vs "
+                              "padded to the longest (B = documents, S = longest rounded up to a multiple of P)")
+                         .num("documents", pack_docs)
+                         .raw("lengths", jarr(lengths))
+                         .num("packed_S", real_tokens)
+                         .num("padded_S", pack.padded_seq)
+                         .num("tokens_real", real_tokens)
+                         .num("tokens_padded", padded_tokens)
+                         .num("score_pairs_real", real_pairs)
+                         .num("score_pairs_padded", padded_pairs)
+                         .samples("packed", pack.packed)
+                         .samples("padded", pack.padded)
+                         .num("padded_over_packed", pack.padded.median() / pack.packed.median())
+                         .num("bytes_per_rank_packed", pack.packed_bytes)
+                         .num("bytes_per_rank_padded", pack.padded_bytes)
+                         .num("bytes_padded_over_packed", pack.padded_bytes / pack.packed_bytes)
+                         .str("bytes_formula", bytes_formula)
+                         .raw("collectives_per_step", jlist(collective_names)));
+
   if (rank == 0) {
     std::cout << "mlacp-perf-block: P=" << P << " transport=" << o.transport << " rate=" << o.rate << " "
               << c.describe() << " repeats=" << repeats << " (median of max over ranks)\n";
@@ -306,6 +449,17 @@ int run(int argc, char** argv) {
     std::cout << "checked mode (the default) on / off, latent forward + backward: " << ms(checked_on.median())
               << "ms / " << ms(checked_off.median()) << "ms = " << fixed(checked_on.median() / checked_off.median(), 3)
               << "\n";
+    std::cout << "packing (latent forward + backward, " << pack_docs << " documents, lengths";
+    for (const auto l : pack.lengths) std::cout << " " << l;
+    std::cout << "): packed S=" << pack.packed_seq << " B=1 " << ms(pack.packed.median())
+              << "ms, padded S=" << pack.padded_seq << " B=" << pack_docs << " " << ms(pack.padded.median())
+              << "ms, padded/packed = " << fixed(pack.padded.median() / pack.packed.median(), 2) << "\n";
+    std::cout << "  tokens computed: real " << pack.packed_seq << ", padded " << fixed(padded_tokens, 0) << " ("
+              << fixed(padded_tokens / real_tokens, 2) << "x); causal score pairs "
+              << fixed(padded_pairs / real_pairs, 2) << "x\n";
+    std::cout << "  collective bytes per rank per step: packed " << fixed(pack.packed_bytes / 1048576.0, 2)
+              << " MiB, padded " << fixed(pack.padded_bytes / 1048576.0, 2)
+              << " MiB = " << fixed(pack.padded_bytes / pack.packed_bytes, 2) << "x; " << bytes_formula << "\n";
     write_json(o.json, doc.text());
     if (!timeline_path.empty()) {
       JsonObject t = header("mlacp-perf-block timeline", o, P, 1);
