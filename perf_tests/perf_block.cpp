@@ -14,6 +14,14 @@
 // one GEMM of the layer's q_proj shape measured at the start of the same run, as the fraction of that rate the
 // overlapped backward's time corresponds to.
 //
+// Packing's payoff: --pack-docs N documents (default 8; the longest --pack-longest L, default S, 64 in --quick; the
+// others from a seeded spread over L/8..L, the total a multiple of P) packed into one sequence with
+// MlaConfig::cu_seqlens, against the same documents padded to the longest (a batch of N rows of L rounded up to a
+// multiple of P, causal attention per row, as without packing). Latent strategy, overlapped forward + backward, the two
+// interleaved, median of the repeats; with the tokens computed and the bytes each rank hands to the collectives per
+// step, counted from the configuration (the formula is printed; the collectives it counts are checked against the
+// event record of one packed step).
+//
 // --timeline FILE writes the events of one overlapped backward per strategy, all ranks gathered on rank 0, for
 // scripts/plot_timeline.py. --trace FILE writes the same backwards as a Chrome trace, one file per rank (FILE with the
 // rank inserted: trace.json -> trace.rank0.json, ...; scripts/merge_traces.py joins them), for Perfetto or
@@ -22,6 +30,7 @@
 //   mpirun -n 2 mlacp-perf-block [--quick] [--json FILE] [--timeline FILE] [--trace FILE] [--repeats N]
 //                                [--transport-label STR]
 //                                [--rate-label STR] [--seq S] [--hidden D] [--heads H] [--latent R]
+//                                [--pack-docs N] [--pack-longest L]
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
@@ -228,9 +237,10 @@ Packing measure_packing(const mlacp::MlaConfig& base, const mlacp::Mesh& mesh, i
   const Space space;
   const int P = mesh.size();
   Packing result;
-  result.longest = longest;
   result.lengths = document_lengths(documents, longest, P);
-  result.padded_seq = (longest + P - 1) / P * P;
+  // The longest after the shortest was grown (it may pass `longest` when P is large).
+  result.longest = static_cast<int>(*std::max_element(result.lengths.begin(), result.lengths.end()));
+  result.padded_seq = (result.longest + P - 1) / P * P;
   mlacp::MlaConfig packed = base, padded = base;
   packed.strategy = padded.strategy = mlacp::MlaStrategy::latent;
   packed.overlap = padded.overlap = true;
