@@ -3,6 +3,8 @@
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
 
+#include <pybind11/stl.h>
+
 #include "bindings.hpp"
 
 namespace mlacp::python {
@@ -23,7 +25,10 @@ std::string repr(const MlaConfig& c) {
          ", nope=" + std::to_string(c.nope) + ", rope=" + std::to_string(c.rope) + ", vdim=" + std::to_string(c.vdim) +
          ", latent=" + std::to_string(c.latent) + ", bias=" + flag(c.bias) + ", strategy='" + to_string(c.strategy) +
          "', rope_base=" + py::repr(py::float_(c.rope_base)).cast<std::string>() +
-         ", rms_eps=" + py::repr(py::float_(c.rms_eps)).cast<std::string>() + ", overlap=" + flag(c.overlap) + ")";
+         ", rms_eps=" + py::repr(py::float_(c.rms_eps)).cast<std::string>() + ", overlap=" + flag(c.overlap) +
+         (c.cu_seqlens.empty() ? std::string()
+                               : ", cu_seqlens=" + py::repr(py::cast(c.cu_seqlens)).cast<std::string>()) +
+         ")";
 }
 
 }  // namespace
@@ -37,7 +42,8 @@ void bind_config(py::module_& m) {
   py::class_<MlaConfig>(m, "MlaConfig",
                         "The dimensions of one MLA block (mlacp::MlaConfig; seq is the global sequence length S).")
       .def(py::init([](int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent, bool bias,
-                       const py::object& strategy, double rope_base, double rms_eps, bool overlap) {
+                       const py::object& strategy, double rope_base, double rms_eps, bool overlap,
+                       std::vector<std::int64_t> cu_seqlens) {
              MlaConfig c;
              c.batch = batch;
              c.seq = seq;
@@ -52,12 +58,14 @@ void bind_config(py::module_& m) {
              c.rope_base = rope_base;
              c.rms_eps = rms_eps;
              c.overlap = overlap;
+             c.cu_seqlens = std::move(cu_seqlens);
              return c;
            }),
            py::kw_only(), py::arg("batch") = 0, py::arg("seq") = 0, py::arg("hidden") = 0, py::arg("heads") = 0,
            py::arg("nope") = 0, py::arg("rope") = 0, py::arg("vdim") = 0, py::arg("latent") = 0,
            py::arg("bias") = defaults.bias, py::arg("strategy") = "latent", py::arg("rope_base") = defaults.rope_base,
-           py::arg("rms_eps") = defaults.rms_eps, py::arg("overlap") = defaults.overlap)
+           py::arg("rms_eps") = defaults.rms_eps, py::arg("overlap") = defaults.overlap,
+           py::arg("cu_seqlens") = std::vector<std::int64_t>{})
       .def(py::init<const MlaConfig&>(), py::arg("other"), "A copy.")
       .def_readwrite("batch", &MlaConfig::batch)
       .def_readwrite("seq", &MlaConfig::seq)
@@ -74,6 +82,8 @@ void bind_config(py::module_& m) {
       .def_readwrite("rope_base", &MlaConfig::rope_base)
       .def_readwrite("rms_eps", &MlaConfig::rms_eps)
       .def_readwrite("overlap", &MlaConfig::overlap)
+      .def_readwrite("cu_seqlens", &MlaConfig::cu_seqlens,
+                     "Packed documents: offsets 0 < ... < seq over the global sequence (empty: one document)")
       .def("qk_dim", &MlaConfig::qk_dim)
       .def("error", &MlaConfig::error, py::arg("group_size"),
            "Why this configuration cannot run on a group of group_size ranks ('' when it can).")

@@ -29,7 +29,11 @@ def mla_forward(config, x, p):
     The two schedules (latent, expanded) compute these same numbers; this is the single-process definition."""
     B, S, _ = x.shape
     H, dn, dr, dv, R = config.heads, config.nope, config.rope, config.vdim, config.latent
-    positions = torch.arange(S)
+    # Packed documents (config.cu_seqlens, MLA_SPEC steps 4 and 6): positions restart at each document's start and
+    # a token attends only to earlier tokens of its own document. Empty: one document.
+    offsets = list(config.cu_seqlens) or [0, S]
+    document = torch.repeat_interleave(torch.arange(len(offsets) - 1), torch.tensor(offsets).diff())
+    positions = torch.arange(S) - torch.tensor(offsets[:-1])[document]
     q = F.linear(x, p["w_q"], p.get("b_q")).view(B, S, H, dn + dr)  # step 1
     q = torch.cat([q[..., :dn], rope(q[..., dn:], positions, config.rope_base)], -1)  # step 4 on q_pe
     a = F.linear(x, p["w_kva"])  # step 2
@@ -40,7 +44,7 @@ def mla_forward(config, x, p):
     k = torch.cat([kv[..., :dn], k_pe[:, :, None, :].expand(B, S, H, dr)], -1)
     v = kv[..., dn:]
     scores = torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(dn + dr)  # step 6, causal
-    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    causal = torch.ones(S, S, dtype=torch.bool).tril() & (document[:, None] == document[None, :])
     attention = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     o = torch.einsum("bhst,bthd->bshd", attention, v).reshape(B, S, H * dv)
     return F.linear(o, p["w_o"], p.get("b_o"))  # step 7

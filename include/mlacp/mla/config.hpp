@@ -38,7 +38,8 @@ struct MlaConfig {
   /// Packed variable-length sequences (document_layout.hpp): cumulative document offsets c[0] = 0 < c[1] < ... <
   /// c[n] = seq over the global sequence, the same on every rank and for every batch row. Attention never crosses a
   /// document and RoPE positions restart at 0 at each document's start. Empty: one document (plain causal attention).
-  std::vector<std::int64_t> cu_seqlens;
+  /// (Default-initialised so that aggregate initialisations that stop before it stay free of -Wextra warnings.)
+  std::vector<std::int64_t> cu_seqlens{};
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
