@@ -27,10 +27,12 @@ std::string MlaConfig::error(int group_size) const {
   }
   if (rope % 2 != 0) {
     out << "mlacp::MlaConfig: rope = " << rope << "; expected an even qk_rope_head_dim (RoPE rotates pairs)";
-  } else if (heads % group_size != 0) {
-    out << "mlacp::MlaConfig: heads = " << heads << " is not divisible by the Ulysses group size P = " << group_size;
-  } else if (seq % group_size != 0) {
-    out << "mlacp::MlaConfig: seq = " << seq << " is not divisible by the Ulysses group size P = " << group_size;
+  } else if (heads < group_size) {
+    out << "mlacp::MlaConfig: heads = " << heads << " is smaller than the Ulysses group size P = " << group_size
+        << "; expected heads >= P (a rank would hold no head, and the layer runs no empty head shard)";
+  } else if (seq < group_size) {
+    out << "mlacp::MlaConfig: seq = " << seq << " is smaller than the Ulysses group size P = " << group_size
+        << "; expected seq >= P (a rank would hold no token, and the layer runs no empty token shard)";
   } else if (!(rms_eps > 0) || !(rope_base > 0)) {
     out << "mlacp::MlaConfig: rms_eps = " << rms_eps << ", rope_base = " << rope_base << "; expected positive values";
   } else if (!cu_seqlens.empty()) {

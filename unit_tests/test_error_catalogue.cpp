@@ -55,7 +55,8 @@ TEST(ErrorCatalogue, InputShardedForAnotherGroupSize) {
   Tensor3 shard("x", config.batch, config.seq / mesh.size(), config.hidden);
   expect_error<mlacp::InvalidArgument>(
       [&] { layer.forward(Space(), shard); },
-      "expected [B, S/P, D] = [1, " + std::to_string(config.seq) + ", 8] on a group of P = 1");
+      "expected [B, s, D] = [1, " + std::to_string(config.seq) + ", 8] (s: this rank's tokens of S = " +
+          std::to_string(config.seq) + " split as {" + std::to_string(config.seq) + "}) on rank 0 of a group of P = 1");
 }
 
 TEST(ErrorCatalogue, InterCommunicatorAndNullCommunicator) {

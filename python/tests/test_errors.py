@@ -105,11 +105,11 @@ def test_bad_configuration(mesh):
         mlacp.MlaAttention(small_config(rope=3), mesh, dtype=torch.float64)
 
 
-def test_heads_not_divisible(comm, mesh):
+def test_fewer_heads_than_ranks(comm, mesh):
     if comm.size == 1:
-        pytest.skip("every head count divides a group of one")
-    with pytest.raises(mlacp.InvalidArgument, match=r"heads"):
-        mlacp.MlaAttention(small_config(heads=comm.size + 1), mesh, dtype=torch.float64)
+        pytest.skip("every head count is >= a group of one")
+    with pytest.raises(mlacp.InvalidArgument, match=r"heads = \d+ is smaller than the Ulysses group size"):
+        mlacp.MlaAttention(small_config(heads=comm.size - 1), mesh, dtype=torch.float64)
 
 
 def test_bad_dtype(mesh):

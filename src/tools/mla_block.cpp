@@ -161,19 +161,28 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
 }
 
-// The full [B, S, D] tensor on rank 0 from every rank's [B, s, D] shard (empty elsewhere).
-std::vector<double> gather_tokens(const std::vector<double>& local, int B, int s, int D, const mlacp::Mesh& mesh) {
-  std::vector<double> all(mesh.rank() == 0 ? local.size() * static_cast<std::size_t>(mesh.size()) : 0);
-  MPI_Gather(local.data(), static_cast<int>(local.size()), MPI_DOUBLE, all.data(), static_cast<int>(local.size()),
-             MPI_DOUBLE, 0, mesh.comm());
+// The full [B, S, D] tensor on rank 0 from every rank's [B, s_r, D] shard (empty elsewhere); rank r's tokens are
+// rows part.offset(r) .. part.offset(r) + part.count(r) - 1 (the layer's seq_partition()).
+std::vector<double> gather_tokens(const std::vector<double>& local, int B, int D, const mlacp::Partition& part,
+                                  const mlacp::Mesh& mesh) {
+  const int P = mesh.size();
+  const auto S = static_cast<std::size_t>(part.total());
+  std::vector<int> counts(static_cast<std::size_t>(P)), displs(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    counts[static_cast<std::size_t>(r)] = static_cast<int>(part.count(r)) * B * D;
+    displs[static_cast<std::size_t>(r)] = static_cast<int>(part.offset(r)) * B * D;
+  }
+  std::vector<double> all(mesh.rank() == 0 ? S * static_cast<std::size_t>(B) * static_cast<std::size_t>(D) : 0);
+  MPI_Gatherv(local.data(), static_cast<int>(local.size()), MPI_DOUBLE, all.data(), counts.data(), displs.data(),
+              MPI_DOUBLE, 0, mesh.comm());
   if (mesh.rank() != 0) return {};
-  const int P = mesh.size(), S = s * P;
   std::vector<double> full(all.size());
-  for (int r = 0; r < P; ++r)
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < s; ++t)
-        std::copy_n(&all[((static_cast<std::size_t>(r) * B + b) * s + t) * D], D,
-                    &full[(static_cast<std::size_t>(b) * S + r * s + t) * D]);
+  for (int r = 0; r < P; ++r) {
+    const auto s = static_cast<std::size_t>(part.count(r)), offset = static_cast<std::size_t>(part.offset(r));
+    for (std::size_t b = 0; b < static_cast<std::size_t>(B); ++b)
+      for (std::size_t t = 0; t < s; ++t)
+        std::copy_n(&all[(offset * B + b * s + t) * D], D, &full[(b * S + offset + t) * D]);
+  }
   return full;
 }
 
@@ -267,7 +276,7 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     dy_full = Tensor3("dy", c.batch, c.seq, c.hidden);
     mlacp::testing::synthetic::fill(x_full, o.seed + 100, 1.0);
     mlacp::testing::synthetic::fill(dy_full, o.seed + 200, 1.0);
-    const auto begin = static_cast<std::size_t>(rank * s);
+    const auto begin = static_cast<std::size_t>(layer.seq_partition().offset(rank));
     const auto tokens = std::make_pair(begin, begin + static_cast<std::size_t>(s));
     Kokkos::deep_copy(x, Kokkos::subview(x_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
     Kokkos::deep_copy(dy, Kokkos::subview(dy_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
@@ -302,8 +311,8 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   // Distributed results, assembled on rank 0 in global order; weight gradients summed over ranks.
   std::vector<std::pair<std::string, std::vector<double>>> got;
   if (need_full) {
-    got.emplace_back("y", gather_tokens(to_host(y), c.batch, s, c.hidden, mesh));
-    got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, s, c.hidden, mesh));
+    got.emplace_back("y", gather_tokens(to_host(y), c.batch, c.hidden, layer.seq_partition(), mesh));
+    got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, c.hidden, layer.seq_partition(), mesh));
     const std::vector<std::pair<std::string, std::vector<double>>> local_weight_grads = {
         {"dw_q", to_host(grads.w_q)},   {"db_q", to_host(grads.b_q)},     {"dw_kva", to_host(grads.w_kva)},
         {"dg_kv", to_host(grads.g_kv)}, {"dw_kvb", to_host(grads.w_kvb)}, {"db_kvb", to_host(grads.b_kvb)},

@@ -165,21 +165,21 @@ TEST(MlaMisuse, OnlyOneRankMisusesButEveryRankRaises) {
   layer.backward(Space(), forward, dy);
 }
 
-TEST(MlaMisuse, ConfigurationNotDivisibleByTheGroup) {
+TEST(MlaMisuse, ConfigurationSmallerThanTheGroup) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  if (mesh.size() == 1) GTEST_SKIP() << "everything is divisible by P = 1";
+  if (mesh.size() == 1) GTEST_SKIP() << "every positive size is >= P = 1";
   auto config = config_for(mlacp::MlaStrategy::latent, mesh.size());
-  config.heads = 2 * mesh.size() + 1;
+  config.heads = mesh.size() - 1;
   expect_error<mlacp::InvalidArgument>(
       [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
       "heads = " + std::to_string(config.heads) +
-          " is not divisible by the Ulysses group size P = " + std::to_string(mesh.size()));
+          " is smaller than the Ulysses group size P = " + std::to_string(mesh.size()));
   config = config_for(mlacp::MlaStrategy::expanded, mesh.size());
-  config.seq = 8 * mesh.size() + 1;
+  config.seq = mesh.size() - 1;
   expect_error<mlacp::InvalidArgument>(
       [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
       "seq = " + std::to_string(config.seq) +
-          " is not divisible by the Ulysses group size P = " + std::to_string(mesh.size()));
+          " is smaller than the Ulysses group size P = " + std::to_string(mesh.size()));
 }
 
 TEST(MlaMisuse, WeightsAndInputsThatDisagreeWithTheConfiguration) {
@@ -197,7 +197,7 @@ TEST(MlaMisuse, WeightsAndInputsThatDisagreeWithTheConfiguration) {
   mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh);
   Tensor3 wrong("x", config.batch, config.seq, config.hidden + 1);
   expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), wrong); },
-                                       "x has shape [2, " + std::to_string(config.seq) + ", 17]; expected [B, S/P, D]");
+                                       "x has shape [2, " + std::to_string(config.seq) + ", 17]; expected [B, s, D]");
 }
 
 TEST(MlaMisuse, InputsThatDifferAcrossRanks) {

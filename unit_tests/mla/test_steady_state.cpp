@@ -68,10 +68,10 @@ Counted count_steady(Step step, int iterations, const std::set<std::string>& exp
   return c;
 }
 
-mlacp::MlaGradients<double, Mem> caller_gradients(const mlacp::MlaConfig& c, int P) {
+mlacp::MlaGradients<double, Mem> caller_gradients(const mlacp::MlaConfig& c, int local_seq) {
   mlacp::MlaGradients<double, Mem> g;
   static_cast<mlacp::MlaParameters<double, Mem>&>(g) = mlacp::MlaParameters<double, Mem>::allocate(c, "my ");
-  g.dx = decltype(g.dx)("my dx", c.batch, c.seq / P, c.hidden);
+  g.dx = decltype(g.dx)("my dx", c.batch, local_seq, c.hidden);
   return g;
 }
 
@@ -117,20 +117,25 @@ TEST(SteadyState, ViewAllocationCounterSeesEveryView) {
 
 // Forward + backward into caller-provided gradient Views: iterations 2..N allocate no View at all (the layer's
 // buffers and the collectives' results live in the layer's memory) and no communication buffer. Both strategies,
-// with and without biases, one document and packed documents (cu_seqlens: the RoPE positions are built once).
+// with and without biases, one document and packed documents (cu_seqlens: the RoPE positions are built once), and S
+// and H that P does not divide (the uneven collectives reuse their buffers too).
 TEST(SteadyState, ForwardBackwardIntoCallerGradientsAllocatesNoView) {
   ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const int P = mesh.size();
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       const bool bias = variant == 1;
       auto c = mlacp::test::make_config(1, 8 * P, 16, 2 * P, 4, 2, 3, 6, bias, strategy);
       if (variant == 2) c.cu_seqlens = {0, 3, 4, 8 * P - 1, 8 * P};
+      if (variant == 3) {
+        c.seq = 9 * P - 1;
+        c.heads = P + 1;
+      }
       mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
-      Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / P, c.hidden);
+      Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, layer.local_seq(), c.hidden);
       mlacp::test::fill(x, 4, 1.0);
-      auto grads = caller_gradients(c, P);
+      auto grads = caller_gradients(c, layer.local_seq());
       const auto counted = count_steady(
           [&] {
             auto forward = layer.forward(Space(), x);
@@ -138,7 +143,8 @@ TEST(SteadyState, ForwardBackwardIntoCallerGradientsAllocatesNoView) {
           },
           4, {});
       const std::string what = std::string(mlacp::to_string(strategy)) + (bias ? " with bias" : " without bias") +
-                               (c.cu_seqlens.empty() ? "" : ", packed documents");
+                               (c.cu_seqlens.empty() ? "" : ", packed documents") +
+                               (variant == 3 ? ", S and H not divisible by P" : "");
       EXPECT_GT(counted.first, 0u) << what << ": the first iteration allocates the workspaces";
       EXPECT_EQ(counted.buffers, 0u) << what << ": communication buffers allocated after the first iteration";
       EXPECT_TRUE(counted.other_labels.empty())

@@ -43,7 +43,8 @@ struct MlaConfig {
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
-  /// dr even, H and S divisible by P, cu_seqlens empty or strictly increasing from 0 to seq.
+  /// dr even, H >= P and S >= P (neither need be divisible by P), cu_seqlens empty or strictly increasing from 0 to
+  /// seq.
   std::string error(int group_size) const;
   /// A one-line description, for messages and reports.
   std::string describe() const;

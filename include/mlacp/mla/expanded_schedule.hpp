@@ -50,9 +50,9 @@ class ExpandedSchedule {
     assemble_kv(space, tensor4(kv.data(), B, s, H, dn + dv), kpe, key, value, dn);
     // V, then K, then Q are launched as each is ready; all three are waited in Q, K, V order.
     const bool kv_grad = needs_kv(p.flags);
-    w.v_pair = InputA2APair<T, ExecSpace>(k.mesh(), "V");
-    w.k_pair = InputA2APair<T, ExecSpace>(k.mesh(), "K");
-    w.q_pair = InputA2APair<T, ExecSpace>(k.mesh(), "Q");
+    w.v_pair = InputA2APair<T, ExecSpace>(k.mesh(), "V", k.seq_partition(), k.head_partition());
+    w.k_pair = InputA2APair<T, ExecSpace>(k.mesh(), "K", k.seq_partition(), k.head_partition());
+    w.q_pair = InputA2APair<T, ExecSpace>(k.mesh(), "Q", k.seq_partition(), k.head_partition());
     const int S = cfg.seq, h = k.local_heads();
     w.v_pair.launch_forward(space, value, kv_grad, k.into(w.v_heads, "mlacp::v heads", B, S, h, dv));
     w.k_pair.launch_forward(space, key, kv_grad, k.into(w.k_heads, "mlacp::k heads", B, S, h, dn + dr));

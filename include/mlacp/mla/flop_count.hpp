@@ -28,7 +28,8 @@ struct MlaFlops {
   double total() const { return forward + backward; }
 };
 
-/// The per-rank FLOP count of `c` on a group of P ranks (S and H divided evenly, as MlaConfig::error requires).
+/// The per-rank FLOP count of `c` on a group of P ranks: the mean over the ranks (N = B*S/P tokens and h = H/P heads as
+/// real numbers; when P does not divide S or H, ranks with ceil(S/P) tokens or ceil(H/P) heads do a little more).
 inline MlaFlops mla_flops(const MlaConfig& c, int P) {
   const double B = c.batch, S = c.seq, D = c.hidden, H = c.heads, dn = c.nope, dr = c.rope, dv = c.vdim, R = c.latent;
   const double dqk = dn + dr, N = B * S / P, h = H / P;

@@ -5,6 +5,7 @@
 
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/partition.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <string>
@@ -20,7 +21,11 @@ class InputA2APair {
 
   InputA2APair() = default;
   /// `name` names the collectives: "<name> a2a" forward, "d<name> a2a" backward (e.g. "Q" -> "Q a2a", "dQ a2a").
+  /// `seq` and `heads`: how the tokens and the heads are split over the ranks (they outlive the pair: the layer's).
+  /// The even split (every extent divisible by the group size).
   InputA2APair(const Mesh& mesh, std::string name) : mesh_(&mesh), name_(std::move(name)) {}
+  InputA2APair(const Mesh& mesh, std::string name, const Partition& seq, const Partition& heads)
+      : mesh_(&mesh), name_(std::move(name)), seq_(&seq), heads_(&heads) {}
 
   /// Launches the token-to-head all-to-all of `token_local` [B, s, H, d]. `needs_send_grad`: whether the input needs
   /// its gradient, i.e. whether backward will launch the inverse. `into` [B, S, h, d]: where the result goes (a
@@ -30,7 +35,9 @@ class InputA2APair {
     require_mesh();
     if (forward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': forward launched twice");
     needs_send_grad_ = needs_send_grad;
-    forward_ = launch_all_to_all(space, token_local, 1, 2, *mesh_, name_ + " a2a", into);
+    forward_ = seq_ == nullptr
+                   ? launch_all_to_all(space, token_local, 1, 2, *mesh_, name_ + " a2a", into)
+                   : launch_all_to_all(space, token_local, 1, 2, *seq_, *heads_, *mesh_, name_ + " a2a", into);
   }
 
   /// Waits for the forward all-to-all (exactly once) and returns the head-local tensor [B, S, h, d].
@@ -45,7 +52,8 @@ class InputA2APair {
   /// Launches the head-to-token inverse all-to-all of the gradient [B, S, h, d] when the input needs its gradient;
   /// otherwise nothing is launched. The gradient is read until the wait (the pair keeps it alive): with B == 1 its
   /// token blocks are sent as they are, and the rank-ordered head blocks are received as they arrive (no pack, no
-  /// unpack; see wait_backward_blocks). `into` [P, B, s, h, d]: where the blocks are received; empty: allocated.
+  /// unpack; see wait_backward_blocks). `into` [P, B, s, h, d]: where the blocks are received; empty: allocated. Heads
+  /// split unevenly: the head dimension is gathered instead, into one block [1, B, s, H, d].
   void launch_backward(const ExecSpace& space, const tensor4& head_local_grad, const tensor5& into = {}) {
     require_mesh();
     if (!needs_send_grad_) return;
@@ -54,13 +62,18 @@ class InputA2APair {
     // [1, B, S, h, d]: scattering the tokens (dim 2) and gathering a new leading dim of the P head blocks (dim 0).
     const tensor5 view(head_local_grad.data(), 1, head_local_grad.extent(0), head_local_grad.extent(1),
                        head_local_grad.extent(2), head_local_grad.extent(3));
-    backward_ = launch_all_to_all(space, view, 0, 2, *mesh_, "d" + name_ + " a2a", into);
+    // Uneven heads: rank blocks of different head counts cannot stack; the heads (dim 3) are gathered into one block.
+    backward_ = seq_ == nullptr ? launch_all_to_all(space, view, 0, 2, *mesh_, "d" + name_ + " a2a", into)
+                : heads_->uniform()
+                    ? launch_all_to_all(space, view, 0, 2, Partition(mesh_->size(), mesh_->size()), *seq_, *mesh_,
+                                        "d" + name_ + " a2a", into)
+                    : launch_all_to_all(space, view, 3, 2, *heads_, *seq_, *mesh_, "d" + name_ + " a2a", into);
   }
 
   /// The token-local gradient as the P head blocks [P, B, s, h, d] received from the ranks (block r holds heads
-  /// [r*h, (r+1)*h) of the token-local [B, s, H, d]), exactly once; an empty View when the input needs no gradient.
-  /// Throws UsageError "MLA input consumer did not submit its inverse A2A" when the gradient is needed and the
-  /// consumer never launched it.
+  /// [r*h, (r+1)*h) of the token-local [B, s, H, d]; heads split unevenly: one block [1, B, s, H, d]), exactly once; an
+  /// empty View when the input needs no gradient. Throws UsageError "MLA input consumer did not submit its inverse A2A"
+  /// when the gradient is needed and the consumer never launched it.
   tensor5 wait_backward_blocks() {
     if (!needs_send_grad_) return tensor5();
     if (!backward_.launched())
@@ -97,6 +110,8 @@ class InputA2APair {
 
   const Mesh* mesh_ = nullptr;
   std::string name_;
+  const Partition* seq_ = nullptr;
+  const Partition* heads_ = nullptr;
   bool needs_send_grad_ = false;
   AsyncCollective<tensor4> forward_;
   tensor4 backward_input_;

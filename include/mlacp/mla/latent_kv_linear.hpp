@@ -6,6 +6,7 @@
 #include <mlacp/error.hpp>
 #include <mlacp/mla/kv_layout.hpp>
 #include <mlacp/mla/linear.hpp>
+#include <mlacp/partition.hpp>
 #include <mlacp/reduce_scatter.hpp>
 #include <mlacp/view_types.hpp>
 
@@ -25,9 +26,23 @@ class LatentKVLinear {
   /// gathered [B, S, R+dr] (a completed all-gather of [c, k_pe]), w_sel [h*(dn+dv), R] and b_sel (the rank's head
   /// rows of w_kvb / b_kvb; b_sel may be empty) -> kv_out [B, S, h*(dn+dv)] and the shared key kpe_out [B, S, dr]
   /// (empty: not copied, e.g. when the caller reads it from `gathered`'s last dr columns). `latent_storage` [B, S, R]:
-  /// where the latent saved for backward is kept (a layer's workspace); empty: allocated.
+  /// where the latent saved for backward is kept (a layer's workspace); empty: allocated. `seq`: how the tokens are
+  /// split over the ranks (the reduce-scatter's partition; it outlives the invocation: the layer's).
+  void forward(const ExecSpace& space, const tensor3& gathered, const weight_rows& w_sel, const bias_part& b_sel,
+               const Mesh& mesh, const Partition& seq, const tensor3& kv_out, const tensor3& kpe_out,
+               tensor3 latent_storage = {}) {
+    forward_impl(space, gathered, w_sel, b_sel, mesh, &seq, kv_out, kpe_out, std::move(latent_storage));
+  }
+  /// The even split (S divisible by the group size).
   void forward(const ExecSpace& space, const tensor3& gathered, const weight_rows& w_sel, const bias_part& b_sel,
                const Mesh& mesh, const tensor3& kv_out, const tensor3& kpe_out, tensor3 latent_storage = {}) {
+    forward_impl(space, gathered, w_sel, b_sel, mesh, nullptr, kv_out, kpe_out, std::move(latent_storage));
+  }
+
+ private:
+  void forward_impl(const ExecSpace& space, const tensor3& gathered, const weight_rows& w_sel, const bias_part& b_sel,
+                    const Mesh& mesh, const Partition* seq, const tensor3& kv_out, const tensor3& kpe_out,
+                    tensor3 latent_storage) {
     if (forwarded_) throw UsageError("mlacp::LatentKVLinear: forward called twice on the same invocation");
     const auto B = static_cast<std::int64_t>(gathered.extent(0)), S = static_cast<std::int64_t>(gathered.extent(1));
     const auto R = static_cast<int>(w_sel.extent(1));
@@ -44,9 +59,11 @@ class LatentKVLinear {
     }
     w_sel_ = w_sel;
     mesh_ = &mesh;
+    seq_ = seq;
     forwarded_ = true;
   }
 
+ public:
   /// grad_kv [B, S, h*(dn+dv)] and grad_shared [B, S, dr] -> this rank's payload gradient [B, s, R+dr] (empty when
   /// not `needs_payload_grad`). Order: dgrad of the latent (grad_kv w_sel), concatenated with grad_shared and
   /// launched as a SUM reduce-scatter along the sequence ("latent reduce-scatter"); dw_sel += grad_kv^T latent and
@@ -75,7 +92,9 @@ class LatentKVLinear {
         detail::linear_dgrad(space, g2, w_sel_, T(0), detail::as_matrix(grad_latent, B * S, R));
         detail::join_columns(space, grad_latent, grad_shared, grad_payload);
       }
-      reduce = launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter", reduced);
+      reduce = seq_ == nullptr
+                   ? launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter", reduced)
+                   : launch_reduce_scatter(space, grad_payload, 1, *seq_, *mesh_, "latent reduce-scatter", reduced);
     }
     tensor3 result;
     if (!overlap && reduce.launched()) result = reduce.wait();
@@ -95,6 +114,7 @@ class LatentKVLinear {
   tensor3 latent_;
   weight_rows w_sel_;
   const Mesh* mesh_ = nullptr;
+  const Partition* seq_ = nullptr;
   bool forwarded_ = false;
   bool backwarded_ = false;
 };

@@ -36,17 +36,17 @@ class LatentSchedule {
     auto& w = p.w;
     tensor4 q = k.project_q(space, p);
     // The Q all-to-all is launched before the independent KV expansion and waited after it.
-    w.q_pair = InputA2APair<T, ExecSpace>(k.mesh(), "Q");
+    w.q_pair = InputA2APair<T, ExecSpace>(k.mesh(), "Q", k.seq_partition(), k.head_partition());
     w.q_pair.launch_forward(space, q, needs_q(p.flags), k.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr));
     const tensor3& payload = ensure(scratch.payload, "mlacp::payload", B, s, R + dr);
     k.project_kv_a(space, p, payload, payload, R);
-    tensor3 gathered = launch_all_gather(space, payload, 1, k.mesh(), "payload all-gather",
+    tensor3 gathered = launch_all_gather(space, payload, 1, k.seq_partition(), k.mesh(), "payload all-gather",
                                          k.into(scratch.gathered, "mlacp::gathered payload", B, S, R + dr))
                            .wait();
     const tensor3& kv = ensure(scratch.kv, "mlacp::kv", B, S, h * (dn + dv));
     // The shared key is read from the gathered payload by assemble_kv: no k_pe copy.
-    w.latent_kv.forward(space, gathered, k.rows_of(k.weights().w_kvb), k.part_of(k.weights().b_kvb), k.mesh(), kv,
-                        tensor3(), ensure(w.latent, "mlacp::latent", B, S, R));
+    w.latent_kv.forward(space, gathered, k.rows_of(k.weights().w_kvb), k.part_of(k.weights().b_kvb), k.mesh(),
+                        k.seq_partition(), kv, tensor3(), ensure(w.latent, "mlacp::latent", B, S, R));
     w.q_saved = w.q_pair.wait_forward();
     assemble_kv(space, tensor4(kv.data(), B, S, h, dn + dv), gathered, ensure(w.k, "mlacp::k", B, S, h, dn + dr),
                 ensure(w.v, "mlacp::v", B, S, h, dv), dn, R);

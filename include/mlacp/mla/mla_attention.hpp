@@ -22,8 +22,11 @@
 
 namespace mlacp {
 
-/// Multi-head Latent Attention on a Ulysses group. Every rank holds all weights and its token shard
-/// x [B, s, D], s = S / P, rank r owning global tokens [r*s, (r+1)*s).
+/// Multi-head Latent Attention on a Ulysses group. Every rank holds all weights and its token shard x [B, s, D]:
+/// rank r owns the s = seq_partition().count(r) global tokens from seq_partition().offset(r), where the first S mod P
+/// ranks hold ceil(S/P) tokens and the others floor(S/P). In the attention it owns head_partition().count(r) heads
+/// from head_partition().offset(r), by the same rule over H. Neither S nor H need be divisible by P (the all-to-alls,
+/// the latent all-gather and reduce-scatter then take their uneven forms; nothing is padded); S >= P and H >= P.
 ///
 /// forward() returns a Forward: the output y [B, s, D] and what backward needs (saved operands and the paired
 /// collective state). backward() consumes it exactly once and overlaps: the dO all-to-all with the w_o weight
@@ -47,7 +50,7 @@ namespace mlacp {
 /// (both strategies). The layout is part of the configuration the ranks agree on.
 ///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
-/// rank: configuration (heads or seq not divisible by P, ...), weights whose shapes disagree with it, x or dy of the
+/// rank: configuration (heads or seq smaller than P, ...), weights whose shapes disagree with it, x or dy of the
 /// wrong shape or differing across ranks, backward before forward, a second backward of the same forward.
 template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace, class Core = FlashAttentionCore>
 class MlaAttention {
@@ -134,15 +137,21 @@ class MlaAttention {
   const Mesh& mesh() const { return *mesh_; }
   /// The packed documents of config().cu_seqlens (empty: one document).
   const DocumentLayout& documents() const { return documents_; }
-  int local_seq() const { return config_.seq / mesh_->size(); }
-  int local_heads() const { return config_.heads / mesh_->size(); }
+  /// How the S tokens and the H heads are split over the ranks: the first S mod P ranks hold ceil(S/P) tokens, the
+  /// others floor(S/P) (heads: the same rule with H), contiguous in rank order (partition.hpp).
+  const Partition& seq_partition() const { return pieces_.seq_partition(); }
+  const Partition& head_partition() const { return pieces_.head_partition(); }
+  /// This rank's tokens (x and dy are [B, local_seq(), D]), from global token seq_partition().offset(rank).
+  int local_seq() const { return pieces_.local_seq(); }
+  /// This rank's heads in the attention, from global head head_partition().offset(rank).
+  int local_heads() const { return pieces_.local_heads(); }
 
   /// Per-forward workspaces the layer owns, and how many of them a pending Forward (or a held output) uses.
   std::size_t forward_workspaces() const { return memory_.pool.size(); }
   std::size_t forward_workspaces_in_use() const { return memory_.pool.in_use(); }
 
-  /// x [B, s, D] -> Forward (y and saved state). `requires_grad` says which gradients backward will produce; it must
-  /// be the same on every rank.
+  /// x [B, s, D] (s = local_seq()) -> Forward (y and saved state). `requires_grad` says which gradients backward will
+  /// produce; it must be the same on every rank.
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad = {}) const {
     pieces_.check_input(space, "forward", "x", x, requires_grad, "", "");
     compat::ScopedRegion region("mlacp::MlaAttention::forward");

@@ -6,6 +6,7 @@
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/linear.hpp>
+#include <mlacp/partition.hpp>
 #include <mlacp/view_types.hpp>
 
 namespace mlacp {
@@ -21,14 +22,31 @@ class OutputProjection {
   using matrix = detail::Matrix<T, memory_space>;
   using vector = detail::Vector<T, memory_space>;
 
-  /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all, waits, flattens
+  /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all (tokens split by
+  /// `seq`, heads by `heads`; both outlive the invocation: the layer's), waits, flattens
   /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs. `y_out` [B, s, D]: where
   /// y is written (a layer's workspace); empty: allocated. `local_out` [B, s, H, dv]: where the all-to-all's result
   /// (kept for the w_o gradient) goes; empty: allocated.
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
+                  const Mesh& mesh, const Partition& seq, const Partition& heads, tensor3 y_out = {},
+                  const tensor4& local_out = {}) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out);
+  }
+  /// The even split (S and H divisible by the group size).
+  tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                   const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {}) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out);
+  }
+
+ private:
+  tensor3 forward_impl(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
+                       const Mesh& mesh, const Partition* seq, const Partition* heads, tensor3 y_out,
+                       const tensor4& local_out) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
-    auto local = launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a", local_out).wait();  // [B, s, H, dv]
+    auto local = (seq == nullptr ? launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a", local_out)
+                                 : launch_all_to_all(space, attention_output, 2, 1, *heads, *seq, mesh, "O a2a",
+                                                     local_out))
+                     .wait();  // [B, s, H, dv]
     const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
     const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
     tensor3 y = y_out.data() != nullptr
@@ -42,17 +60,21 @@ class OutputProjection {
     local_output_ = local;
     w_o_ = w_o;
     mesh_ = &mesh;
+    seq_ = seq;
+    heads_ = heads;
     forwarded_ = true;
     return y;
   }
 
+ public:
   /// dy [B, s, D] -> the head-local gradient of the attention output [B, S, h, dv] (empty when not
   /// `needs_attention_grad`). Order: dgrad (dy w_o, written per destination rank), launch the token-to-head all-to-all
   /// of it ("dO a2a"), the weight gradient dw_o += dy^T o (progressing the all-to-all between panels, see progress.hpp)
   /// and db_o += column sums of dy while it is in flight, then wait. dw_o / db_o empty: not needed (skipped). `overlap`
-  /// false: wait right after the launch. `blocks` [P, B, s, h, dv]: where dO is written before it is sent (a layer's
-  /// workspace; read by the collective until the wait); empty: allocated. `received` [1, B, S, h, dv]: where the
-  /// all-to-all's result goes; empty: allocated.
+  /// false: wait right after the launch. `blocks` [P, B, s, h, dv] ([1, B, s, H, dv] when the heads are split
+  /// unevenly: dO is sent as one token-local block and the all-to-all scatters its heads): where dO is written before
+  /// it is sent (a layer's workspace; read by the collective until the wait); empty: allocated. `received` [1, B, S, h,
+  /// dv]: where the all-to-all's result goes; empty: allocated.
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const matrix& dw_o,
                    const vector& db_o, bool overlap = true, tensor5 blocks = {}, const tensor5& received = {}) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
@@ -68,7 +90,9 @@ class OutputProjection {
       // dO is written directly in the all-to-all's send layout, [P, B, s, h, dv]: block j (rank j's heads) is the dgrad
       // through w_o's columns of those heads, so no pack runs between the dgrad and the launch. Scattering dim 0 sends
       // each block as it is; gathering the tokens (dim 2) receives in place when B == 1.
-      const auto P = static_cast<std::int64_t>(mesh_->size()), h = H / P;
+      // Uneven heads: one block of all heads, whose head dimension the all-to-all scatters by the head partition.
+      const bool even = heads_ == nullptr || heads_->uniform();
+      const auto P = even ? static_cast<std::int64_t>(mesh_->size()) : std::int64_t(1), h = H / P;
       if (blocks.data() == nullptr)
         blocks = tensor5(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO blocks"), P, B, s, h, dv);
       {
@@ -82,7 +106,10 @@ class OutputProjection {
                                                                                   static_cast<std::size_t>(h * dv)));
         }
       }
-      grad_a2a = launch_all_to_all(space, blocks, 2, 0, *mesh_, "dO a2a", received);
+      grad_a2a = seq_ == nullptr ? launch_all_to_all(space, blocks, 2, 0, *mesh_, "dO a2a", received)
+                 : even ? launch_all_to_all(space, blocks, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()), *mesh_,
+                                            "dO a2a", received)
+                        : launch_all_to_all(space, blocks, 2, 3, *seq_, *heads_, *mesh_, "dO a2a", received);
     }
     tensor5 result;
     if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
@@ -104,6 +131,8 @@ class OutputProjection {
   tensor4 local_output_;
   matrix w_o_;
   const Mesh* mesh_ = nullptr;
+  const Partition* seq_ = nullptr;
+  const Partition* heads_ = nullptr;
   bool forwarded_ = false;
   bool backwarded_ = false;
 };

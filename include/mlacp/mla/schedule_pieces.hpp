@@ -23,6 +23,7 @@
 #include <mlacp/mla/rope.hpp>
 #include <mlacp/mla/view_utils.hpp>
 #include <mlacp/mla/weights.hpp>
+#include <mlacp/partition.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <array>
@@ -83,7 +84,14 @@ class SchedulePieces {
 
   SchedulePieces(const MlaConfig& config, const weights_type& weights, const Mesh& mesh, const Core& core,
                  const DocumentLayout& documents, scratch_type& scratch)
-      : config_(&config), weights_(&weights), mesh_(&mesh), core_(&core), documents_(&documents), scratch_(&scratch) {}
+      : config_(&config),
+        weights_(&weights),
+        mesh_(&mesh),
+        core_(&core),
+        documents_(&documents),
+        scratch_(&scratch),
+        seq_part_(split(config.seq, mesh.size())),
+        head_part_(split(config.heads, mesh.size())) {}
 
   const MlaConfig& config() const { return *config_; }
   const weights_type& weights() const { return *weights_; }
@@ -91,8 +99,12 @@ class SchedulePieces {
   scratch_type& scratch() const { return *scratch_; }
   /// The packed documents (config().cu_seqlens), the same on every rank; empty: one document.
   const DocumentLayout& documents() const { return *documents_; }
-  int local_seq() const { return config_->seq / mesh_->size(); }
-  int local_heads() const { return config_->heads / mesh_->size(); }
+  /// How the tokens and the heads are split over the ranks (Partition's rule: the first S mod P ranks hold one token
+  /// more, the first H mod P ranks one head more).
+  const Partition& seq_partition() const { return seq_part_; }
+  const Partition& head_partition() const { return head_part_; }
+  int local_seq() const { return static_cast<int>(seq_part_.count(mesh_->rank())); }
+  int local_heads() const { return static_cast<int>(head_part_.count(mesh_->rank())); }
 
   // ---- checks (before any collective, agreed by every rank) ----
 
@@ -183,9 +195,10 @@ class SchedulePieces {
         (t.extent(0) != B || t.extent(1) != s || t.extent(2) != D || (t.data() == nullptr && t.size() != 0)))
       error = std::string("mlacp::MlaAttention::") + where + ": " + name + " has shape [" +
               std::to_string(t.extent(0)) + ", " + std::to_string(t.extent(1)) + ", " + std::to_string(t.extent(2)) +
-              "]" + (t.data() == nullptr ? " (unallocated)" : "") + "; expected [B, S/P, D] = [" + std::to_string(B) +
+              "]" + (t.data() == nullptr ? " (unallocated)" : "") + "; expected [B, s, D] = [" + std::to_string(B) +
               ", " + std::to_string(s) + ", " + std::to_string(D) +
-              "] on a group of P = " + std::to_string(mesh_->size());
+              "] (s: this rank's tokens of S = " + std::to_string(config_->seq) + " split as " + seq_part_.str() +
+              ") on rank " + std::to_string(mesh_->rank()) + " of a group of P = " + std::to_string(mesh_->size());
     if (error.empty()) error = other_error;
     if (error.empty() && mesh_->check_finite()) {
       const auto bad = count_non_finite(space, t);
@@ -197,7 +210,10 @@ class SchedulePieces {
                       r.w_o << 7 | r.b_o << 8;
     agree_or_throw(*mesh_, std::string("mlacp::MlaAttention::") + where, error,
                    {{std::string(name) + ".extent(0)", static_cast<std::int64_t>(t.extent(0))},
-                    {std::string(name) + ".extent(1)", static_cast<std::int64_t>(t.extent(1))},
+                    // The token extents differ across ranks on an uneven split: agreed as the excess over this
+                    // rank's count (0 everywhere when every rank passes its own).
+                    {std::string(name) + ".extent(1) - this rank's token count",
+                     static_cast<std::int64_t>(t.extent(1)) - static_cast<std::int64_t>(s)},
                     {std::string(name) + ".extent(2)", static_cast<std::int64_t>(t.extent(2))},
                     {"the gradient flags (MlaRequiresGrad)", flags}},
                    std::string(name) + " [" + std::to_string(t.extent(0)) + ", " + std::to_string(t.extent(1)) + ", " +
@@ -241,12 +257,15 @@ class SchedulePieces {
   ViewType into(ViewType& slot, const char* label, Extents... n) const {
     return mesh_->size() > 1 ? ensure(slot, label, n...) : ViewType();
   }
-  /// The P head blocks [P, B, s, h, d] an inverse all-to-all receives.
+  /// The head blocks an inverse all-to-all receives: the P blocks [P, B, s, h, d] of an even head split, or one block
+  /// of all heads [1, B, s, H, d] when the heads are split unevenly (InputA2APair::launch_backward).
   tensor5 blocks_into(tensor5& slot, const char* label, int d) const {
-    return into(slot, label, mesh_->size(), config_->batch, local_seq(), local_heads(), d);
+    if (head_part_.uniform()) return into(slot, label, mesh_->size(), config_->batch, local_seq(), local_heads(), d);
+    return into(slot, label, 1, config_->batch, local_seq(), config_->heads, d);
   }
 
-  /// The rank's head rows of w_kvb (and of its gradient): rows [r*h*(dn+dv), (r+1)*h*(dn+dv)).
+  /// The rank's head rows of w_kvb (and of its gradient): rows [o*(dn+dv), (o+h)*(dn+dv)) with o the rank's first head
+  /// and h its head count (head_partition()).
   template <class M>
   matrix_rows rows_of(const M& m) const {
     if (m.data() == nullptr) return matrix_rows();
@@ -261,11 +280,12 @@ class SchedulePieces {
   }
 
   /// The RoPE table of this rank's token positions (fixed per rank and configuration): built on first use, read by
-  /// every rotation of q, k_pe and their gradients. One document: the global token indices [r*s, (r+1)*s). Packed
+  /// every rotation of q, k_pe and their gradients. One document: the global token indices [o, o + s) (o, s: the
+  /// rank's seq_partition() offset and count). Packed
   /// documents: the position within each token's document (make_rope_positions), restarting at 0 at its start.
   const RopeTable<memory_space>& rope_table(const ExecSpace& space) const {
     auto& table = scratch_->rope;
-    const std::int64_t offset = static_cast<std::int64_t>(mesh_->rank()) * local_seq();
+    const std::int64_t offset = seq_part_.offset(mesh_->rank());
     const int width = config_->rope;
     const double base = config_->rope_base;
     if (documents_->single()) {
@@ -317,7 +337,8 @@ class SchedulePieces {
       ComputePhase<ExecSpace> phase(space, "attention fprop");
       core_forward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
     }
-    return w.out_proj.forward(space, w.o, weights_->w_o, weights_->b_o, *mesh_, ensure(w.y, "mlacp::y", B, s, c.hidden),
+    return w.out_proj.forward(space, w.o, weights_->w_o, weights_->b_o, *mesh_, seq_part_, head_part_,
+                              ensure(w.y, "mlacp::y", B, s, c.hidden),
                               into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim));
   }
 
@@ -330,12 +351,12 @@ class SchedulePieces {
                                      tensor4& dq, tensor4& dk, tensor4& dv) const {
     const MlaConfig& c = *config_;
     const MlaRequiresGrad& r = p.flags;
-    const int B = c.batch, S = c.seq, s = local_seq(), h = local_heads(), P = mesh_->size();
+    const int B = c.batch, S = c.seq, h = local_heads();
     scratch_type& scratch = *scratch_;
     forward_workspace& w = p.w;
     tensor4 d_o = w.out_proj.backward(
         space, dy, needs_attention(r), r.w_o ? g.w_o : decltype(g.w_o)(), r.b_o && c.bias ? g.b_o : decltype(g.b_o)(),
-        c.overlap, needs_attention(r) ? ensure(scratch.d_o_blocks, "mlacp::dO blocks", P, B, s, h, c.vdim) : tensor5(),
+        c.overlap, needs_attention(r) ? d_o_blocks() : tensor5(),
         needs_attention(r) ? into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, c.vdim) : tensor5());
     if (!needs_attention(r)) return false;
     // The core overwrites its gradients: the scratch needs no zeroing.
@@ -349,9 +370,9 @@ class SchedulePieces {
     return true;
   }
 
-  /// The token-local dq as the P head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads
-  /// [r*h, (r+1)*h)) -> w_q / b_q gradients and dx += dq w_q, one GEMM per block on w_q's rows of its heads (no
-  /// unpack).
+  /// The token-local dq as the head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads
+  /// [r*h, (r+1)*h); one block [1, B, s, H, dqk] when the heads are split unevenly) -> w_q / b_q gradients and dx += dq
+  /// w_q, one GEMM per block on w_q's rows of its heads (no unpack).
   void q_branch_backward(const ExecSpace& space, const pass_type& p, const tensor5& dq_blocks,
                          gradients_type& g) const {
     const MlaConfig& c = *config_;
@@ -411,10 +432,24 @@ class SchedulePieces {
   }
 
   std::pair<std::size_t, std::size_t> selected_rows() const {
-    const auto width =
-        static_cast<std::size_t>(local_heads()) * static_cast<std::size_t>(config_->nope + config_->vdim);
-    return {static_cast<std::size_t>(mesh_->rank()) * width, static_cast<std::size_t>(mesh_->rank() + 1) * width};
+    const auto width = static_cast<std::size_t>(config_->nope + config_->vdim);
+    const auto first = static_cast<std::size_t>(head_part_.offset(mesh_->rank()));
+    return {first * width, (first + static_cast<std::size_t>(local_heads())) * width};
   }
+
+  // The dO the output projection's backward writes in the all-to-all's send layout: the P head blocks [P, B, s, h, dv]
+  // of an even head split, or all heads [1, B, s, H, dv] when they are split unevenly (OutputProjection::backward).
+  tensor5 d_o_blocks() const {
+    const MlaConfig& c = *config_;
+    if (head_part_.uniform())
+      return ensure(scratch_->d_o_blocks, "mlacp::dO blocks", mesh_->size(), c.batch, local_seq(), local_heads(),
+                    c.vdim);
+    return ensure(scratch_->d_o_blocks, "mlacp::dO blocks", 1, c.batch, local_seq(), c.heads, c.vdim);
+  }
+
+  // A Partition of a configuration's extent; one that is not positive gets a placeholder (the configuration error
+  // names it before anything runs).
+  static Partition split(int total, int parts) { return Partition(total > 0 ? total : 0, parts > 0 ? parts : 1); }
 
   const MlaConfig* config_;
   const weights_type* weights_;
@@ -422,6 +457,8 @@ class SchedulePieces {
   const Core* core_;
   const DocumentLayout* documents_;
   scratch_type* scratch_;
+  Partition seq_part_;
+  Partition head_part_;
 };
 
 }  // namespace mlacp::detail

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Sequence lengths and head counts that the group size does not divide: rank r holds Partition(S, P).count(r) tokens
+// from Partition(S, P).offset(r) and Partition(H, P).count(r) heads (the first S mod P, H mod P ranks one more). The
+// distributed layer's forward and every gradient against the same layer on one rank over the full sequence, for
+// S in {P*k, P*k+1, P*k+P-1} and H in {P, P+1, 2P-1}, both strategies, float and double, with and without biases, one
+// case with packed documents (a document spanning three shards), and the refusals: x of the wrong local extent on
+// every rank, S or H smaller than P.
+#include "mla_test_data.hpp"
+#include "mpi_test_harness.hpp"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <mlacp/mla/mla_attention.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+template <class T>
+using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+
+constexpr int kBlocks = 3;  // k in S = P*k + m
+
+mlacp::MlaConfig uneven_config(mlacp::MlaStrategy strategy, bool bias, int seq, int heads) {
+  return mlacp::test::make_config(2, seq, 24, heads, 4, 4, 6, 8, bias, strategy);
+}
+
+// This rank's rows [offset, offset + count) of the full [B, S, D] by the partition.
+template <class T>
+Tensor3<T> shard(const Tensor3<T>& full, const mlacp::Partition& part, int rank) {
+  const auto begin = static_cast<std::size_t>(part.offset(rank));
+  const auto count = static_cast<std::size_t>(part.count(rank));
+  Tensor3<T> local("shard", full.extent(0), count, full.extent(2));
+  Kokkos::deep_copy(local, Kokkos::subview(full, Kokkos::ALL(), std::make_pair(begin, begin + count), Kokkos::ALL()));
+  return local;
+}
+
+std::vector<double> sum_over_ranks(std::vector<double> v) {
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return v;
+}
+
+// The distinct values of a list, in order (at P = 1 or 2 some of the S and H choices coincide).
+std::vector<int> distinct(std::vector<int> v) {
+  std::vector<int> out;
+  for (int x : v)
+    if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+  return out;
+}
+
+struct Case {
+  mlacp::MlaStrategy strategy;
+  bool bias;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias" : "_nobias");
+}
+
+class MlaUneven : public ::testing::TestWithParam<Case> {};
+
+// One configuration: the distributed layer (two iterations, the second on the buffers of the first) against the
+// one-rank layer: y and dx gathered by the partition, every weight gradient summed over the ranks.
+template <class T>
+void check_configuration(const mlacp::MlaConfig& config, const std::string& what) {
+  const double tolerance = std::is_same_v<T, double> ? 1e-10 : 1e-4;
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mlacp::Mesh self(MPI_COMM_SELF);
+  const Space space;
+  using mlacp::test::host_values;
+  using mlacp::test::relative_error;
+  const auto weights = mlacp::test::make_weights<T, Mem>(config, 42);
+  Tensor3<T> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
+  mlacp::test::fill(x, 100, 1.0);
+  mlacp::test::fill(dy, 200, 1.0);
+
+  mlacp::MlaAttention<T> reference(config, weights, self);
+  auto ref_forward = reference.forward(space, x);
+  const auto ref_grads = reference.backward(space, ref_forward, dy);
+
+  mlacp::MlaAttention<T> layer(config, weights, mesh);
+  const mlacp::Partition seq(config.seq, mesh.size()), heads(config.heads, mesh.size());
+  ASSERT_EQ(layer.seq_partition(), seq) << what;
+  ASSERT_EQ(layer.head_partition(), heads) << what;
+  ASSERT_EQ(layer.local_seq(), seq.count(mesh.rank())) << what;
+  ASSERT_EQ(layer.local_heads(), heads.count(mesh.rank())) << what;
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    auto forward = layer.forward(space, shard(x, seq, mesh.rank()));
+    const auto grads = layer.backward(space, forward, shard(dy, seq, mesh.rank()));
+    EXPECT_LE(relative_error(host_values(forward.output()), host_values(shard(ref_forward.output(), seq, mesh.rank()))),
+              tolerance)
+        << "y " << what;
+    EXPECT_LE(relative_error(host_values(grads.dx), host_values(shard(ref_grads.dx, seq, mesh.rank()))), tolerance)
+        << "dx " << what;
+    auto expect_weight_gradient = [&](const char* name, const auto& got, const auto& want) {
+      ASSERT_NE(got.data(), nullptr) << name;
+      EXPECT_LE(relative_error(sum_over_ranks(host_values(got)), host_values(want)), tolerance) << name << " " << what;
+    };
+    expect_weight_gradient("dw_q", grads.w_q, ref_grads.w_q);
+    expect_weight_gradient("dw_kva", grads.w_kva, ref_grads.w_kva);
+    expect_weight_gradient("dg_kv", grads.g_kv, ref_grads.g_kv);
+    expect_weight_gradient("dw_kvb", grads.w_kvb, ref_grads.w_kvb);
+    expect_weight_gradient("dw_o", grads.w_o, ref_grads.w_o);
+    if (config.bias) {
+      expect_weight_gradient("db_q", grads.b_q, ref_grads.b_q);
+      expect_weight_gradient("db_kvb", grads.b_kvb, ref_grads.b_kvb);
+      expect_weight_gradient("db_o", grads.b_o, ref_grads.b_o);
+    }
+  }
+}
+
+template <class T>
+void check_splits(const Case& c) {
+  const int P = mlacp::test::world_size();
+  for (int S : distinct({P * kBlocks, P * kBlocks + 1, P * kBlocks + P - 1}))
+    for (int H : distinct({P, P + 1, 2 * P - 1}))
+      check_configuration<T>(uneven_config(c.strategy, c.bias, S, H),
+                             "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", P = " + std::to_string(P));
+}
+
+TEST_P(MlaUneven, DoubleMatchesSingleRankFullSequence) { check_splits<double>(GetParam()); }
+TEST_P(MlaUneven, FloatMatchesSingleRankFullSequence) { check_splits<float>(GetParam()); }
+
+// Packed documents on an uneven split: the RoPE positions restart per document from the rank's partition offset, and
+// the document [3, S - 2) spans three shards or more at P >= 3.
+TEST_P(MlaUneven, PackedDocumentsOnAnUnevenSplit) {
+  const int P = mlacp::test::world_size();
+  const int S = std::max(4 * P + 1, 7), H = P + 1;
+  auto config = uneven_config(GetParam().strategy, GetParam().bias, S, H);
+  config.cu_seqlens = {0, 1, 3, S - 2, S};
+  const std::string what = "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", cu_seqlens {0,1,3," +
+                           std::to_string(S - 2) + "," + std::to_string(S) + "}";
+  check_configuration<double>(config, what);
+  check_configuration<float>(config, what);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded})
+    for (bool bias : {false, true}) cases.push_back({strategy, bias});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MlaUneven, ::testing::ValuesIn(all_cases()), case_name);
+
+// The split is the documented one: the first S mod P ranks hold one token more (and heads likewise).
+TEST(MlaUnevenSplit, FirstRanksHoldOneMore) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  const auto config = uneven_config(mlacp::MlaStrategy::latent, false, 3 * P + P - 1, 2 * P - 1);
+  mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh);
+  const int r = mesh.rank();
+  EXPECT_EQ(layer.local_seq(), 3 + (r < P - 1 ? 1 : 0));
+  EXPECT_EQ(layer.local_heads(), 1 + (r < P - 1 ? 1 : 0));
+  EXPECT_EQ(layer.seq_partition().offset(r), 4 * r - std::max(0, r - (P - 1)));
+}
+
+// x of another local extent than this rank's count raises on every rank before any collective: every rank wrong
+// (the even share floor(S/P) + 1 everywhere), and only the last rank wrong.
+TEST(MlaUnevenErrors, WrongLocalExtentRaisesOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    const auto config = uneven_config(strategy, true, 3 * P + 1, P + 1);
+    mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh);
+    const int s = layer.local_seq();
+    Tensor3<double> wrong("x", config.batch, s + 1, config.hidden);
+    // Every rank raises the first failing rank's message (rank 0's, with its count).
+    const auto s0 = std::to_string(layer.seq_partition().count(0));
+    mlacp::test::expect_error<mlacp::InvalidArgument>(
+        [&] { layer.forward(Space(), wrong); },
+        "x has shape [2, " + std::to_string(layer.seq_partition().count(0) + 1) + ", 24]; expected [B, s, D] = [2, " +
+            s0 + ", 24] (s: this rank's tokens of S = " + std::to_string(config.seq) + " split as " +
+            layer.seq_partition().str() + ") on rank 0");
+    const bool bad = mesh.rank() == P - 1;
+    Tensor3<double> x("x", config.batch, bad ? s + 1 : s, config.hidden);
+    mlacp::test::fill(x, 3, 1.0);
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), x); }, "x has shape");
+    // The layer still runs afterwards, and dy of the wrong extent raises likewise.
+    Tensor3<double> good("x", config.batch, s, config.hidden);
+    mlacp::test::fill(good, 4, 1.0);
+    auto f = layer.forward(Space(), good);
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { layer.backward(Space(), f, wrong); }, "dy has shape");
+  }
+}
+
+// S or H smaller than P would leave a rank with no token or no head: refused with the values named, on every rank.
+TEST(MlaUnevenErrors, FewerTokensOrHeadsThanRanksAreRefused) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  if (P == 1) GTEST_SKIP() << "every positive S and H is >= P = 1";
+  auto config = uneven_config(mlacp::MlaStrategy::latent, false, 3 * P, P - 1);
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
+      "heads = " + std::to_string(P - 1) + " is smaller than the Ulysses group size P = " + std::to_string(P));
+  config = uneven_config(mlacp::MlaStrategy::expanded, false, P - 1, P);
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
+      "seq = " + std::to_string(P - 1) + " is smaller than the Ulysses group size P = " + std::to_string(P));
+}
+
+}  // namespace
