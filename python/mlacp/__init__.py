@@ -8,7 +8,7 @@ collectives overlapped with compute.
     mesh = mlacp.Mesh(MPI.COMM_WORLD)
     config = mlacp.MlaConfig(batch=2, seq=256, hidden=128, heads=4, nope=16, rope=8, vdim=16, latent=32)
     layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=0)
-    y = layer(x_local)              # x_local [B, S/P, D]: this rank's tokens
+    y = layer(x_local)              # x_local [B, layer.local_seq, D]: this rank's tokens
     y.backward(dy_local)            # mlacp's overlapped backward
     mlacp.all_reduce_grads(layer)   # weight gradients summed over the mesh
 

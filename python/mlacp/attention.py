@@ -92,8 +92,9 @@ class _MlaFunction(torch.autograd.Function):
 
 
 class MlaAttention(torch.nn.Module):
-    """Multi-head Latent Attention (MLA_SPEC) on a Ulysses group: ``forward(x_local)`` with x_local ``[B, S/P, D]``
-    (this rank's contiguous token shard, rank r holding tokens [r*S/P, (r+1)*S/P)) returns y_local ``[B, S/P, D]``.
+    """Multi-head Latent Attention (MLA_SPEC) on a Ulysses group: ``forward(x_local)`` with x_local ``[B, s, D]``
+    (this rank's contiguous token shard, s = ``local_seq``: the first S mod P ranks hold ceil(S/P) tokens, the others
+    floor(S/P)) returns y_local ``[B, s, D]``.
 
     Arguments: ``config`` an mlacp.MlaConfig (seq is the global S), ``mesh`` an mlacp.Mesh, ``dtype`` torch.float32
     or torch.float64, ``seed`` (every rank draws the same weights from it: nn.Linear's uniform(+-1/sqrt(in)) for the
@@ -137,6 +138,12 @@ class MlaAttention(torch.nn.Module):
         # Collective: the library checks the configuration (and these weights) on every rank now, not at the first
         # forward.
         self._layer_for(tuple(getattr(self, n) for n in self._names))
+
+    @property
+    def local_seq(self):
+        """This rank's token count s: the first S mod P ranks hold ceil(S/P) tokens, the others floor(S/P)."""
+        seq, size, rank = self.config.seq, self.mesh.size, self.mesh.rank
+        return seq // size + (1 if rank < seq % size else 0)
 
     @property
     def dtype(self):

@@ -39,7 +39,7 @@ def test_wrong_shape_on_one_rank(comm, layer):
     s = c.seq // comm.size
     x = torch.randn(c.batch, s + (1 if last(comm) else 0), c.hidden, dtype=torch.float64)
     with pytest.raises(mlacp.InvalidArgument, match=r"mlacp::MlaAttention::forward: x has shape \[2, \d+, 24\]; "
-                       r"expected \[B, S/P, D\] = \[2, \d+, 24\]"):
+                       r"expected \[B, s, D\] = \[2, \d+, 24\] \(s: this rank.s tokens of S = 16 split as"):
         layer(x)
     still_works(layer, comm)
 

@@ -156,3 +156,23 @@ def test_bad_cu_seqlens_is_refused(comm, mesh):
     config = small_config(cu_seqlens=[0, 5, 5, 16])
     with pytest.raises(ValueError, match="cu_seqlens"):
         mlacp.MlaAttention(config, mesh, seed=7)
+
+
+def test_uneven_sequence_split(comm, mesh):
+    """S that P does not divide: local_seq follows the sharding rule and the numbers still match the reference."""
+    config = small_config(seq=4 * comm.size + comm.size - 1 if comm.size > 1 else 7)
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=7)
+    counts = comm.allgather(layer.local_seq)
+    assert sum(counts) == config.seq and max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True)
+    generator = torch.Generator().manual_seed(13)
+    x_full = torch.randn(config.batch, config.seq, config.hidden, generator=generator, dtype=torch.float64)
+    dy_full = torch.randn(x_full.shape, generator=generator, dtype=torch.float64)
+    first = sum(counts[:comm.rank])
+    x_local = x_full[:, first:first + layer.local_seq].contiguous().requires_grad_()
+    y_local = layer(x_local)
+    y_local.backward(dy_full[:, first:first + layer.local_seq].contiguous())
+    mlacp.all_reduce_grads(layer)
+    y_ref, dx_ref, grads_ref = reference(config, layer, x_full, dy_full)
+    errors = {"y": relative_error(gather(comm, y_local), y_ref), "dx": relative_error(gather(comm, x_local.grad), dx_ref)}
+    errors.update({"d" + n: relative_error(p.grad, grads_ref[n]) for n, p in layer.named_parameters()})
+    assert max(errors.values()) <= tolerance(torch.float64), errors
