@@ -17,10 +17,12 @@
 // which are (T_compute + T_comm - T_pair) / min and T_pair / max when nothing runs before the launch. The compute's
 // free dimension is calibrated so that T_compute matches T_comm on the link in use. Also sweeps OverlapPolicy::panels
 // (1 = unpanelled: no polling during the GEMM) and, for the library pairs, the balance: E with the compute calibrated
-// 1.5x longer and 1.5x shorter than the collective.
+// 1.5x longer and 1.5x shorter than the collective. Then the three library pieces once more with an uneven split
+// (S = P*k + P-1 tokens and H = P*h + P-1 heads: the first P-1 ranks hold one token and one head more, so the
+// collectives are the v-variants), calibrated and measured the same way: the E of each pair with uneven splits.
 //
 //   mpirun -n 2 mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
-//                                  [--rows N] [--progress-thread] [--no-sweep]
+//                                  [--rows N] [--progress-thread] [--no-sweep] [--no-uneven]
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
@@ -62,7 +64,9 @@ using BiasPart = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits
 const char* usage =
     "usage: mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--warmup N] [--transport-label STR]\n"
     "                          [--rate-label STR] [--rows N] [--progress-thread] [--no-sweep] [--no-transfer-only]\n"
+    "                          [--no-uneven]\n"
     "  --rows N           sequence rows per pair (default 8192, --quick 1024): the collective's size\n"
+    "  --no-uneven        skip the pairs with uneven splits (S and H not divisible by P)\n"
     "  --progress-thread  also run each pair unpanelled with a progress thread polling mlacp::progress()\n";
 
 // The transfer alone, as mlacp's GEMMs see it: a raw MPI request on pre-packed contiguous buffers, registered in
@@ -114,6 +118,35 @@ std::function<Waiter()> raw_launcher(std::size_t elements, MPI_Comm comm, int P)
 template <class ViewType, class... Extents>
 ViewType destination(const mlacp::Mesh& mesh, const char* label, Extents... n) {
   return mesh.size() > 1 ? ViewType(std::string(label), static_cast<std::size_t>(n)...) : ViewType();
+}
+
+// How a pair's tokens and heads are split over the ranks, as the layer splits them (MlaAttention's seq_partition and
+// head_partition): even, S and H divisible by P; uneven, S = P*k + P-1 and H = P*h + P-1, so that the first P-1
+// ranks hold one token and one head more than the last (at P == 1 both are even).
+struct Split {
+  mlacp::Partition seq, heads;
+  int rank = 0;
+  Split(std::int64_t S, std::int64_t H, const mlacp::Mesh& mesh)
+      : seq(S, mesh.size()), heads(H, mesh.size()), rank(mesh.rank()) {}
+  int s() const { return static_cast<int>(seq.count(rank)); }    // this rank's tokens
+  int h() const { return static_cast<int>(heads.count(rank)); }  // this rank's heads
+  bool even_heads() const { return heads.uniform(); }
+  // The shape of the per-rank sizes in the JSON.
+  JsonObject json() const {
+    return JsonObject()
+        .str("seq_counts", seq.str())
+        .str("head_counts", heads.str())
+        .raw("uneven", seq.uniform() && heads.uniform() ? "false" : "true");
+  }
+};
+
+// The extra tokens and heads of the uneven case over the even one (P-1 each: every rank but the last gets one more).
+std::int64_t uneven_extra(bool uneven, int P) { return uneven ? P - 1 : 0; }
+
+// The label of a pair spec: its name, and the split when uneven (H < 0: the pair has no head split).
+std::string spec_name(const std::string& name, bool uneven, std::int64_t S, std::int64_t H) {
+  if (!uneven) return name;
+  return name + " [uneven S=" + std::to_string(S) + (H < 0 ? "" : " H=" + std::to_string(H)) + "]";
 }
 
 // One overlap pair at one size of its compute, as callables on one library piece.
@@ -175,31 +208,35 @@ void with_progress_thread(int interval_us, const std::function<void()>& fn) {
 
 // ---- the three pairs --------------------------------------------------------------------------------------------
 
-// (1) OutputProjection::backward: the w_o dgrad written in per-rank head blocks [P, 1, s, h, dv], the dO all-to-all
+// (1) OutputProjection::backward: the w_o dgrad written in per-rank head blocks [P, 1, s, h, dv] (heads split
+// unevenly: one token-local block [1, 1, s, H, dv] whose heads the all-to-all scatters), the dO all-to-all
 // (token-local -> head-local) launched on them, dw_o [D, H*dv] += dy[s, D]^T o[s, H*dv] while it is in flight.
-PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
+PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
   const int P = mesh.size();
-  const int H = 8 * P, h = H / P, dv = std::max(1, 128 / H);
-  return {"dO a2a + w_o wgrad", 128, [&mesh, rows, H, h, dv, P](int D) {
+  const std::int64_t S = static_cast<std::int64_t>(rows) * P + uneven_extra(uneven, P);
+  const int H = 8 * P + static_cast<int>(uneven_extra(uneven, P)), dv = std::max(1, 128 / H);
+  return {spec_name("dO a2a + w_o wgrad", uneven, S, H), 128, [&mesh, S, H, dv, P](int D) {
             const Space space;
-            const int s = rows, S = rows * P;
             struct State {
+              explicit State(Split sp) : split(std::move(sp)) {}
+              Split split;
               Tensor4 attention_output;  // [1, S, h, dv], head-local: the forward's input
               Tensor4 local_output;      // [1, s, H, dv]: the forward's all-to-all result (empty at P == 1)
               Tensor3 y, dy;             // [1, s, D]
               Matrix w_o, dw_o;          // [D, H*dv]
-              Tensor5 blocks;            // [P, 1, s, h, dv]: dO before it is sent
+              Tensor5 blocks;            // [P, 1, s, h, dv] ([1, 1, s, H, dv] uneven heads): dO before it is sent
               Tensor5 received;          // [1, 1, S, h, dv]: dO after (empty at P == 1)
               std::optional<OutputProjection> invocation;
             };
-            auto st = std::make_shared<State>();
+            auto st = std::make_shared<State>(Split(S, H, mesh));
+            const int s = st->split.s(), h = st->split.h();
             st->attention_output = Tensor4("attention output", 1, S, h, dv);
             st->local_output = destination<Tensor4>(mesh, "local output", 1, s, H, dv);
             st->y = Tensor3("y", 1, s, D);
             st->dy = Tensor3("dy", 1, s, D);
             st->w_o = Matrix("w_o", D, H * dv);
             st->dw_o = Matrix("dw_o", D, H * dv);
-            st->blocks = Tensor5("dO blocks", P, 1, s, h, dv);
+            st->blocks = st->split.even_heads() ? Tensor5("dO blocks", P, 1, s, h, dv) : Tensor5("dO", 1, 1, s, H, dv);
             st->received = destination<Tensor5>(mesh, "dO heads", 1, 1, S, h, dv);
             mlacp::testing::synthetic::fill(st->attention_output, 11, 1.0);
             mlacp::testing::synthetic::fill(st->dy, 12, 1.0);
@@ -210,26 +247,35 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
             p.panel_rows = s;
             p.prepare = [space, st, &mesh]() {
               st->invocation.emplace();
-              st->invocation->forward(space, st->attention_output, st->w_o, Vector(), mesh, st->y, st->local_output);
+              st->invocation->forward(space, st->attention_output, st->w_o, Vector(), mesh, st->split.seq,
+                                      st->split.heads, st->y, st->local_output);
             };
             p.compute = [space, st]() {
               st->invocation->backward(space, st->dy, false, st->dw_o, Vector(), true, st->blocks, st->received);
             };
-            p.collective = [space, st, &mesh]() {
-              mlacp::launch_all_to_all(space, st->blocks, 2, 0, mesh, "dO a2a", st->received).wait();
+            p.collective = [space, st, &mesh, P]() {
+              // As OutputProjection::backward launches it: heads gathered from the P blocks, or scattered (uneven).
+              (st->split.even_heads() ? mlacp::launch_all_to_all(space, st->blocks, 2, 0, st->split.seq,
+                                                                 mlacp::Partition(P, P), mesh, "dO a2a", st->received)
+                                      : mlacp::launch_all_to_all(space, st->blocks, 2, 3, st->split.seq,
+                                                                 st->split.heads, mesh, "dO a2a", st->received))
+                  .wait();
             };
             p.piece = [space, st](bool overlap) {
               st->invocation->backward(space, st->dy, true, st->dw_o, Vector(), overlap, st->blocks, st->received);
             };
-            p.launch_raw = raw_launcher(st->blocks.size(), mesh.comm(), P);
+            if (st->split.seq.uniform() && st->split.heads.uniform())
+              p.launch_raw = raw_launcher(st->blocks.size(), mesh.comm(), P);
             p.sizes = [=]() {
-              return JsonObject()
+              return st->split.json()
+                  .num("S", static_cast<double>(S))
                   .num("s", s)
                   .num("H", H)
+                  .num("h", h)
                   .num("dv", dv)
                   .num("D", D)
                   .num("comm_bytes_per_rank", 8.0 * s * H * dv)
-                  .num("comm_bytes_leaving_rank", 8.0 * s * H * dv * (P - 1) / P)
+                  .num("comm_bytes_leaving_rank", 8.0 * s * (H - h) * dv)
                   .num("gemm_flops", 2.0 * s * D * H * dv)
                   .num("dgrad_before_launch_flops", 2.0 * s * D * H * dv)
                   .str("gemm", "dw_o[D, H*dv] += dy[s, D]^T o[s, H*dv]");
@@ -244,19 +290,23 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows) {
 // reduce-scatter launched and overlapped with the w_kvb wgrad, waited), then the payload backward of the local rows
 // (RoPE and RMSNorm backward, w_kva wgrad and dgrad). The latent reduce-scatter overlaps its own wgrad in every mode
 // here; what the modes change is only where the dQ all-to-all is waited.
-PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
+PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
   const int P = mesh.size();
-  const int h = 8, dn = 8, dr = 8, dv = 16, dqk = dn + dr;
-  return {"dQ a2a + kv backward", 64, [&mesh, rows, P, h, dn, dr, dv, dqk](int R) {
+  const int dn = 8, dr = 8, dv = 16, dqk = dn + dr;
+  const int S = rows + static_cast<int>(uneven_extra(uneven, P)), H = 8 * P + static_cast<int>(uneven_extra(uneven, P));
+  return {spec_name("dQ a2a + kv backward", uneven, S, H), 64, [&mesh, S, H, P, dn, dr, dv, dqk](int R) {
             const Space space;
-            const int S = rows, s = S / P, D = R, width = h * (dn + dv);
+            const Split split(S, H, mesh);
+            const int s = split.s(), h = split.h(), D = R, width = h * (dn + dv);
             struct State {
+              explicit State(Split sp) : split(std::move(sp)) {}
+              Split split;
               // The Q pair's forward operands and the attention backward's outputs.
               Tensor4 q_token_local;  // [1, s, H, dqk]
               Tensor4 q_heads;        // [1, S, h, dqk] (empty at P == 1)
               Tensor4 dq, dk;         // [1, S, h, dqk]
               Tensor4 dvv;            // [1, S, h, dv]
-              Tensor5 dq_blocks;      // [P, 1, s, h, dqk] (empty at P == 1)
+              Tensor5 dq_blocks;      // [P, 1, s, h, dqk] ([1, 1, s, H, dqk] uneven heads; empty at P == 1)
               // The latent KV linear's forward operands and backward scratch (the layer's workspace).
               Tensor3 gathered;                   // [1, S, R+dr]
               Matrix w_kvb, dw_kvb;               // [h*(dn+dv), R]: this rank's head rows
@@ -272,13 +322,14 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               std::optional<InputA2APair> q_pair;
               std::optional<LatentKVLinear> latent_kv;
             };
-            auto st = std::make_shared<State>();
-            st->q_token_local = Tensor4("q", 1, s, h * P, dqk);
+            auto st = std::make_shared<State>(split);
+            st->q_token_local = Tensor4("q", 1, s, H, dqk);
             st->q_heads = destination<Tensor4>(mesh, "q heads", 1, S, h, dqk);
             st->dq = Tensor4("dq", 1, S, h, dqk);
             st->dk = Tensor4("dk", 1, S, h, dqk);
             st->dvv = Tensor4("dv", 1, S, h, dv);
-            st->dq_blocks = destination<Tensor5>(mesh, "dQ blocks", P, 1, s, h, dqk);
+            st->dq_blocks = split.even_heads() ? destination<Tensor5>(mesh, "dQ blocks", P, 1, s, h, dqk)
+                                               : destination<Tensor5>(mesh, "dQ", 1, 1, s, H, dqk);
             st->gathered = Tensor3("gathered payload", 1, S, R + dr);
             st->w_kvb = Matrix("w_kvb rows", width, R);
             st->dw_kvb = Matrix("dw_kvb rows", width, R);
@@ -298,8 +349,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
             st->g_kv = Vector("g_kv", R);
             st->dg_kv = Vector("dg_kv", R);
             st->rstd = Vector("rstd", s);
-            st->rope =
-                mlacp::detail::make_rope_table(space, s, static_cast<std::int64_t>(mesh.rank()) * s, dr, 10000.0);
+            st->rope = mlacp::detail::make_rope_table(space, s, split.seq.offset(mesh.rank()), dr, 10000.0);
             mlacp::testing::synthetic::fill(st->q_token_local, 20, 1.0);
             mlacp::testing::synthetic::fill(st->dq, 21, 1.0);
             mlacp::testing::synthetic::fill(st->dk, 22, 1.0);
@@ -335,20 +385,25 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
             p.comm_name = "dQ a2a";
             p.panel_rows = S;
             p.prepare = [space, st, R, &mesh]() {
-              st->q_pair.emplace(mesh, "Q");
+              st->q_pair.emplace(mesh, "Q", st->split.seq, st->split.heads);
               st->q_pair->launch_forward(space, st->q_token_local, true, st->q_heads);
               st->q_pair->wait_forward();
               st->latent_kv.emplace();
               st->latent_kv->forward(space, st->gathered, WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), R),
-                                     BiasPart(), mesh, st->kv, Tensor3(), st->latent);
+                                     BiasPart(), mesh, st->split.seq, st->kv, Tensor3(), st->latent);
             };
             p.compute = [space, kv_backward, no_mark]() {
               mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
               kv_backward(no_mark);
             };
-            p.collective = [space, st, &mesh]() {
+            p.collective = [space, st, &mesh, P]() {
+              // As InputA2APair::launch_backward launches it: the P head blocks gathered, or the heads (uneven).
               const Tensor5 whole(st->dq.data(), 1, 1, st->dq.extent(1), st->dq.extent(2), st->dq.extent(3));
-              mlacp::launch_all_to_all(space, whole, 0, 2, mesh, "dQ a2a", st->dq_blocks).wait();
+              (st->split.even_heads() ? mlacp::launch_all_to_all(space, whole, 0, 2, mlacp::Partition(P, P),
+                                                                 st->split.seq, mesh, "dQ a2a", st->dq_blocks)
+                                      : mlacp::launch_all_to_all(space, whole, 3, 2, st->split.heads, st->split.seq,
+                                                                 mesh, "dQ a2a", st->dq_blocks))
+                  .wait();
             };
             p.piece = [space, st, kv_backward, no_mark](bool overlap) {
               st->q_pair->launch_backward(space, st->dq, st->dq_blocks);
@@ -379,7 +434,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               st->latent_kv.emplace();
               st->latent_kv->forward(space, st->gathered,
                                      WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), st->w_kvb.extent(1)), BiasPart(),
-                                     mesh, st->kv, Tensor3(), st->latent);
+                                     mesh, st->split.seq, st->kv, Tensor3(), st->latent);
               Kokkos::fence();
               double last = now();
               kv_backward([&](const char* name) {
@@ -394,20 +449,21 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
               }
               return o;
             };
-            p.launch_raw = raw_launcher(st->dq.size(), mesh.comm(), P);
+            if (split.seq.uniform() && split.heads.uniform())
+              p.launch_raw = raw_launcher(st->dq.size(), mesh.comm(), P);
             p.sizes = [=]() {
-              return JsonObject()
+              return split.json()
                   .num("S", S)
                   .num("s", s)
                   .num("h", h)
-                  .num("H", h * P)
+                  .num("H", H)
                   .num("dn", dn)
                   .num("dr", dr)
                   .num("dv", dv)
                   .num("R", R)
                   .num("D", D)
                   .num("comm_bytes_per_rank", 8.0 * S * h * dqk)
-                  .num("comm_bytes_leaving_rank", 8.0 * S * h * dqk * (P - 1) / P)
+                  .num("comm_bytes_leaving_rank", 8.0 * (S - s) * h * dqk)
                   .num("latent_reduce_scatter_bytes_per_rank", 8.0 * S * (R + dr))
                   .num("gemm_flops", 4.0 * S * width * R + 4.0 * s * (R + dr) * D);
             };
@@ -418,73 +474,79 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows) {
 // (3) LatentKVLinear::backward: the w_kvb dgrad joined with the shared key's gradient into the payload gradient
 // [1, S, R+dr], its SUM reduce-scatter along the sequence launched, dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]
 // while it is in flight, W = h*(dn+dv) (calibrated).
-PairSpec pair_rs(const mlacp::Mesh& mesh, int rows) {
+PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
   const int P = mesh.size();
   const int R = 120, dr = 8;
-  return {
-      "latent reduce-scatter + w_kvb wgrad", 192, [&mesh, rows, P, R, dr](int W) {
-        const Space space;
-        const int S = rows;
-        struct State {
-          Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
-          Matrix w_sel, dw_sel;               // [W, R]
-          Tensor3 kv, latent;                 // [1, S, W], [1, S, R]
-          Tensor3 grad_kv, grad_shared;       // [1, S, W], [1, S, dr]
-          Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
-          Tensor3 reduced;                    // [1, S/P, R+dr] (empty at P == 1)
-          std::optional<LatentKVLinear> invocation;
-        };
-        auto st = std::make_shared<State>();
-        st->gathered = Tensor3("gathered payload", 1, S, R + dr);
-        st->w_sel = Matrix("w_sel", W, R);
-        st->dw_sel = Matrix("dw_sel", W, R);
-        st->kv = Tensor3("kv", 1, S, W);
-        st->latent = Tensor3("latent", 1, S, R);
-        st->grad_kv = Tensor3("d kv", 1, S, W);
-        st->grad_shared = Tensor3("d k_pe", 1, S, dr);
-        st->grad_payload = Tensor3("d payload", 1, S, R + dr);
-        st->grad_latent = Tensor3("d latent", 1, S, R);
-        st->reduced = destination<Tensor3>(mesh, "d payload local", 1, S / P, R + dr);
-        mlacp::testing::synthetic::fill(st->gathered, 31, 1.0);
-        mlacp::testing::synthetic::fill(st->grad_kv, 32, 1.0);
-        mlacp::testing::synthetic::fill(st->grad_shared, 33, 1.0);
-        mlacp::testing::synthetic::fill(st->w_sel, 34, 0.1);
-        const auto rows_of = [](const Matrix& m) { return WeightRows(m.data(), m.extent(0), m.extent(1)); };
-        Pair p;
-        p.compute_name = "w_kvb wgrad";
-        p.comm_name = "latent reduce-scatter";
-        p.panel_rows = S;
-        p.prepare = [space, st, rows_of, &mesh]() {
-          st->invocation.emplace();
-          st->invocation->forward(space, st->gathered, rows_of(st->w_sel), BiasPart(), mesh, st->kv, Tensor3(),
-                                  st->latent);
-        };
-        p.compute = [space, st, rows_of]() {
-          st->invocation->backward(space, st->grad_kv, st->grad_shared, false, rows_of(st->dw_sel), BiasPart(), true,
-                                   st->grad_payload, st->grad_latent, st->reduced);
-        };
-        p.collective = [space, st, &mesh]() {
-          mlacp::launch_reduce_scatter(space, st->grad_payload, 1, mesh, "latent reduce-scatter", st->reduced).wait();
-        };
-        p.piece = [space, st, rows_of](bool overlap) {
-          st->invocation->backward(space, st->grad_kv, st->grad_shared, true, rows_of(st->dw_sel), BiasPart(), overlap,
-                                   st->grad_payload, st->grad_latent, st->reduced);
-        };
-        p.launch_raw = raw_launcher(st->grad_payload.size(), mesh.comm(), P);
-        p.sizes = [=]() {
-          return JsonObject()
-              .num("S", S)
-              .num("R", R)
-              .num("dr", dr)
-              .num("W_h_dn_dv", W)
-              .num("comm_bytes_per_rank", 8.0 * S * (R + dr))
-              .num("comm_bytes_leaving_rank", 8.0 * S * (R + dr) * (P - 1) / P)
-              .num("gemm_flops", 2.0 * S * W * R)
-              .num("dgrad_before_launch_flops", 2.0 * S * W * R)
-              .str("gemm", "dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]");
-        };
-        return p;
-      }};
+  const int S = rows + static_cast<int>(uneven_extra(uneven, P));
+  return {spec_name("latent reduce-scatter + w_kvb wgrad", uneven, S, -1), 192, [&mesh, S, P, R, dr](int W) {
+            const Space space;
+            const Split split(S, P, mesh);  // the heads do not enter this pair (W stands for the rank's head rows)
+            const int s = split.s();
+            struct State {
+              explicit State(Split sp) : split(std::move(sp)) {}
+              Split split;
+              Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
+              Matrix w_sel, dw_sel;               // [W, R]
+              Tensor3 kv, latent;                 // [1, S, W], [1, S, R]
+              Tensor3 grad_kv, grad_shared;       // [1, S, W], [1, S, dr]
+              Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
+              Tensor3 reduced;                    // [1, s, R+dr] (empty at P == 1)
+              std::optional<LatentKVLinear> invocation;
+            };
+            auto st = std::make_shared<State>(split);
+            st->gathered = Tensor3("gathered payload", 1, S, R + dr);
+            st->w_sel = Matrix("w_sel", W, R);
+            st->dw_sel = Matrix("dw_sel", W, R);
+            st->kv = Tensor3("kv", 1, S, W);
+            st->latent = Tensor3("latent", 1, S, R);
+            st->grad_kv = Tensor3("d kv", 1, S, W);
+            st->grad_shared = Tensor3("d k_pe", 1, S, dr);
+            st->grad_payload = Tensor3("d payload", 1, S, R + dr);
+            st->grad_latent = Tensor3("d latent", 1, S, R);
+            st->reduced = destination<Tensor3>(mesh, "d payload local", 1, s, R + dr);
+            mlacp::testing::synthetic::fill(st->gathered, 31, 1.0);
+            mlacp::testing::synthetic::fill(st->grad_kv, 32, 1.0);
+            mlacp::testing::synthetic::fill(st->grad_shared, 33, 1.0);
+            mlacp::testing::synthetic::fill(st->w_sel, 34, 0.1);
+            const auto rows_of = [](const Matrix& m) { return WeightRows(m.data(), m.extent(0), m.extent(1)); };
+            Pair p;
+            p.compute_name = "w_kvb wgrad";
+            p.comm_name = "latent reduce-scatter";
+            p.panel_rows = S;
+            p.prepare = [space, st, rows_of, &mesh]() {
+              st->invocation.emplace();
+              st->invocation->forward(space, st->gathered, rows_of(st->w_sel), BiasPart(), mesh, st->split.seq, st->kv,
+                                      Tensor3(), st->latent);
+            };
+            p.compute = [space, st, rows_of]() {
+              st->invocation->backward(space, st->grad_kv, st->grad_shared, false, rows_of(st->dw_sel), BiasPart(),
+                                       true, st->grad_payload, st->grad_latent, st->reduced);
+            };
+            p.collective = [space, st, &mesh]() {
+              mlacp::launch_reduce_scatter(space, st->grad_payload, 1, st->split.seq, mesh, "latent reduce-scatter",
+                                           st->reduced)
+                  .wait();
+            };
+            p.piece = [space, st, rows_of](bool overlap) {
+              st->invocation->backward(space, st->grad_kv, st->grad_shared, true, rows_of(st->dw_sel), BiasPart(),
+                                       overlap, st->grad_payload, st->grad_latent, st->reduced);
+            };
+            if (split.seq.uniform()) p.launch_raw = raw_launcher(st->grad_payload.size(), mesh.comm(), P);
+            p.sizes = [=]() {
+              return split.json()
+                  .num("S", S)
+                  .num("s", s)
+                  .num("R", R)
+                  .num("dr", dr)
+                  .num("W_h_dn_dv", W)
+                  .num("comm_bytes_per_rank", 8.0 * S * (R + dr))
+                  .num("comm_bytes_leaving_rank", 8.0 * (S - s) * (R + dr))
+                  .num("gemm_flops", 2.0 * S * W * R)
+                  .num("dgrad_before_launch_flops", 2.0 * S * W * R)
+                  .str("gemm", "dw_sel[W, R] += grad_kv[S, W]^T latent[S, R]");
+            };
+            return p;
+          }};
 }
 
 // ---- the run ----------------------------------------------------------------------------------------------------
@@ -496,6 +558,7 @@ struct Settings {
   bool panel_sweep = false;      // E by OverlapPolicy::panels
   bool balance_sweep = false;    // E at comm/compute 0.67 and 1.5 (library pairs, not --quick)
   bool progress_thread = false;  // the opt-in progress-thread experiment
+  bool uneven = true;            // also the library pairs with an uneven split (S, H not divisible by P)
   int modes = 2;                 // 0: the library's collectives; 1: also the transfer only (raw MPI)
   std::vector<int> panel_counts;
   mlacp::OverlapPolicy default_policy;
@@ -513,6 +576,7 @@ Settings read_settings(const Options& o, const mlacp::Mesh& mesh) {
   st.balance_sweep = st.panel_sweep && !o.quick;
   st.progress_thread = o.extra.count("progress-thread") != 0;
   st.modes = o.extra.count("no-transfer-only") ? 1 : 2;
+  st.uneven = o.extra.count("no-uneven") == 0;
   st.panel_counts = o.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
   st.default_policy = mlacp::overlap_policy();
   return st;
@@ -784,6 +848,7 @@ struct Report {
   std::vector<Row> table;
   std::vector<PhaseRow> phases;
   std::vector<std::string> sweep_lines, balance_lines;
+  std::vector<std::string> uneven_lines, uneven_docs;  // E even against E uneven, per library pair
 };
 
 JsonObject pair_json(const PairRun& run, const PairMeasurement& m, const Settings& settings) {
@@ -852,8 +917,8 @@ std::pair<std::string, std::string> panel_sweep_result(const PairRun& run, const
   return {jlist(docs), line};
 }
 
-// One pair in one mode, from calibration to its entries in the report.
-void benchmark_pair(const PairSpec& spec, bool raw, const Settings& settings, MPI_Comm comm, Report& report) {
+// One pair in one mode, from calibration to its entries in the report. Returns its E.
+double benchmark_pair(const PairSpec& spec, bool raw, const Settings& settings, MPI_Comm comm, Report& report) {
   PairRun run;
   run.label = spec.name + (raw ? " [transfer only]" : "");
   run.raw = raw;
@@ -887,6 +952,27 @@ void benchmark_pair(const PairSpec& spec, bool raw, const Settings& settings, MP
     pd.raw("balance_sweep", docs);
   }
   report.pair_docs.push_back(pd.text());
+  return m.e_of(tp);
+}
+
+// The three library pairs once more with an uneven split, measured like the even ones but without the sweeps, and
+// their E set beside the even E of the same pair.
+void benchmark_uneven(const mlacp::Mesh& mesh, const std::vector<double>& even_e, const Settings& settings,
+                      Report& report) {
+  if (mesh.size() == 1) {
+    report.uneven_lines.push_back("  (P = 1: every split is even, so there is no uneven case to measure)");
+    return;
+  }
+  Settings plain = settings;
+  plain.panel_sweep = plain.balance_sweep = plain.progress_thread = false;
+  const std::vector<PairSpec> specs = {pair_do(mesh, settings.rows, true), pair_dq(mesh, settings.rows, true),
+                                       pair_rs(mesh, settings.rows, true)};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const double e = benchmark_pair(specs[i], false, plain, mesh.comm(), report);
+    report.uneven_lines.push_back("  " + specs[i].name + ":  even " + fixed(even_e[i], 2) + "  uneven " + fixed(e, 2));
+    report.uneven_docs.push_back(
+        JsonObject().str("pair", specs[i].name).num("E_even", even_e[i]).num("E_uneven", e).text());
+  }
 }
 
 void print_report(const Report& report, const Options& o, const Settings& settings, int P) {
@@ -919,10 +1005,15 @@ void print_report(const Report& report, const Options& o, const Settings& settin
     std::cout << "E by comm/compute (measured ratio:E; the band of the targets is 0.67..1.5):\n";
     for (const auto& l : report.balance_lines) std::cout << l << "\n";
   }
+  if (!report.uneven_lines.empty()) {
+    std::cout << "E with uneven splits (S = P*k + P-1, H = P*h + P-1; v-collectives), beside the even split's:\n";
+    for (const auto& l : report.uneven_lines) std::cout << l << "\n";
+  }
 }
 
 int run(int argc, char** argv) {
-  const Options o = parse_options(argc, argv, {"--rows"}, {"--progress-thread", "--no-sweep", "--no-transfer-only"});
+  const Options o =
+      parse_options(argc, argv, {"--rows"}, {"--progress-thread", "--no-sweep", "--no-transfer-only", "--no-uneven"});
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   mesh.set_checked(false);  // the benchmark measures the transport, not the argument agreement
   const Settings settings = read_settings(o, mesh);
@@ -931,11 +1022,16 @@ int run(int argc, char** argv) {
                                 .num("panels", settings.default_policy.panels)
                                 .num("min_panel_rows", static_cast<double>(settings.default_policy.min_panel_rows)));
   Report report;
+  std::vector<double> even_e;  // the library pairs' E (mode 0)
   for (int mode = 0; mode < settings.modes; ++mode)
-    for (const PairSpec& spec :
-         {pair_do(mesh, settings.rows), pair_dq(mesh, settings.rows), pair_rs(mesh, settings.rows)})
-      benchmark_pair(spec, mode == 1, settings, mesh.comm(), report);
+    for (const PairSpec& spec : {pair_do(mesh, settings.rows, false), pair_dq(mesh, settings.rows, false),
+                                 pair_rs(mesh, settings.rows, false)}) {
+      const double e = benchmark_pair(spec, mode == 1, settings, mesh.comm(), report);
+      if (mode == 0) even_e.push_back(e);
+    }
+  if (settings.uneven) benchmark_uneven(mesh, even_e, settings, report);
   doc.raw("pairs", jlist(report.pair_docs));
+  if (settings.uneven) doc.raw("uneven_vs_even", jlist(report.uneven_docs));
   if (mesh.rank() == 0) {
     print_report(report, o, settings, mesh.size());
     write_json(o.json, doc.text());
