@@ -47,7 +47,9 @@ class MlaLayer : public ::testing::TestWithParam<Case> {};
 
 template <class T>
 void check_against_single_rank(const Case& c) {
-  mlacp::test::expect_matches_single_rank_full_sequence<T>(small_config(c.strategy, c.bias, c.batch), c.flags);
+  auto config = small_config(c.strategy, c.bias, c.batch);
+  config.overlap = c.overlap;
+  mlacp::test::expect_matches_single_rank_full_sequence<T>(config, c.flags);
 }
 
 TEST_P(MlaLayer, DoubleMatchesSingleRankFullSequence) { check_against_single_rank<double>(GetParam()); }
