@@ -5,13 +5,13 @@
 // and off shard boundaries). The one-rank layer itself is checked against the plain-loop host reference with
 // cu_seqlens (forward) and against finite differences (gradients), and a layout that differs across ranks raises on
 // every rank.
+#include "layer_reference_checks.hpp"
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/mla/mla_attention.hpp>
-#include <mlacp/testing/reference_forward.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -19,7 +19,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -64,20 +63,6 @@ std::string describe(const std::vector<std::int64_t>& c) {
   return out + "}";
 }
 
-template <class T>
-Tensor3<T> shard(const Tensor3<T>& full, const mlacp::Mesh& mesh) {
-  const std::size_t s = full.extent(1) / static_cast<std::size_t>(mesh.size());
-  const auto begin = s * static_cast<std::size_t>(mesh.rank());
-  Tensor3<T> local("shard", full.extent(0), s, full.extent(2));
-  Kokkos::deep_copy(local, Kokkos::subview(full, Kokkos::ALL(), std::make_pair(begin, begin + s), Kokkos::ALL()));
-  return local;
-}
-
-std::vector<double> sum_over_ranks(std::vector<double> v) {
-  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return v;
-}
-
 struct Case {
   mlacp::MlaStrategy strategy;
   bool bias;
@@ -92,54 +77,13 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 class MlaPacked : public ::testing::TestWithParam<Case> {};
 
 // The distributed layer with cu_seqlens against the one-rank layer with the same cu_seqlens (checked itself against
-// independent references below): y, dx and every weight gradient (summed over the ranks).
+// independent references below): y, dx and every weight gradient (summed over the ranks), in two iterations (the
+// second reuses the layer's RoPE positions and workspaces built by the first).
 template <class T>
 void check_against_single_rank(const Case& c) {
-  const double tolerance = std::is_same_v<T, double> ? 1e-10 : 1e-4;
-  mlacp::Mesh mesh(MPI_COMM_WORLD);
-  mlacp::Mesh self(MPI_COMM_SELF);
-  const Space space;
-  using mlacp::test::host_values;
-  using mlacp::test::relative_error;
-  for (const auto& cu : packings()) {
-    const auto config = packed_config(c.strategy, c.bias, cu, c.batch);
-    const std::string what = describe(cu);
-    const auto weights = mlacp::test::make_weights<T, Mem>(config, 42);
-    Tensor3<T> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
-    mlacp::test::fill(x, 100, 1.0);
-    mlacp::test::fill(dy, 200, 1.0);
-
-    mlacp::MlaAttention<T> reference(config, weights, self);
-    auto ref_forward = reference.forward(space, x);
-    const auto ref_grads = reference.backward(space, ref_forward, dy);
-
-    mlacp::MlaAttention<T> layer(config, weights, mesh);
-    // Two iterations: the second reuses the layer's RoPE positions and workspaces built by the first.
-    for (int iteration = 0; iteration < 2; ++iteration) {
-      auto forward = layer.forward(space, shard(x, mesh));
-      const auto grads = layer.backward(space, forward, shard(dy, mesh));
-      EXPECT_LE(relative_error(host_values(forward.output()), host_values(shard(ref_forward.output(), mesh))),
-                tolerance)
-          << "y " << what;
-      EXPECT_LE(relative_error(host_values(grads.dx), host_values(shard(ref_grads.dx, mesh))), tolerance)
-          << "dx " << what;
-      auto expect_weight_gradient = [&](const char* name, const auto& got, const auto& want) {
-        ASSERT_NE(got.data(), nullptr) << name;
-        EXPECT_LE(relative_error(sum_over_ranks(host_values(got)), host_values(want)), tolerance)
-            << name << " " << what;
-      };
-      expect_weight_gradient("dw_q", grads.w_q, ref_grads.w_q);
-      expect_weight_gradient("dw_kva", grads.w_kva, ref_grads.w_kva);
-      expect_weight_gradient("dg_kv", grads.g_kv, ref_grads.g_kv);
-      expect_weight_gradient("dw_kvb", grads.w_kvb, ref_grads.w_kvb);
-      expect_weight_gradient("dw_o", grads.w_o, ref_grads.w_o);
-      if (c.bias) {
-        expect_weight_gradient("db_q", grads.b_q, ref_grads.b_q);
-        expect_weight_gradient("db_kvb", grads.b_kvb, ref_grads.b_kvb);
-        expect_weight_gradient("db_o", grads.b_o, ref_grads.b_o);
-      }
-    }
-  }
+  for (const auto& cu : packings())
+    mlacp::test::expect_matches_single_rank_full_sequence<T>(packed_config(c.strategy, c.bias, cu, c.batch), {}, 2,
+                                                             describe(cu));
 }
 
 TEST_P(MlaPacked, DoubleMatchesSingleRankFullSequence) { check_against_single_rank<double>(GetParam()); }
@@ -176,93 +120,19 @@ TEST(MlaPackedMath, DocumentsChangeTheOutput) {
 // The one-rank layer with cu_seqlens equals the plain-loop host reference of MLA_SPEC with the same cu_seqlens
 // (positions restart per document, attention masked per document), both strategies, with and without bias.
 TEST(MlaPackedMath, SingleRankForwardMatchesPlainLoopReference) {
-  mlacp::Mesh self(MPI_COMM_SELF);
-  for (const auto& cu : packings()) {
-    for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-      for (bool bias : {false, true}) {
-        const auto config = packed_config(strategy, bias, cu);
-        const auto w = mlacp::test::make_weights<double, Mem>(config, 5);
-        Tensor3<double> x("x", config.batch, config.seq, config.hidden);
-        mlacp::test::fill(x, 77, 1.0);
-        mlacp::MlaAttention<double> layer(config, w, self);
-        const auto y = layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output();
-
-        mlacp::testing::reference::ReferenceWeights<double> hw;
-        auto host = [](const auto& v) { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v); };
-        hw.w_q = host(w.w_q);
-        hw.w_kva = host(w.w_kva);
-        hw.g_kv = host(w.g_kv);
-        hw.w_kvb = host(w.w_kvb);
-        hw.w_o = host(w.w_o);
-        if (bias) {
-          hw.b_q = host(w.b_q);
-          hw.b_kvb = host(w.b_kvb);
-          hw.b_o = host(w.b_o);
-        }
-        const mlacp::testing::reference::ReferenceDims dims{config.batch, config.seq,  config.hidden, config.heads,
-                                                            config.nope,  config.rope, config.vdim,   config.latent};
-        mlacp::testing::reference::ReferenceWeights<double>::tensor3_type y_ref("y_ref", config.batch, config.seq,
-                                                                                config.hidden);
-        mlacp::testing::reference::mla_forward(dims, hw, host(x), y_ref, cu);
-        std::vector<double> want(y_ref.data(), y_ref.data() + y_ref.size());
-        EXPECT_LE(mlacp::test::relative_error(mlacp::test::host_values(y), want), 1e-12)
-            << mlacp::to_string(strategy) << (bias ? " with" : " without") << " bias, " << describe(cu);
-      }
-    }
-  }
+  for (const auto& cu : packings())
+    for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded})
+      for (bool bias : {false, true})
+        mlacp::test::expect_single_rank_forward_matches_plain_loop(packed_config(strategy, bias, cu), describe(cu));
 }
 
 // Every gradient of the one-rank packed layer equals central finite differences of L = sum(y * dy) along a random
 // direction (the reference the distributed gradients are compared with is itself right).
 TEST(MlaPackedMath, SingleRankGradientsMatchFiniteDifferences) {
-  mlacp::Mesh self(MPI_COMM_SELF);
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
     auto config = packed_config(strategy, true, {0, 3, 4, 9, 12});
     config.seq = 12;
-    const auto w = mlacp::test::make_weights<double, Mem>(config, 9);
-    Tensor3<double> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
-    mlacp::test::fill(x, 31, 1.0);
-    mlacp::test::fill(dy, 32, 1.0);
-    mlacp::MlaAttention<double> layer(config, w, self);
-    auto forward = layer.forward(Space(), x);
-    const auto grads = layer.backward(Space(), forward, dy);
-    auto loss = [&] {
-      const auto y = mlacp::test::host_values(layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output());
-      const auto d = mlacp::test::host_values(dy);
-      double l = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) l += y[i] * d[i];
-      return l;
-    };
-    std::uint64_t seed = 2000;
-    auto check = [&](const char* name, const auto& param, const auto& grad) {
-      const auto base = mlacp::test::host_values(param);
-      const auto direction = mlacp::test::pseudo_random(base.size(), ++seed, 1.0);
-      const double eps = 1e-5;
-      auto set = [&](double t) {
-        auto h = Kokkos::create_mirror_view(param);
-        for (std::size_t i = 0; i < base.size(); ++i) h.data()[i] = base[i] + t * direction[i];
-        Kokkos::deep_copy(param, h);
-      };
-      set(eps);
-      const double plus = loss();
-      set(-eps);
-      const double minus = loss();
-      set(0);
-      const double numeric = (plus - minus) / (2 * eps);
-      const auto g = mlacp::test::host_values(grad);
-      double analytic = 0;
-      for (std::size_t i = 0; i < g.size(); ++i) analytic += g[i] * direction[i];
-      EXPECT_NEAR(analytic, numeric, 1e-6 * (std::abs(numeric) + 1.0)) << mlacp::to_string(strategy) << " " << name;
-    };
-    check("x", x, grads.dx);
-    check("w_q", w.w_q, grads.w_q);
-    check("b_q", w.b_q, grads.b_q);
-    check("w_kva", w.w_kva, grads.w_kva);
-    check("g_kv", w.g_kv, grads.g_kv);
-    check("w_kvb", w.w_kvb, grads.w_kvb);
-    check("b_kvb", w.b_kvb, grads.b_kvb);
-    check("w_o", w.w_o, grads.w_o);
-    check("b_o", w.b_o, grads.b_o);
+    mlacp::test::expect_single_rank_gradients_match_finite_differences(config, 2000);
   }
 }
 

@@ -5,6 +5,7 @@
 // S in {P*k, P*k+1, P*k+P-1} and H in {P, P+1, 2P-1}, both strategies, float and double, with and without biases, one
 // case with packed documents (a document spanning three shards), and the refusals: x of the wrong local extent on
 // every rank, S or H smaller than P.
+#include "layer_reference_checks.hpp"
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
 
@@ -16,8 +17,6 @@
 #include <cstdint>
 #include <set>
 #include <string>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -33,20 +32,10 @@ mlacp::MlaConfig uneven_config(mlacp::MlaStrategy strategy, bool bias, int seq, 
   return mlacp::test::make_config(2, seq, 24, heads, 4, 4, 6, 8, bias, strategy);
 }
 
-// This rank's rows [offset, offset + count) of the full [B, S, D] by the partition.
-template <class T>
-Tensor3<T> shard(const Tensor3<T>& full, const mlacp::Partition& part, int rank) {
-  const auto begin = static_cast<std::size_t>(part.offset(rank));
-  const auto count = static_cast<std::size_t>(part.count(rank));
-  Tensor3<T> local("shard", full.extent(0), count, full.extent(2));
-  Kokkos::deep_copy(local, Kokkos::subview(full, Kokkos::ALL(), std::make_pair(begin, begin + count), Kokkos::ALL()));
-  return local;
-}
-
-std::vector<double> sum_over_ranks(std::vector<double> v) {
-  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return v;
-}
+// A rank's rows of a full tensor by the partition, and a host vector summed over the ranks
+// (layer_reference_checks.hpp).
+using mlacp::test::shard;
+using mlacp::test::sum_over_ranks;
 
 // The distinct values of a list, in order (at P = 1 or 2 some of the S and H choices coincide).
 std::vector<int> distinct(std::vector<int> v) {
@@ -71,50 +60,7 @@ class MlaUneven : public ::testing::TestWithParam<Case> {};
 // one-rank layer: y and dx gathered by the partition, every weight gradient summed over the ranks.
 template <class T>
 void check_configuration(const mlacp::MlaConfig& config, const std::string& what) {
-  const double tolerance = std::is_same_v<T, double> ? 1e-10 : 1e-4;
-  mlacp::Mesh mesh(MPI_COMM_WORLD);
-  mlacp::Mesh self(MPI_COMM_SELF);
-  const Space space;
-  using mlacp::test::host_values;
-  using mlacp::test::relative_error;
-  const auto weights = mlacp::test::make_weights<T, Mem>(config, 42);
-  Tensor3<T> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
-  mlacp::test::fill(x, 100, 1.0);
-  mlacp::test::fill(dy, 200, 1.0);
-
-  mlacp::MlaAttention<T> reference(config, weights, self);
-  auto ref_forward = reference.forward(space, x);
-  const auto ref_grads = reference.backward(space, ref_forward, dy);
-
-  mlacp::MlaAttention<T> layer(config, weights, mesh);
-  const mlacp::Partition seq(config.seq, mesh.size()), heads(config.heads, mesh.size());
-  ASSERT_EQ(layer.seq_partition(), seq) << what;
-  ASSERT_EQ(layer.head_partition(), heads) << what;
-  ASSERT_EQ(layer.local_seq(), seq.count(mesh.rank())) << what;
-  ASSERT_EQ(layer.local_heads(), heads.count(mesh.rank())) << what;
-  for (int iteration = 0; iteration < 2; ++iteration) {
-    auto forward = layer.forward(space, shard(x, seq, mesh.rank()));
-    const auto grads = layer.backward(space, forward, shard(dy, seq, mesh.rank()));
-    EXPECT_LE(relative_error(host_values(forward.output()), host_values(shard(ref_forward.output(), seq, mesh.rank()))),
-              tolerance)
-        << "y " << what;
-    EXPECT_LE(relative_error(host_values(grads.dx), host_values(shard(ref_grads.dx, seq, mesh.rank()))), tolerance)
-        << "dx " << what;
-    auto expect_weight_gradient = [&](const char* name, const auto& got, const auto& want) {
-      ASSERT_NE(got.data(), nullptr) << name;
-      EXPECT_LE(relative_error(sum_over_ranks(host_values(got)), host_values(want)), tolerance) << name << " " << what;
-    };
-    expect_weight_gradient("dw_q", grads.w_q, ref_grads.w_q);
-    expect_weight_gradient("dw_kva", grads.w_kva, ref_grads.w_kva);
-    expect_weight_gradient("dg_kv", grads.g_kv, ref_grads.g_kv);
-    expect_weight_gradient("dw_kvb", grads.w_kvb, ref_grads.w_kvb);
-    expect_weight_gradient("dw_o", grads.w_o, ref_grads.w_o);
-    if (config.bias) {
-      expect_weight_gradient("db_q", grads.b_q, ref_grads.b_q);
-      expect_weight_gradient("db_kvb", grads.b_kvb, ref_grads.b_kvb);
-      expect_weight_gradient("db_o", grads.b_o, ref_grads.b_o);
-    }
-  }
+  mlacp::test::expect_matches_single_rank_full_sequence<T>(config, {}, 2, what);
 }
 
 template <class T>
