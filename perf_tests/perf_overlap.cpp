@@ -149,6 +149,30 @@ std::string spec_name(const std::string& name, bool uneven, std::int64_t S, std:
   return name + " [uneven S=" + std::to_string(S) + (H < 0 ? "" : " H=" + std::to_string(H)) + "]";
 }
 
+// The latent KV linear's operands as the layer's workspace holds them (pairs 2 and 3): the gathered payload, the rank's
+// head rows of w_kvb and of its gradient [width, R], the forward's outputs and the backward's scratch.
+struct LatentKVOperands {
+  Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
+  Matrix w_rows, dw_rows;             // [width, R]
+  Tensor3 kv, latent;                 // [1, S, width], [1, S, R]
+  Tensor3 grad_kv, grad_shared;       // [1, S, width], [1, S, dr]
+  Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
+  Tensor3 reduced;                    // [1, s, R+dr] (empty at P == 1)
+  LatentKVOperands(const mlacp::Mesh& mesh, int S, int s, int width, int R, int dr)
+      : gathered("gathered payload", 1, S, R + dr),
+        w_rows("w_kvb rows", width, R),
+        dw_rows("dw_kvb rows", width, R),
+        kv("kv", 1, S, width),
+        latent("latent", 1, S, R),
+        grad_kv("d kv", 1, S, width),
+        grad_shared("d k_pe", 1, S, dr),
+        grad_payload("d payload", 1, S, R + dr),
+        grad_latent("d latent", 1, S, R),
+        reduced(destination<Tensor3>(mesh, "d payload local", 1, s, R + dr)) {}
+  WeightRows rows() const { return WeightRows(w_rows.data(), w_rows.extent(0), w_rows.extent(1)); }
+  WeightRows d_rows() const { return WeightRows(dw_rows.data(), dw_rows.extent(0), dw_rows.extent(1)); }
+};
+
 // One overlap pair at one size of its compute, as callables on one library piece.
 struct Pair {
   std::string compute_name, comm_name;
@@ -299,7 +323,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
             const Split split(S, H, mesh);
             const int s = split.s(), h = split.h(), D = R, width = h * (dn + dv);
             struct State {
-              explicit State(Split sp) : split(std::move(sp)) {}
+              State(Split sp, LatentKVOperands operands) : split(std::move(sp)), kvl(std::move(operands)) {}
               Split split;
               // The Q pair's forward operands and the attention backward's outputs.
               Tensor4 q_token_local;  // [1, s, H, dqk]
@@ -307,13 +331,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
               Tensor4 dq, dk;         // [1, S, h, dqk]
               Tensor4 dvv;            // [1, S, h, dv]
               Tensor5 dq_blocks;      // [P, 1, s, h, dqk] ([1, 1, s, H, dqk] uneven heads; empty at P == 1)
-              // The latent KV linear's forward operands and backward scratch (the layer's workspace).
-              Tensor3 gathered;                   // [1, S, R+dr]
-              Matrix w_kvb, dw_kvb;               // [h*(dn+dv), R]: this rank's head rows
-              Tensor3 kv, latent;                 // [1, S, h*(dn+dv)], [1, S, R]
-              Tensor3 dkv, dkpe;                  // [1, S, h*(dn+dv)], [1, S, dr]
-              Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
-              Tensor3 reduced;                    // [1, s, R+dr] (empty at P == 1)
+              LatentKVOperands kvl;   // the latent KV linear's operands (width = h*(dn+dv))
               // The payload backward's operands.
               Tensor3 kv_a, x, d_kv_a, dx;  // [1, s, R+dr], [1, s, D], [1, s, R+dr], [1, s, D]
               Matrix w_kva, dw_kva;         // [R+dr, D]
@@ -322,7 +340,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
               std::optional<InputA2APair> q_pair;
               std::optional<LatentKVLinear> latent_kv;
             };
-            auto st = std::make_shared<State>(split);
+            auto st = std::make_shared<State>(split, LatentKVOperands(mesh, S, s, width, R, dr));
             st->q_token_local = Tensor4("q", 1, s, H, dqk);
             st->q_heads = destination<Tensor4>(mesh, "q heads", 1, S, h, dqk);
             st->dq = Tensor4("dq", 1, S, h, dqk);
@@ -330,16 +348,6 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
             st->dvv = Tensor4("dv", 1, S, h, dv);
             st->dq_blocks = split.even_heads() ? destination<Tensor5>(mesh, "dQ blocks", P, 1, s, h, dqk)
                                                : destination<Tensor5>(mesh, "dQ", 1, 1, s, H, dqk);
-            st->gathered = Tensor3("gathered payload", 1, S, R + dr);
-            st->w_kvb = Matrix("w_kvb rows", width, R);
-            st->dw_kvb = Matrix("dw_kvb rows", width, R);
-            st->kv = Tensor3("kv", 1, S, width);
-            st->latent = Tensor3("latent", 1, S, R);
-            st->dkv = Tensor3("d kv", 1, S, width);
-            st->dkpe = Tensor3("d k_pe", 1, S, dr);
-            st->grad_payload = Tensor3("d payload", 1, S, R + dr);
-            st->grad_latent = Tensor3("d latent", 1, S, R);
-            st->reduced = destination<Tensor3>(mesh, "d payload local", 1, s, R + dr);
             st->kv_a = Tensor3("kv_a", 1, s, R + dr);
             st->x = Tensor3("x", 1, s, D);
             st->d_kv_a = Tensor3("d kv_a", 1, s, R + dr);
@@ -354,21 +362,21 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
             mlacp::testing::synthetic::fill(st->dq, 21, 1.0);
             mlacp::testing::synthetic::fill(st->dk, 22, 1.0);
             mlacp::testing::synthetic::fill(st->dvv, 23, 1.0);
-            mlacp::testing::synthetic::fill(st->gathered, 24, 1.0);
+            mlacp::testing::synthetic::fill(st->kvl.gathered, 24, 1.0);
             mlacp::testing::synthetic::fill(st->kv_a, 25, 1.0);
             mlacp::testing::synthetic::fill(st->x, 26, 1.0);
-            mlacp::testing::synthetic::fill(st->w_kvb, 27, 0.1);
+            mlacp::testing::synthetic::fill(st->kvl.w_rows, 27, 0.1);
             mlacp::testing::synthetic::fill(st->w_kva, 28, 0.1);
             mlacp::testing::synthetic::fill(st->g_kv, 29, 0.2, 1.0);
             mlacp::testing::synthetic::fill(st->rstd, 30, 0.1, 1.0);
             // The KV path's backward, step by step as backward_latent and payload_backward run it; `mark` after each.
             auto kv_backward = [space, st, S, s, h, dn, dv, dr, R, D](const std::function<void(const char*)>& mark) {
-              mlacp::detail::disassemble_kv_grad(space, st->dk, st->dvv, Tensor4(st->dkv.data(), 1, S, h, dn + dv),
-                                                 st->dkpe, dn);
+              mlacp::detail::disassemble_kv_grad(
+                  space, st->dk, st->dvv, Tensor4(st->kvl.grad_kv.data(), 1, S, h, dn + dv), st->kvl.grad_shared, dn);
               mark("disassemble_kv_grad (no poll)");
-              const Tensor3 d_payload = st->latent_kv->backward(
-                  space, st->dkv, st->dkpe, true, WeightRows(st->dw_kvb.data(), st->dw_kvb.extent(0), R), BiasPart(),
-                  true, st->grad_payload, st->grad_latent, st->reduced);
+              const Tensor3 d_payload =
+                  st->latent_kv->backward(space, st->kvl.grad_kv, st->kvl.grad_shared, true, st->kvl.d_rows(),
+                                          BiasPart(), true, st->kvl.grad_payload, st->kvl.grad_latent, st->kvl.reduced);
               mark("LatentKVLinear::backward (w_kvb dgrad, latent reduce-scatter, w_kvb wgrad)");
               mlacp::rope_backward(space, mlacp::as_rank4(d_payload), R, mlacp::as_rank4(st->d_kv_a), R, st->rope);
               mlacp::rms_norm_backward(space, st->kv_a, st->g_kv, st->rstd, d_payload, st->d_kv_a, st->dg_kv);
@@ -389,8 +397,8 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
               st->q_pair->launch_forward(space, st->q_token_local, true, st->q_heads);
               st->q_pair->wait_forward();
               st->latent_kv.emplace();
-              st->latent_kv->forward(space, st->gathered, WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), R),
-                                     BiasPart(), mesh, st->split.seq, st->kv, Tensor3(), st->latent);
+              st->latent_kv->forward(space, st->kvl.gathered, st->kvl.rows(), BiasPart(), mesh, st->split.seq,
+                                     st->kvl.kv, Tensor3(), st->kvl.latent);
             };
             p.compute = [space, kv_backward, no_mark]() {
               mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
@@ -432,9 +440,8 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
               JsonObject o;
               std::vector<std::pair<std::string, double>> steps;
               st->latent_kv.emplace();
-              st->latent_kv->forward(space, st->gathered,
-                                     WeightRows(st->w_kvb.data(), st->w_kvb.extent(0), st->w_kvb.extent(1)), BiasPart(),
-                                     mesh, st->split.seq, st->kv, Tensor3(), st->latent);
+              st->latent_kv->forward(space, st->kvl.gathered, st->kvl.rows(), BiasPart(), mesh, st->split.seq,
+                                     st->kvl.kv, Tensor3(), st->kvl.latent);
               Kokkos::fence();
               double last = now();
               kv_backward([&](const char* name) {
@@ -483,55 +490,39 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
             const Split split(S, P, mesh);  // the heads do not enter this pair (W stands for the rank's head rows)
             const int s = split.s();
             struct State {
-              explicit State(Split sp) : split(std::move(sp)) {}
+              State(Split sp, LatentKVOperands operands) : split(std::move(sp)), kvl(std::move(operands)) {}
               Split split;
-              Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
-              Matrix w_sel, dw_sel;               // [W, R]
-              Tensor3 kv, latent;                 // [1, S, W], [1, S, R]
-              Tensor3 grad_kv, grad_shared;       // [1, S, W], [1, S, dr]
-              Tensor3 grad_payload, grad_latent;  // [1, S, R+dr], [1, S, R]
-              Tensor3 reduced;                    // [1, s, R+dr] (empty at P == 1)
+              LatentKVOperands kvl;  // width = W
               std::optional<LatentKVLinear> invocation;
             };
-            auto st = std::make_shared<State>(split);
-            st->gathered = Tensor3("gathered payload", 1, S, R + dr);
-            st->w_sel = Matrix("w_sel", W, R);
-            st->dw_sel = Matrix("dw_sel", W, R);
-            st->kv = Tensor3("kv", 1, S, W);
-            st->latent = Tensor3("latent", 1, S, R);
-            st->grad_kv = Tensor3("d kv", 1, S, W);
-            st->grad_shared = Tensor3("d k_pe", 1, S, dr);
-            st->grad_payload = Tensor3("d payload", 1, S, R + dr);
-            st->grad_latent = Tensor3("d latent", 1, S, R);
-            st->reduced = destination<Tensor3>(mesh, "d payload local", 1, s, R + dr);
-            mlacp::testing::synthetic::fill(st->gathered, 31, 1.0);
-            mlacp::testing::synthetic::fill(st->grad_kv, 32, 1.0);
-            mlacp::testing::synthetic::fill(st->grad_shared, 33, 1.0);
-            mlacp::testing::synthetic::fill(st->w_sel, 34, 0.1);
-            const auto rows_of = [](const Matrix& m) { return WeightRows(m.data(), m.extent(0), m.extent(1)); };
+            auto st = std::make_shared<State>(split, LatentKVOperands(mesh, S, s, W, R, dr));
+            mlacp::testing::synthetic::fill(st->kvl.gathered, 31, 1.0);
+            mlacp::testing::synthetic::fill(st->kvl.grad_kv, 32, 1.0);
+            mlacp::testing::synthetic::fill(st->kvl.grad_shared, 33, 1.0);
+            mlacp::testing::synthetic::fill(st->kvl.w_rows, 34, 0.1);
             Pair p;
             p.compute_name = "w_kvb wgrad";
             p.comm_name = "latent reduce-scatter";
             p.panel_rows = S;
-            p.prepare = [space, st, rows_of, &mesh]() {
+            p.prepare = [space, st, &mesh]() {
               st->invocation.emplace();
-              st->invocation->forward(space, st->gathered, rows_of(st->w_sel), BiasPart(), mesh, st->split.seq, st->kv,
-                                      Tensor3(), st->latent);
+              st->invocation->forward(space, st->kvl.gathered, st->kvl.rows(), BiasPart(), mesh, st->split.seq,
+                                      st->kvl.kv, Tensor3(), st->kvl.latent);
             };
-            p.compute = [space, st, rows_of]() {
-              st->invocation->backward(space, st->grad_kv, st->grad_shared, false, rows_of(st->dw_sel), BiasPart(),
-                                       true, st->grad_payload, st->grad_latent, st->reduced);
+            p.compute = [space, st]() {
+              st->invocation->backward(space, st->kvl.grad_kv, st->kvl.grad_shared, false, st->kvl.d_rows(), BiasPart(),
+                                       true, st->kvl.grad_payload, st->kvl.grad_latent, st->kvl.reduced);
             };
             p.collective = [space, st, &mesh]() {
-              mlacp::launch_reduce_scatter(space, st->grad_payload, 1, st->split.seq, mesh, "latent reduce-scatter",
-                                           st->reduced)
+              mlacp::launch_reduce_scatter(space, st->kvl.grad_payload, 1, st->split.seq, mesh, "latent reduce-scatter",
+                                           st->kvl.reduced)
                   .wait();
             };
-            p.piece = [space, st, rows_of](bool overlap) {
-              st->invocation->backward(space, st->grad_kv, st->grad_shared, true, rows_of(st->dw_sel), BiasPart(),
-                                       overlap, st->grad_payload, st->grad_latent, st->reduced);
+            p.piece = [space, st](bool overlap) {
+              st->invocation->backward(space, st->kvl.grad_kv, st->kvl.grad_shared, true, st->kvl.d_rows(), BiasPart(),
+                                       overlap, st->kvl.grad_payload, st->kvl.grad_latent, st->kvl.reduced);
             };
-            if (split.seq.uniform()) p.launch_raw = raw_launcher(st->grad_payload.size(), mesh.comm(), P);
+            if (split.seq.uniform()) p.launch_raw = raw_launcher(st->kvl.grad_payload.size(), mesh.comm(), P);
             p.sizes = [=]() {
               return split.json()
                   .num("S", S)
