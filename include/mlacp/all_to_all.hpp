@@ -7,6 +7,24 @@
 namespace mlacp {
 
 namespace impl {
+/// What the even and uneven all-to-all share once their blocks are described (launch.count even, launch.send_blocks
+/// and recv_blocks uneven): the transport reads `sent` and writes `receive`'s buffer, which is unpacked into the
+/// result at wait(); the handle keeps the input (read in place, or by the pack kernel queued on `space`) and both
+/// pooled buffers alive.
+template <class ExecSpace, class ViewType, class T, class MemSpace, class Result>
+AsyncCollective<Result> all_to_all_start(const ExecSpace& space, const ViewType& view, const Mesh& mesh,
+                                         CollectiveLaunch<T, MemSpace, Result>&& launch,
+                                         const ScatterSend<T, MemSpace>& sent,
+                                         const GatherReceive<T, MemSpace>& receive) {
+  launch.send = sent.buffer;
+  launch.recv = receive.buffer;
+  launch.finish = receive.unpack;
+  launch.extend_lifetime(view);
+  launch.extend_lifetime(sent.owner);
+  launch.extend_lifetime(receive.owner);
+  return impl::start(space, mesh, std::move(launch));
+}
+
 /// The even all-to-all after its prologue (also the uneven one's, when both partitions are uniform).
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> all_to_all_even(const ExecSpace& space, const ViewType& view,
@@ -27,14 +45,8 @@ AsyncCollective<collective_result_t<ViewType>> all_to_all_even(const ExecSpace& 
   detail::AroundDim received = detail::around_dim(launch.result, gather_dim);
   received.mid /= parts;
   const auto receive = impl::gather_receive<T, MemSpace>(space, launch.result, received, parts, name);
-  launch.send = sent.buffer;
-  launch.recv = receive.buffer;
   launch.count = view.size() / static_cast<std::size_t>(parts);
-  launch.finish = receive.unpack;
-  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
-  launch.extend_lifetime(sent.owner);
-  launch.extend_lifetime(receive.owner);
-  return impl::start(space, mesh, std::move(launch));
+  return all_to_all_start(space, view, mesh, std::move(launch), sent, receive);
 }
 
 }  // namespace impl
@@ -102,15 +114,9 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
       impl::allocate_result(into, name, view, gather_dim, gather.total(), scatter_dim, scatter.count(mesh.rank()));
   const detail::AroundDim gathered = detail::around_dim(launch.result, gather_dim);
   const auto receive = impl::gather_receive_v<T, MemSpace>(space, launch.result, gathered, gather, name);
-  launch.send = sent.buffer;
-  launch.recv = receive.buffer;
   launch.send_blocks = impl::peer_blocks(scatter, scattered.outer, scattered.inner);
   launch.recv_blocks = impl::peer_blocks(gather, gathered.outer, gathered.inner);
-  launch.finish = receive.unpack;
-  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
-  launch.extend_lifetime(sent.owner);
-  launch.extend_lifetime(receive.owner);
-  return impl::start(space, mesh, std::move(launch));
+  return impl::all_to_all_start(space, view, mesh, std::move(launch), sent, receive);
 }
 
 }  // namespace mlacp

@@ -9,6 +9,47 @@
 namespace mlacp {
 
 namespace impl {
+/// What the even and uneven reduce-scatter share once their send side is described (launch.send's blocks: launch.count
+/// even, launch.send_blocks uneven): the transport reads `sent`, and `view` when sent in place; the result (`count`
+/// values, LayoutRight and contiguous) is written directly by the backend's own reduce-scatter or, pairwise, by the
+/// sum at wait() of the blocks exchanged. Pairwise, rank i's block for this rank arrives at i * count (the same
+/// `count` on every rank), and this rank's own block, at `own_offset` in the send buffer, is neither sent nor copied:
+/// the sum reads it where it is sent from.
+template <class ExecSpace, class ViewType, class T, class MemSpace, class Result>
+AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewType& view, const Mesh& mesh,
+                                             CollectiveLaunch<T, MemSpace, Result>&& launch,
+                                             const ScatterSend<T, MemSpace>& sent, std::size_t count,
+                                             std::size_t own_offset) {
+  launch.send = sent.buffer;
+  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
+  launch.extend_lifetime(sent.owner);
+  const detail::Vector<T, MemSpace> result_buffer(launch.result.data(), count);
+  if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
+    launch.recv = result_buffer;
+    return impl::start(space, mesh, std::move(launch));
+  }
+  const int parts = mesh.size();
+  const int me = mesh.rank();
+  launch.operation = detail::Operation::exchange_blocks;
+  const auto received =
+      detail::allocate_buffer<T, MemSpace>(space, launch.name + " recv", count * static_cast<std::size_t>(parts));
+  launch.recv = received.view;
+  if (!launch.send_blocks.empty()) {  // uneven: the receive side as blocks too (all `count` values)
+    for (int i = 0; i < parts; ++i) {
+      launch.recv_blocks.counts.push_back(count);
+      launch.recv_blocks.offsets.push_back(static_cast<std::size_t>(i) * count);
+    }
+  }
+  launch.extend_lifetime(received);
+  const T* own = sent.buffer.data() + own_offset;
+  const T* blocks = received.view.data();
+  T* out = result_buffer.data();
+  launch.finish = [space, blocks, own, me, out, count, parts, name = launch.name]() {
+    detail::sum_blocks(space, blocks, own, me, out, static_cast<std::int64_t>(count), parts, name + " sum");
+  };
+  return impl::start(space, mesh, std::move(launch));
+}
+
 /// The even reduce-scatter after its prologue (also the uneven one's, when its partition is uniform).
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpace& space, const ViewType& view,
@@ -25,29 +66,9 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
   launch.result = impl::allocate_result(into, name, view, dim,
                                         static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
   const std::size_t count = view.size() / static_cast<std::size_t>(parts);
-  launch.send = sent.buffer;
   launch.count = count;
-  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
-  launch.extend_lifetime(sent.owner);
-  // The result is LayoutRight and contiguous: the backend's reduce-scatter writes it directly, or the block sum does.
-  const detail::Vector<T, MemSpace> result_buffer(launch.result.data(), count);
-  if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
-    launch.recv = result_buffer;
-    return impl::start(space, mesh, std::move(launch));
-  }
-  // Pairwise: every block but this rank's own travels; the sum reads the own block where it is sent from.
-  launch.operation = detail::Operation::exchange_blocks;
-  const auto received = detail::allocate_buffer<T, MemSpace>(space, name + " recv", view.size());
-  launch.recv = received.view;
-  launch.extend_lifetime(received);
-  const int me = mesh.rank();
-  const T* own = sent.buffer.data() + static_cast<std::ptrdiff_t>(me) * static_cast<std::ptrdiff_t>(count);
-  const T* blocks = received.view.data();
-  T* out = result_buffer.data();
-  launch.finish = [space, blocks, own, me, out, count, parts, name]() {
-    detail::sum_blocks(space, blocks, own, me, out, static_cast<std::int64_t>(count), parts, name + " sum");
-  };
-  return impl::start(space, mesh, std::move(launch));
+  return reduce_scatter_start(space, view, mesh, std::move(launch), sent, count,
+                              static_cast<std::size_t>(mesh.rank()) * count);
 }
 
 }  // namespace impl
@@ -90,41 +111,15 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   if (part.uniform()) return impl::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
 
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
-  const int parts = mesh.size();
   const int me = mesh.rank();
   impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::reduce_scatter_sum);
   const detail::AroundDim scattered = detail::around_dim(view, dim);
   const auto sent = impl::scatter_send_v<T, MemSpace>(space, view, scattered, part, name);
   launch.result = impl::allocate_result(into, name, view, dim, part.count(me));
-  const auto count = static_cast<std::size_t>(scattered.outer * part.count(me) * scattered.inner);
-  launch.send = sent.buffer;
   launch.send_blocks = impl::peer_blocks(part, scattered.outer, scattered.inner);
-  launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
-  launch.extend_lifetime(sent.owner);
-  // The result is LayoutRight and contiguous: the backend's reduce-scatter writes it directly, or the block sum does.
-  const detail::Vector<T, MemSpace> result_buffer(launch.result.data(), count);
-  if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
-    launch.recv = result_buffer;
-    return impl::start(space, mesh, std::move(launch));
-  }
-  // Pairwise: rank i's block for this rank (count values, the same on every rank) arrives at i * count; this rank's
-  // own block is neither sent nor copied, the sum reads it where it is sent from.
-  launch.operation = detail::Operation::exchange_blocks;
-  const auto received =
-      detail::allocate_buffer<T, MemSpace>(space, name + " recv", count * static_cast<std::size_t>(parts));
-  launch.recv = received.view;
-  for (int i = 0; i < parts; ++i) {
-    launch.recv_blocks.counts.push_back(count);
-    launch.recv_blocks.offsets.push_back(static_cast<std::size_t>(i) * count);
-  }
-  launch.extend_lifetime(received);
-  const T* own = sent.buffer.data() + launch.send_blocks.offsets[static_cast<std::size_t>(me)];
-  const T* blocks = received.view.data();
-  T* out = result_buffer.data();
-  launch.finish = [space, blocks, own, me, out, count, parts, name]() {
-    detail::sum_blocks(space, blocks, own, me, out, static_cast<std::int64_t>(count), parts, name + " sum");
-  };
-  return impl::start(space, mesh, std::move(launch));
+  const auto count = static_cast<std::size_t>(scattered.outer * part.count(me) * scattered.inner);
+  const std::size_t own_offset = launch.send_blocks.offsets[static_cast<std::size_t>(me)];
+  return impl::reduce_scatter_start(space, view, mesh, std::move(launch), sent, count, own_offset);
 }
 
 }  // namespace mlacp

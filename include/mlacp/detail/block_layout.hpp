@@ -83,11 +83,17 @@ KOKKOS_INLINE_FUNCTION int block_of(const std::int64_t* offsets, int parts, std:
   return lo;
 }
 
-/// The uneven pack: `in` is [outer, mid, inner] with mid = offsets[parts]; block j, in[:, offsets[j]:offsets[j+1], :],
-/// is written as a LayoutRight [outer, count_j, inner] array at out + outer * offsets[j] * inner (the blocks
-/// concatenated in rank order). `offsets` (parts + 1 prefix sums of the partition) must be readable by `space`.
-template <class ExecSpace, class T>
-void pack_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, const std::int64_t* offsets, int parts,
+/// Which way copy_blocks_v moves the rows: from the tensor into its blocks (pack) or from the blocks into the tensor
+/// (unpack).
+enum class BlockDirection { pack, unpack };
+
+/// The uneven pack and unpack, one body: the tensor is [outer, mid, inner] with mid = offsets[parts]; its block j,
+/// tensor[:, offsets[j]:offsets[j+1], :], is a LayoutRight [outer, count_j, inner] array at blocks + outer * offsets[j]
+/// * inner (the blocks concatenated in rank order). pack: `in` is the tensor, `out` the blocks; unpack: the reverse.
+/// One work item per row of the tensor copies its contiguous run of `inner` values. `offsets` (parts + 1 prefix sums
+/// of the partition) must be readable by `space`.
+template <BlockDirection direction, class ExecSpace, class T>
+void copy_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, const std::int64_t* offsets, int parts,
                    const std::string& label) {
   const std::int64_t outer = a.outer, mid = a.mid, inner = a.inner;
   Kokkos::parallel_for(
@@ -97,30 +103,27 @@ void pack_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, con
         const std::int64_t x = row - o * mid;
         const int j = block_of(offsets, parts, x);
         const std::int64_t first = offsets[j], count = offsets[j + 1] - first;
-        const T* source = in + row * inner;
-        T* target = out + (outer * first + o * count + (x - first)) * inner;
+        const std::int64_t block_row = outer * first + o * count + (x - first);
+        constexpr bool packing = direction == BlockDirection::pack;
+        const T* source = in + (packing ? row : block_row) * inner;
+        T* target = out + (packing ? block_row : row) * inner;
         for (std::int64_t n = 0; n < inner; ++n) target[n] = source[n];
       });
 }
 
-/// The uneven unpack, the inverse of pack_blocks_v: `in` holds the blocks in rank order, block j a LayoutRight
-/// [outer, count_j, inner] array at in + outer * offsets[j] * inner; out is [outer, mid, inner] (mid =
-/// offsets[parts]) with block j at out[:, offsets[j]:offsets[j+1], :]. One work item per row of `out`.
+/// The uneven pack: `in` is the [outer, mid, inner] tensor, `out` receives its blocks in rank order (copy_blocks_v).
+template <class ExecSpace, class T>
+void pack_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, const std::int64_t* offsets, int parts,
+                   const std::string& label) {
+  copy_blocks_v<BlockDirection::pack>(space, in, out, a, offsets, parts, label);
+}
+
+/// The uneven unpack, the inverse of pack_blocks_v: `in` holds the blocks in rank order, `out` is the [outer, mid,
+/// inner] tensor (copy_blocks_v).
 template <class ExecSpace, class T>
 void unpack_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, const std::int64_t* offsets, int parts,
                      const std::string& label) {
-  const std::int64_t outer = a.outer, mid = a.mid, inner = a.inner;
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, a.outer * a.mid),
-      KOKKOS_LAMBDA(const std::int64_t row) {
-        const std::int64_t o = row / mid;
-        const std::int64_t x = row - o * mid;
-        const int j = block_of(offsets, parts, x);
-        const std::int64_t first = offsets[j], count = offsets[j + 1] - first;
-        const T* source = in + (outer * first + o * count + (x - first)) * inner;
-        T* target = out + row * inner;
-        for (std::int64_t n = 0; n < inner; ++n) target[n] = source[n];
-      });
+  copy_blocks_v<BlockDirection::unpack>(space, in, out, a, offsets, parts, label);
 }
 
 /// out[i] = the sum over r = 0..parts-1, in that order, of block r's value i, where block r is received[r*n + i] for

@@ -97,17 +97,24 @@ void rope_fill_table(const ExecSpace& space, const RopeTable<MemSpace>& table,
       });
 }
 
+/// A table of `tokens` rows for this width and base, allocated and not yet filled (the two make_rope_table forms).
+template <class MemSpace>
+RopeTable<MemSpace> allocate_rope_table(std::int64_t tokens, int width, double base) {
+  RopeTable<MemSpace> table;
+  const std::int64_t half = width / 2;
+  table.cos = decltype(table.cos)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), tokens, half);
+  table.sin = decltype(table.sin)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), tokens, half);
+  table.width = width;
+  table.base = base;
+  return table;
+}
+
 /// Builds (allocates and fills, asynchronously on `space`) the table of `positions` positions from `position_offset`.
 template <class ExecSpace>
 RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& space, std::int64_t positions,
                                                             std::int64_t position_offset, int width, double base) {
-  RopeTable<typename ExecSpace::memory_space> table;
-  const std::int64_t half = width / 2;
-  table.cos = decltype(table.cos)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), positions, half);
-  table.sin = decltype(table.sin)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), positions, half);
+  auto table = allocate_rope_table<typename ExecSpace::memory_space>(positions, width, base);
   table.position_offset = position_offset;
-  table.width = width;
-  table.base = base;
   rope_fill_table(space, table, Kokkos::View<const std::int64_t*, typename ExecSpace::memory_space>(), false);
   return table;
 }
@@ -120,15 +127,10 @@ RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& spa
   static_assert(compat::view_rank_v<PositionsView> == 1, "mlacp RoPE: positions must be a rank-1 View [tokens]");
   static_assert(std::is_same_v<typename PositionsView::non_const_value_type, std::int64_t>,
                 "mlacp RoPE: positions must hold std::int64_t");
-  RopeTable<typename ExecSpace::memory_space> table;
-  const auto tokens = static_cast<std::int64_t>(positions.extent(0));
-  const std::int64_t half = width / 2;
-  table.cos = decltype(table.cos)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), tokens, half);
-  table.sin = decltype(table.sin)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), tokens, half);
+  auto table = allocate_rope_table<typename ExecSpace::memory_space>(static_cast<std::int64_t>(positions.extent(0)),
+                                                                     width, base);
   table.positions = positions;
   table.explicit_positions = true;
-  table.width = width;
-  table.base = base;
   rope_fill_table(space, table, table.positions, true);
   return table;
 }
@@ -195,6 +197,35 @@ void rope_check_positions(const char* who, const View4& x, const PositionsView& 
                                  std::to_string(x.extent(1)) + ")");
 }
 
+// The bodies of rope_forward (sin_sign = +1, who = "rope_forward") and rope_backward (-1, "rope_backward"), one per
+// form: consecutive positions from an offset, explicit positions, a prebuilt table.
+template <class ExecSpace, class View4>
+void rope_at_offset(const char* who, double sin_sign, const ExecSpace& space, const View4& x, int first_column,
+                    int width, std::int64_t position_offset, double base) {
+  rope_validate(who, x, first_column, width);
+  rope_check_contiguous(who, x);
+  const auto table = make_rope_table(space, static_cast<std::int64_t>(x.extent(1)), position_offset, width, base);
+  rope_rotate(space, x, first_column, x, first_column, table, sin_sign);
+}
+
+template <class ExecSpace, class View4, class PositionsView>
+void rope_at_positions(const char* who, double sin_sign, const ExecSpace& space, const View4& x, int first_column,
+                       int width, const PositionsView& positions, double base) {
+  rope_validate(who, x, first_column, width);
+  rope_check_contiguous(who, x);
+  rope_check_positions(who, x, positions);
+  rope_rotate(space, x, first_column, x, first_column, make_rope_table(space, positions, width, base), sin_sign);
+}
+
+template <class ExecSpace, class Src, class Dst, class MemSpace>
+void rope_with_table(const char* who, double sin_sign, const ExecSpace& space, const Src& src, int src_first,
+                     const Dst& dst, int dst_first, const RopeTable<MemSpace>& table) {
+  rope_validate(who, src, src_first, table.width);
+  rope_validate(who, dst, dst_first, table.width);
+  rope_check_table(who, src, table);
+  rope_rotate(space, src, src_first, dst, dst_first, table, sin_sign);
+}
+
 }  // namespace detail
 
 /// Rotates, in place, columns [first_column, first_column + width) of every (b, t, n) row of the rank-4 View
@@ -205,11 +236,7 @@ void rope_check_positions(const char* who, const View4& x, const PositionsView& 
 template <class ExecSpace, class View4>
 void rope_forward(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
                   double base = 10000.0) {
-  detail::rope_validate("rope_forward", x, first_column, width);
-  detail::rope_check_contiguous("rope_forward", x);
-  const auto table =
-      detail::make_rope_table(space, static_cast<std::int64_t>(x.extent(1)), position_offset, width, base);
-  detail::rope_rotate(space, x, first_column, x, first_column, table, 1.0);
+  detail::rope_at_offset("rope_forward", 1.0, space, x, first_column, width, position_offset, base);
 }
 
 /// The transpose (= inverse) of rope_forward, in place: maps the gradient with respect to the rotated values to the
@@ -217,11 +244,7 @@ void rope_forward(const ExecSpace& space, const View4& x, int first_column, int 
 template <class ExecSpace, class View4>
 void rope_backward(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
                    double base = 10000.0) {
-  detail::rope_validate("rope_backward", x, first_column, width);
-  detail::rope_check_contiguous("rope_backward", x);
-  const auto table =
-      detail::make_rope_table(space, static_cast<std::int64_t>(x.extent(1)), position_offset, width, base);
-  detail::rope_rotate(space, x, first_column, x, first_column, table, -1.0);
+  detail::rope_at_offset("rope_backward", -1.0, space, x, first_column, width, position_offset, base);
 }
 
 /// The RoPE positions of a rank's `local_count` tokens, global tokens [global_offset, global_offset + local_count) of a
@@ -263,22 +286,14 @@ template <class ExecSpace, class View4, class PositionsView,
           std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
 void rope_forward(const ExecSpace& space, const View4& x, int first_column, int width, const PositionsView& positions,
                   double base = 10000.0) {
-  detail::rope_validate("rope_forward", x, first_column, width);
-  detail::rope_check_contiguous("rope_forward", x);
-  detail::rope_check_positions("rope_forward", x, positions);
-  detail::rope_rotate(space, x, first_column, x, first_column, detail::make_rope_table(space, positions, width, base),
-                      1.0);
+  detail::rope_at_positions("rope_forward", 1.0, space, x, first_column, width, positions, base);
 }
 
 template <class ExecSpace, class View4, class PositionsView,
           std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
 void rope_backward(const ExecSpace& space, const View4& x, int first_column, int width, const PositionsView& positions,
                    double base = 10000.0) {
-  detail::rope_validate("rope_backward", x, first_column, width);
-  detail::rope_check_contiguous("rope_backward", x);
-  detail::rope_check_positions("rope_backward", x, positions);
-  detail::rope_rotate(space, x, first_column, x, first_column, detail::make_rope_table(space, positions, width, base),
-                      -1.0);
+  detail::rope_at_positions("rope_backward", -1.0, space, x, first_column, width, positions, base);
 }
 
 /// rope_forward with a prebuilt table (table.width columns rotated; x.extent(1) <= the table's positions), from
@@ -287,20 +302,14 @@ void rope_backward(const ExecSpace& space, const View4& x, int first_column, int
 template <class ExecSpace, class Src, class Dst, class MemSpace>
 void rope_forward(const ExecSpace& space, const Src& src, int src_first, const Dst& dst, int dst_first,
                   const detail::RopeTable<MemSpace>& table) {
-  detail::rope_validate("rope_forward", src, src_first, table.width);
-  detail::rope_validate("rope_forward", dst, dst_first, table.width);
-  detail::rope_check_table("rope_forward", src, table);
-  detail::rope_rotate(space, src, src_first, dst, dst_first, table, 1.0);
+  detail::rope_with_table("rope_forward", 1.0, space, src, src_first, dst, dst_first, table);
 }
 
 /// The transpose of the table rope_forward (same arguments).
 template <class ExecSpace, class Src, class Dst, class MemSpace>
 void rope_backward(const ExecSpace& space, const Src& src, int src_first, const Dst& dst, int dst_first,
                    const detail::RopeTable<MemSpace>& table) {
-  detail::rope_validate("rope_backward", src, src_first, table.width);
-  detail::rope_validate("rope_backward", dst, dst_first, table.width);
-  detail::rope_check_table("rope_backward", src, table);
-  detail::rope_rotate(space, src, src_first, dst, dst_first, table, -1.0);
+  detail::rope_with_table("rope_backward", -1.0, space, src, src_first, dst, dst_first, table);
 }
 
 }  // namespace mlacp
