@@ -8,6 +8,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -40,9 +41,27 @@ void fence(const ExecSpace& space, [[maybe_unused]] const std::string& label) {
 /// C = beta*C + alpha*op(A)*op(B) on the given execution-space instance, for rank-2 Views.
 /// Kokkos Kernels 3.6 and later take the instance; before that, the instance is fenced first and the plain
 /// overload (which runs on the default instance and fences after itself) is called, which is still ordered.
+/// Zero extents (a rank that holds no token or no head) follow the BLAS definition on every Kokkos Kernels version: an
+/// empty C is left alone, and an empty inner dimension (k = 0) gives C = beta*C (0 where beta is 0: C is not read);
+/// no BLAS call is made with m, n or k = 0. (Kokkos Kernels 3.4 returns at k = 0 without applying beta.)
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, typename CView::const_value_type alpha,
           const AView& a, const BView& b, typename CView::const_value_type beta, const CView& c) {
+  using T = typename CView::non_const_value_type;
+  const std::size_t rows = c.extent(0), cols = c.extent(1);
+  if (rows == 0 || cols == 0) return;
+  const bool a_transposed = !(trans_a[0] == 'N' || trans_a[0] == 'n');
+  if ((a_transposed ? a.extent(0) : a.extent(1)) == 0) {
+    const T scale = beta;
+    Kokkos::parallel_for(
+        "mlacp::gemm k = 0: C = beta*C",
+        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+            space, {0, 0}, {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(cols)}),
+        KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
+          c(i, j) = scale == T(0) ? T(0) : T(scale * c(i, j));
+        });
+    return;
+  }
 #if MLACP_KOKKOSKERNELS_VERSION >= 30600
   KokkosBlas::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
 #else
