@@ -15,7 +15,7 @@ MlaStrategy parse_strategy(const std::string& name) {
   throw InvalidArgument("mlacp: strategy '" + name + "' is not known; expected 'latent' or 'expanded'");
 }
 
-std::string MlaConfig::error(int group_size) const {
+std::string MlaConfig::error(int /*group_size: any positive S and H run on any group*/) const {
   std::ostringstream out;
   const std::pair<const char*, int> dims[] = {{"batch", batch}, {"seq", seq},   {"hidden", hidden}, {"heads", heads},
                                               {"nope", nope},   {"rope", rope}, {"vdim", vdim},     {"latent", latent}};
@@ -27,12 +27,6 @@ std::string MlaConfig::error(int group_size) const {
   }
   if (rope % 2 != 0) {
     out << "mlacp::MlaConfig: rope = " << rope << "; expected an even qk_rope_head_dim (RoPE rotates pairs)";
-  } else if (heads < group_size) {
-    out << "mlacp::MlaConfig: heads = " << heads << " is smaller than the Ulysses group size P = " << group_size
-        << "; expected heads >= P (a rank would hold no head, and the layer runs no empty head shard)";
-  } else if (seq < group_size) {
-    out << "mlacp::MlaConfig: seq = " << seq << " is smaller than the Ulysses group size P = " << group_size
-        << "; expected seq >= P (a rank would hold no token, and the layer runs no empty token shard)";
   } else if (!(rms_eps > 0) || !(rope_base > 0)) {
     out << "mlacp::MlaConfig: rms_eps = " << rms_eps << ", rope_base = " << rope_base << "; expected positive values";
   } else if (!cu_seqlens.empty()) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // Entries of the error catalogue (README "Errors and misuse") not covered by the collective and layer suites:
-// non-finite inputs, a mesh of another group size, calls after finalize.
+// non-finite inputs, a mesh of another group size, calls after finalize, sizes that are not positive.
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
 
@@ -57,6 +57,28 @@ TEST(ErrorCatalogue, InputShardedForAnotherGroupSize) {
       [&] { layer.forward(Space(), shard); },
       "expected [B, s, D] = [1, " + std::to_string(config.seq) + ", 8] (s: this rank's tokens of S = " +
           std::to_string(config.seq) + " split as {" + std::to_string(config.seq) + "}) on rank 0 of a group of P = 1");
+}
+
+// Every size must be positive; fewer tokens or heads than ranks are no error (a rank may hold no token or no head:
+// test_mla_uneven's empty-shard block checks the numbers).
+TEST(ErrorCatalogue, NonPositiveSizeIsRefusedFewerThanPRuns) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  auto config = config_for(P);
+  config.seq = 0;
+  expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 3), mesh); },
+      "mlacp::MlaConfig: seq = 0; expected a positive size");
+  config = config_for(P);
+  config.heads = -1;
+  EXPECT_EQ(config.error(P), "mlacp::MlaConfig: heads = -1; expected a positive size");
+  config = config_for(P);
+  config.seq = 1;
+  config.heads = 1;
+  EXPECT_EQ(config.error(P), "");
+  mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 3), mesh);
+  EXPECT_EQ(layer.local_seq(), mesh.rank() == 0 ? 1 : 0);
+  EXPECT_EQ(layer.local_heads(), mesh.rank() == 0 ? 1 : 0);
 }
 
 TEST(ErrorCatalogue, InterCommunicatorAndNullCommunicator) {

@@ -105,11 +105,12 @@ def test_bad_configuration(mesh):
         mlacp.MlaAttention(small_config(rope=3), mesh, dtype=torch.float64)
 
 
-def test_fewer_heads_than_ranks(comm, mesh):
-    if comm.size == 1:
-        pytest.skip("every head count is >= a group of one")
-    with pytest.raises(mlacp.InvalidArgument, match=r"heads = \d+ is smaller than the Ulysses group size"):
-        mlacp.MlaAttention(small_config(heads=comm.size - 1), mesh, dtype=torch.float64)
+def test_no_heads_or_no_tokens_refused(mesh):
+    # Fewer heads or tokens than ranks run (test_mla_attention.py); no heads or no tokens at all are refused.
+    with pytest.raises(mlacp.InvalidArgument, match=r"heads = 0; expected a positive size"):
+        mlacp.MlaAttention(small_config(heads=0), mesh, dtype=torch.float64)
+    with pytest.raises(mlacp.InvalidArgument, match=r"seq = 0; expected a positive size"):
+        mlacp.MlaAttention(small_config(seq=0), mesh, dtype=torch.float64)
 
 
 def test_bad_dtype(mesh):

@@ -176,3 +176,34 @@ def test_uneven_sequence_split(comm, mesh):
     errors = {"y": relative_error(gather(comm, y_local), y_ref), "dx": relative_error(gather(comm, x_local.grad), dx_ref)}
     errors.update({"d" + n: relative_error(p.grad, grads_ref[n]) for n, p in layer.named_parameters()})
     assert max(errors.values()) <= tolerance(torch.float64), errors
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["double", "float"])
+@pytest.mark.parametrize("strategy", ["latent", "expanded"])
+def test_fewer_tokens_and_heads_than_ranks(comm, mesh, strategy, dtype):
+    """S < P and H < P: the ranks past S hold no token (local_seq 0, x [B, 0, D]) and those past H no head; the
+    numbers still match the reference."""
+    size = comm.size
+    for seq, heads in [(1, 1), (max(size - 1, 1), max(size - 1, 1)), (max(size - 1, 1), size + 1), (3 * size + 1, 1)]:
+        config = small_config(seq=seq, heads=heads, strategy=strategy, bias=True)
+        layer = mlacp.MlaAttention(config, mesh, dtype=dtype, seed=7)
+        counts = comm.allgather(layer.local_seq)
+        assert counts == [seq // size + (1 if r < seq % size else 0) for r in range(size)]
+        generator = torch.Generator().manual_seed(17)
+        x_full = torch.randn(config.batch, seq, config.hidden, generator=generator, dtype=torch.float64).to(dtype)
+        dy_full = torch.randn(x_full.shape, generator=generator, dtype=torch.float64).to(dtype)
+        first = sum(counts[:comm.rank])
+        x_local = x_full[:, first:first + layer.local_seq].contiguous().requires_grad_()
+        y_local = layer(x_local)
+        assert y_local.shape == x_local.shape
+        y_local.backward(dy_full[:, first:first + layer.local_seq].contiguous())
+        mlacp.all_reduce_grads(layer)
+        y_ref, dx_ref, grads_ref = reference(config, layer, x_full, dy_full)
+        errors = {"y": relative_error(gather(comm, y_local), y_ref),
+                  "dx": relative_error(gather(comm, x_local.grad), dx_ref)}
+        for n, p in layer.named_parameters():
+            # One token attends only to itself: dq, hence dw_q and db_q, is exactly 0 (a relative error to 0 has no
+            # meaning; the rounding noise left is compared absolutely).
+            exact_zero = seq == 1 and n in ("w_q", "b_q")
+            errors["d" + n] = float(p.grad.norm()) if exact_zero else relative_error(p.grad, grads_ref[n])
+        assert max(errors.values()) <= tolerance(dtype), (seq, heads, errors)

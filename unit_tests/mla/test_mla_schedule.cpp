@@ -165,23 +165,6 @@ TEST(MlaMisuse, OnlyOneRankMisusesButEveryRankRaises) {
   layer.backward(Space(), forward, dy);
 }
 
-TEST(MlaMisuse, ConfigurationSmallerThanTheGroup) {
-  mlacp::Mesh mesh(MPI_COMM_WORLD);
-  if (mesh.size() == 1) GTEST_SKIP() << "every positive size is >= P = 1";
-  auto config = config_for(mlacp::MlaStrategy::latent, mesh.size());
-  config.heads = mesh.size() - 1;
-  expect_error<mlacp::InvalidArgument>(
-      [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
-      "heads = " + std::to_string(config.heads) +
-          " is smaller than the Ulysses group size P = " + std::to_string(mesh.size()));
-  config = config_for(mlacp::MlaStrategy::expanded, mesh.size());
-  config.seq = mesh.size() - 1;
-  expect_error<mlacp::InvalidArgument>(
-      [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
-      "seq = " + std::to_string(config.seq) +
-          " is smaller than the Ulysses group size P = " + std::to_string(mesh.size()));
-}
-
 TEST(MlaMisuse, WeightsAndInputsThatDisagreeWithTheConfiguration) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const auto config = config_for(mlacp::MlaStrategy::latent, mesh.size());

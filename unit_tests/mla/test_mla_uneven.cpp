@@ -3,8 +3,8 @@
 // from Partition(S, P).offset(r) and Partition(H, P).count(r) heads (the first S mod P, H mod P ranks one more). The
 // distributed layer's forward and every gradient against the same layer on one rank over the full sequence, for
 // S in {P*k, P*k+1, P*k+P-1} and H in {P, P+1, 2P-1}, both strategies, float and double, with and without biases, one
-// case with packed documents (a document spanning three shards), and the refusals: x of the wrong local extent on
-// every rank, S or H smaller than P.
+// case with packed documents (a document spanning three shards), and the refusal of x of the wrong local extent on
+// every rank. Fewer tokens or heads than ranks (empty shards): the block at the end.
 #include "layer_reference_checks.hpp"
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -138,19 +139,71 @@ TEST(MlaUnevenErrors, WrongLocalExtentRaisesOnEveryRank) {
   }
 }
 
-// S or H smaller than P would leave a rank with no token or no head: refused with the values named, on every rank.
-TEST(MlaUnevenErrors, FewerTokensOrHeadsThanRanksAreRefused) {
+// ---- Empty shards: S < P and/or H < P leave some ranks with no token and/or no head ----
+// Rank r then holds Partition(S, P).count(r) = 0 tokens (r >= S) or 0 heads (r >= H); it still takes part in every
+// collective. y, dx and every weight gradient against the one-rank full-sequence layer, for S in {1, P-1} and H in
+// {1, P-1}, each alone (with the other extent >= P) and together, both strategies, float and double, with and without
+// biases; and packed documents over fewer tokens than ranks.
+
+// The positive values of a list, distinct, in order (at P = 1, P - 1 = 0 is no size; at P = 2, 1 and P - 1 coincide).
+std::vector<int> positive_sizes(std::vector<int> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](int x) { return x < 1; }), v.end());
+  return distinct(std::move(v));
+}
+
+template <class T>
+void check_empty_shards(const Case& c) {
+  const int P = mlacp::test::world_size();
+  const std::vector<int> few = positive_sizes({1, P - 1});
+  const int many_seq = 3 * P + 1, many_heads = P + 1;
+  std::vector<std::pair<int, int>> splits;  // (S, H)
+  for (int S : few) splits.emplace_back(S, many_heads);
+  for (int H : few) splits.emplace_back(many_seq, H);
+  for (int S : few)
+    for (int H : few) splits.emplace_back(S, H);
+  for (const auto& [S, H] : splits)
+    check_configuration<T>(uneven_config(c.strategy, c.bias, S, H),
+                           "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", P = " + std::to_string(P));
+}
+
+class MlaEmptyShards : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MlaEmptyShards, DoubleMatchesSingleRankFullSequence) { check_empty_shards<double>(GetParam()); }
+TEST_P(MlaEmptyShards, FloatMatchesSingleRankFullSequence) { check_empty_shards<float>(GetParam()); }
+
+// Packed documents {0, 1, S} over S = max(P - 1, 3) tokens (fewer than the ranks from P = 4 on; the second document
+// has two tokens or more, else every query attends to itself only and dq is exactly 0), and H = P - 1 heads.
+TEST_P(MlaEmptyShards, PackedDocumentsOverFewerTokensThanRanks) {
+  const int P = mlacp::test::world_size();
+  const int S = std::max(P - 1, 3), H = std::max(P - 1, 1);
+  auto config = uneven_config(GetParam().strategy, GetParam().bias, S, H);
+  config.cu_seqlens = {0, 1, S};
+  const std::string what = "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", P = " + std::to_string(P) +
+                           ", cu_seqlens {0,1," + std::to_string(S) + "}";
+  check_configuration<double>(config, what);
+  check_configuration<float>(config, what);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MlaEmptyShards, ::testing::ValuesIn(all_cases()), case_name);
+
+// The ranks past S hold no token and those past H no head; S and H below 1 are still refused.
+TEST(MlaEmptyShardsSplit, RanksPastTheExtentHoldNothing) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  const int P = mesh.size();
-  if (P == 1) GTEST_SKIP() << "every positive S and H is >= P = 1";
-  auto config = uneven_config(mlacp::MlaStrategy::latent, false, 3 * P, P - 1);
+  const int P = mesh.size(), r = mesh.rank();
+  const auto config = uneven_config(mlacp::MlaStrategy::expanded, false, 1, 1);
+  mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh);
+  EXPECT_EQ(layer.local_seq(), r == 0 ? 1 : 0);
+  EXPECT_EQ(layer.local_heads(), r == 0 ? 1 : 0);
+  EXPECT_EQ(layer.seq_partition().offset(r), r == 0 ? 0 : 1);
+  EXPECT_EQ(layer.head_partition().count(P - 1), P == 1 ? 1 : 0);
+  auto bad = uneven_config(mlacp::MlaStrategy::latent, false, 0, 1);
   mlacp::test::expect_error<mlacp::InvalidArgument>(
-      [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
-      "heads = " + std::to_string(P - 1) + " is smaller than the Ulysses group size P = " + std::to_string(P));
-  config = uneven_config(mlacp::MlaStrategy::expanded, false, P - 1, P);
+      [&] { mlacp::MlaAttention<double>(bad, mlacp::test::make_weights<double, Mem>(bad, 1), mesh); },
+      "seq = 0; expected a positive size");
+  bad = uneven_config(mlacp::MlaStrategy::latent, false, 1, 0);
   mlacp::test::expect_error<mlacp::InvalidArgument>(
-      [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
-      "seq = " + std::to_string(P - 1) + " is smaller than the Ulysses group size P = " + std::to_string(P));
+      [&] { mlacp::MlaAttention<double>(bad, mlacp::test::make_weights<double, Mem>(bad, 1), mesh); },
+      "heads = 0; expected a positive size");
 }
 
 }  // namespace

@@ -43,8 +43,8 @@ struct MlaConfig {
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
-  /// dr even, H >= P and S >= P (neither need be divisible by P), cu_seqlens empty or strictly increasing from 0 to
-  /// seq.
+  /// dr even, cu_seqlens empty or strictly increasing from 0 to seq. S and H need neither be divisible by P nor
+  /// reach it: with S < P or H < P the ranks past them hold no token or no head (and still join every collective).
   std::string error(int group_size) const;
   /// A one-line description, for messages and reports.
   std::string describe() const;

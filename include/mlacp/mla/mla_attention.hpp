@@ -26,7 +26,10 @@ namespace mlacp {
 /// rank r owns the s = seq_partition().count(r) global tokens from seq_partition().offset(r), where the first S mod P
 /// ranks hold ceil(S/P) tokens and the others floor(S/P). In the attention it owns head_partition().count(r) heads
 /// from head_partition().offset(r), by the same rule over H. Neither S nor H need be divisible by P (the all-to-alls,
-/// the latent all-gather and reduce-scatter then take their uneven forms; nothing is padded); S >= P and H >= P.
+/// the latent all-gather and reduce-scatter then take their uneven forms; nothing is padded). S < P or H < P leaves
+/// the ranks from S (or H) on with no token (x, dy, y and dx are [B, 0, D]) or no head; such a rank still takes part
+/// in every collective (it sends and receives its zero counts), and its partial weight gradients are those of what it
+/// holds (zero for a rank with neither).
 ///
 /// forward() returns a Forward: the output y [B, s, D] and what backward needs (saved operands and the paired
 /// collective state). backward() consumes it exactly once and overlaps: the dO all-to-all with the w_o weight
@@ -50,7 +53,7 @@ namespace mlacp {
 /// (both strategies). The layout is part of the configuration the ranks agree on.
 ///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
-/// rank: configuration (heads or seq smaller than P, ...), weights whose shapes disagree with it, x or dy of the
+/// rank: configuration (a size that is not positive, ...), weights whose shapes disagree with it, x or dy of the
 /// wrong shape or differing across ranks, backward before forward, a second backward of the same forward.
 template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace, class Core = FlashAttentionCore>
 class MlaAttention {
