@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <utility>
@@ -185,6 +186,38 @@ TEST_P(MlaEmptyShards, PackedDocumentsOverFewerTokensThanRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaEmptyShards, ::testing::ValuesIn(all_cases()), case_name);
+
+// Empty shards under the blocking schedule (overlap = false) and with some gradients only (the collectives a flag
+// set skips are skipped on every rank alike), in double, both strategies, with biases.
+TEST(MlaEmptyShardsVariants, BlockingScheduleAndPartialGradients) {
+  const int P = mlacp::test::world_size();
+  auto flags_with = [](std::initializer_list<bool mlacp::MlaRequiresGrad::*> members) {
+    auto r = mlacp::MlaRequiresGrad::none();
+    for (auto m : members) r.*m = true;
+    return r;
+  };
+  using R = mlacp::MlaRequiresGrad;
+  const std::vector<std::pair<std::string, R>> flag_sets = {{"no input gradient",
+                                                             [] {
+                                                               R r;
+                                                               r.x = false;
+                                                               return r;
+                                                             }()},
+                                                            {"output projection only", flags_with({&R::w_o, &R::b_o})},
+                                                            {"kv only", flags_with({&R::w_kvb, &R::b_kvb, &R::w_kva})},
+                                                            {"q only", flags_with({&R::w_q, &R::b_q})}};
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded})
+    for (const auto& [S, H] : {std::pair<int, int>{std::max(P - 1, 1), 1}, {1, std::max(P - 1, 1)}}) {
+      auto config = uneven_config(strategy, true, S, H);
+      const std::string what = std::string(mlacp::to_string(strategy)) + " S = " + std::to_string(S) +
+                               ", H = " + std::to_string(H) + ", P = " + std::to_string(P);
+      config.overlap = false;
+      mlacp::test::expect_matches_single_rank_full_sequence<double>(config, {}, 2, what + ", blocking");
+      config.overlap = true;
+      for (const auto& [name, flags] : flag_sets)
+        mlacp::test::expect_matches_single_rank_full_sequence<double>(config, flags, 1, what + ", " + name);
+    }
+}
 
 // The ranks past S hold no token and those past H no head; S and H below 1 are still refused.
 TEST(MlaEmptyShardsSplit, RanksPastTheExtentHoldNothing) {
