@@ -87,7 +87,7 @@ class InputA2APair {
   /// `destination` when given, e.g. a layer's workspace, else into a new View).
   tensor4 wait_backward(const ExecSpace& space, tensor4 destination = {}) {
     const tensor5 blocks = wait_backward_blocks();
-    if (blocks.data() == nullptr) return tensor4();
+    if (!needs_send_grad_) return tensor4();  // (a needed gradient of no element keeps its shape)
     const auto parts = static_cast<int>(blocks.extent(0));
     const auto B = blocks.extent(1), s = blocks.extent(2), h = blocks.extent(3), d = blocks.extent(4);
     if (parts == 1) return Kokkos::subview(blocks, 0, Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL());

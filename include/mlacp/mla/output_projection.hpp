@@ -123,7 +123,8 @@ class OutputProjection {
     }
     local_output_ = tensor4();  // released: the saved operand is not needed any more
     if (grad_a2a.pending()) result = grad_a2a.wait();
-    if (result.data() == nullptr) return tensor4();
+    // Not needed: empty. (A needed result of no element, on a rank with no head, keeps its shape [B, S, 0, dv].)
+    if (!needs_attention_grad) return tensor4();
     return Kokkos::subview(result, 0, Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL());  // [B, S, h, dv]
   }
 
