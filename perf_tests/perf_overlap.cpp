@@ -313,15 +313,18 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
 // the layer's backward_latent composes it: disassemble dK/dV, LatentKVLinear::backward (w_kvb dgrad, the latent
 // reduce-scatter launched and overlapped with the w_kvb wgrad, waited), then the payload backward of the local rows
 // (RoPE and RMSNorm backward, w_kva wgrad and dgrad). The latent reduce-scatter overlaps its own wgrad in every mode
-// here; what the modes change is only where the dQ all-to-all is waited.
+// here; what the modes change is only where the dQ all-to-all is waited. The latent reduce-scatter shares the link
+// with the dQ all-to-all in flight, so its size matters: R + dr = 40 makes it 31% of the dQ all-to-all's bytes
+// (DeepSeek-V3, R + dr = 576 against dQ's 192 H / P per token: 5% at P = 2, 19% at P = 8, 37% at P = 16). The free
+// dimension is dv: it scales the w_kvb GEMMs and moves neither collective.
 PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
   const int P = mesh.size();
-  const int dn = 8, dr = 8, dv = 16, dqk = dn + dr;
+  const int dn = 8, dr = 8, dqk = dn + dr, R = 32, D = 512;
   const int S = rows + static_cast<int>(uneven_extra(uneven, P)), H = 8 * P + static_cast<int>(uneven_extra(uneven, P));
-  return {spec_name("dQ a2a + kv backward", uneven, S, H), 64, [&mesh, S, H, P, dn, dr, dv, dqk](int R) {
+  return {spec_name("dQ a2a + kv backward", uneven, S, H), 64, [&mesh, S, H, P, dn, dr, dqk, R, D](int dv) {
             const Space space;
             const Split split(S, H, mesh);
-            const int s = split.s(), h = split.h(), D = R, width = h * (dn + dv);
+            const int s = split.s(), h = split.h(), width = h * (dn + dv);
             struct State {
               State(Split sp, LatentKVOperands operands) : split(std::move(sp)), kvl(std::move(operands)) {}
               Split split;
@@ -472,6 +475,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
                   .num("comm_bytes_per_rank", 8.0 * S * h * dqk)
                   .num("comm_bytes_leaving_rank", 8.0 * (S - s) * h * dqk)
                   .num("latent_reduce_scatter_bytes_per_rank", 8.0 * S * (R + dr))
+                  .num("latent_reduce_scatter_over_dq_bytes", static_cast<double>(R + dr) / (h * dqk))
                   .num("gemm_flops", 4.0 * S * width * R + 4.0 * s * (R + dr) * D);
             };
             return p;
