@@ -68,6 +68,11 @@ TEST(MlaSchedule, LatentBackwardOverlapsEachCollectiveWithItsIndependentCompute)
   r.expect_overlap("latent reduce-scatter", "w_kvb wgrad");
   // dQ's wait comes before the Q projection's backward.
   EXPECT_LT(r.at(EventKind::wait_end, "dQ a2a"), r.at(EventKind::compute_begin, "q backward")) << r.dump();
+  // The reduce-scatter, launched after dQ (and behind it on a shared link), stays in flight through the Q branch's
+  // backward and is waited last, right before the payload's backward that needs it.
+  r.expect_overlap("latent reduce-scatter", "q backward");
+  EXPECT_LT(r.at(EventKind::wait_end, "latent reduce-scatter"), r.at(EventKind::compute_begin, "payload backward"))
+      << r.dump();
 }
 
 TEST(MlaSchedule, ExpandedBackwardLaunchesAllInversesThenWaitsQFirst) {

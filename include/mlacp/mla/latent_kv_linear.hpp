@@ -10,6 +10,8 @@
 #include <mlacp/reduce_scatter.hpp>
 #include <mlacp/view_types.hpp>
 
+#include <utility>
+
 namespace mlacp {
 
 template <class T, class ExecSpace>
@@ -65,15 +67,25 @@ class LatentKVLinear {
 
  public:
   /// grad_kv [B, S, h*(dn+dv)] and grad_shared [B, S, dr] -> this rank's payload gradient [B, s, R+dr] (empty when
-  /// not `needs_payload_grad`). Order: dgrad of the latent (grad_kv w_sel), concatenated with grad_shared and
-  /// launched as a SUM reduce-scatter along the sequence ("latent reduce-scatter"); dw_sel += grad_kv^T latent and
-  /// db_sel while it is in flight (empty: skipped); then wait. `overlap` false: wait right after the launch.
-  /// `grad_payload` [B, S, R+dr] (the reduce-scatter's input, read until the wait) and `grad_latent` [B, S, R]: scratch
-  /// (a layer's workspace); empty: allocated. `reduced` [B, s, R+dr]: where the reduce-scatter's result goes; empty:
-  /// allocated.
+  /// not `needs_payload_grad`): launch_backward, then wait_backward.
   tensor3 backward(const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared, bool needs_payload_grad,
                    const weight_rows& dw_sel, const bias_part& db_sel, bool overlap = true, tensor3 grad_payload = {},
                    tensor3 grad_latent = {}, const tensor3& reduced = {}) {
+    launch_backward(space, grad_kv, grad_shared, needs_payload_grad, dw_sel, db_sel, overlap, std::move(grad_payload),
+                    std::move(grad_latent), reduced);
+    return wait_backward();
+  }
+
+  /// The backward up to the reduce-scatter's wait: dgrad of the latent (grad_kv w_sel), concatenated with grad_shared
+  /// and launched as a SUM reduce-scatter along the sequence ("latent reduce-scatter") when `needs_payload_grad`;
+  /// dw_sel += grad_kv^T latent and db_sel while it is in flight (empty: skipped). The reduce-scatter stays in flight
+  /// for the caller's next independent work (the layer runs the Q branch's backward); wait_backward ends it.
+  /// `overlap` false: waited right after the launch. `grad_payload` [B, S, R+dr] (the reduce-scatter's input, read
+  /// until the wait) and `grad_latent` [B, S, R]: scratch (a layer's workspace); empty: allocated. `reduced`
+  /// [B, s, R+dr]: where the reduce-scatter's result goes; empty: allocated.
+  void launch_backward(const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared,
+                       bool needs_payload_grad, const weight_rows& dw_sel, const bias_part& db_sel, bool overlap = true,
+                       tensor3 grad_payload = {}, tensor3 grad_latent = {}, const tensor3& reduced = {}) {
     if (!forwarded_) throw UsageError("mlacp::LatentKVLinear: backward before forward");
     if (backwarded_) throw UsageError("mlacp::LatentKVLinear: a second backward of the same forward");
     backwarded_ = true;
@@ -81,7 +93,7 @@ class LatentKVLinear {
     const auto R = static_cast<std::int64_t>(latent_.extent(2)), dr = static_cast<std::int64_t>(grad_shared.extent(2));
     const auto width = static_cast<std::int64_t>(grad_kv.extent(2));
     const auto g2 = detail::as_matrix(grad_kv, B * S, width);
-    AsyncCollective<tensor3> reduce;
+    AsyncCollective<tensor3>& reduce = reduce_;
     if (needs_payload_grad) {
       if (grad_payload.data() == nullptr)
         grad_payload = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
@@ -96,8 +108,7 @@ class LatentKVLinear {
                    ? launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter", reduced)
                    : launch_reduce_scatter(space, grad_payload, 1, *seq_, *mesh_, "latent reduce-scatter", reduced);
     }
-    tensor3 result;
-    if (!overlap && reduce.launched()) result = reduce.wait();
+    if (!overlap && reduce.launched()) result_ = reduce.wait();
     if (dw_sel.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "w_kvb wgrad");
       detail::linear_wgrad(space, g2, detail::as_matrix(latent_, B * S, R), dw_sel);
@@ -107,7 +118,16 @@ class LatentKVLinear {
       detail::bias_grad(space, g2, db_sel);
     }
     latent_ = tensor3();
-    return reduce.pending() ? reduce.wait() : result;
+  }
+
+  /// Waits for the reduce-scatter launch_backward started (exactly once) and returns this rank's payload gradient
+  /// [B, s, R+dr]; an empty View when it was not needed.
+  tensor3 wait_backward() {
+    if (!backwarded_) throw UsageError("mlacp::LatentKVLinear: wait_backward before launch_backward");
+    if (waited_) throw UsageError("mlacp::LatentKVLinear: wait_backward called twice");
+    waited_ = true;
+    if (reduce_.pending()) result_ = reduce_.wait();
+    return std::exchange(result_, tensor3());
   }
 
  private:
@@ -115,8 +135,11 @@ class LatentKVLinear {
   weight_rows w_sel_;
   const Mesh* mesh_ = nullptr;
   const Partition* seq_ = nullptr;
+  AsyncCollective<tensor3> reduce_;  // the latent reduce-scatter, from launch_backward to wait_backward
+  tensor3 result_;
   bool forwarded_ = false;
   bool backwarded_ = false;
+  bool waited_ = false;
 };
 
 }  // namespace mlacp

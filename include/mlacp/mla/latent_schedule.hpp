@@ -13,7 +13,11 @@ namespace mlacp::detail {
 
 /// Forward: the Q all-to-all is launched before the independent KV expansion (payload all-gather, the rank's w_kvb
 /// rows) and waited after it. Backward: the inverse all-to-all of dQ is launched first and the KV path's backward (the
-/// latent reduce-scatter overlapped with the w_kvb weight gradient) runs while it is in flight; then the Q branch.
+/// w_kvb dgrad, the latent reduce-scatter launched and the w_kvb weight gradient while it is in flight) runs while dQ
+/// is in flight; then dQ is waited and the Q branch's backward runs while the reduce-scatter is still in flight; then
+/// the reduce-scatter is waited and the payload's backward (RoPE, RMSNorm, w_kva) runs. The reduce-scatter is
+/// launched after dQ and leaves on the same links behind it, so it is waited last, after the compute that needs
+/// neither (on one FIFO link, waiting it before the Q branch stalled the KV backward until dQ had crossed).
 template <class T, class ExecSpace, class Core>
 class LatentSchedule {
  public:
@@ -70,21 +74,27 @@ class LatentSchedule {
     w.q_pair.launch_backward(space, dq, k.blocks_into(scratch.dq_blocks, "mlacp::dQ blocks", c.qk_dim()));
     tensor5 dq_local;
     if (!c.overlap && needs_q(r)) dq_local = w.q_pair.wait_backward_blocks();
+    const bool payload = needs_kv(r) && needs_payload(r);
     if (needs_kv(r)) {
       ComputePhase<ExecSpace> phase(space, "kv backward");
       const tensor3& dkv = ensure(scratch.dkv, "mlacp::d kv", B, S, h * (dn + dv));
       const tensor3& dkpe = ensure(scratch.dkpe, "mlacp::d k_pe", B, S, dr);
       disassemble_kv_grad(space, dk, dvv, tensor4(dkv.data(), B, S, h, dn + dv), dkpe, dn);
-      const bool payload = needs_payload(r);
-      tensor3 d_payload = w.latent_kv.backward(
+      w.latent_kv.launch_backward(
           space, dkv, dkpe, payload, r.w_kvb ? k.rows_of(g.w_kvb) : typename pieces_type::matrix_rows(),
           r.b_kvb && c.bias ? k.part_of(g.b_kvb) : typename pieces_type::vector_part(), c.overlap,
           payload ? ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
           payload ? ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3(),
           payload ? k.into(scratch.d_payload, "mlacp::d payload local", B, k.local_seq(), R + dr) : tensor3());
-      if (payload) k.payload_backward(space, p, d_payload, d_payload, R, g);
     }
     if (needs_q(r)) k.q_branch_backward(space, p, c.overlap ? w.q_pair.wait_backward_blocks() : dq_local, g);
+    if (needs_kv(r)) {
+      const tensor3 d_payload = w.latent_kv.wait_backward();
+      if (payload) {
+        ComputePhase<ExecSpace> phase(space, "payload backward");
+        k.payload_backward(space, p, d_payload, d_payload, R, g);
+      }
+    }
   }
 
  private:
