@@ -4,8 +4,9 @@
 // the layer (mla_attention.hpp) runs it with:
 //   (1) the dO all-to-all with the w_o weight gradient: OutputProjection::backward;
 //   (2) the dQ inverse all-to-all with the KV backward (latent strategy): InputA2APair::launch_backward, the KV path's
-//       backward as the layer composes it (disassemble_kv_grad, LatentKVLinear::backward with its own latent
-//       reduce-scatter overlapped, RoPE and RMSNorm backward, the w_kva GEMMs), InputA2APair::wait_backward_blocks;
+//       backward up to the dQ wait as the layer composes it (disassemble_kv_grad, LatentKVLinear::launch_backward:
+//       w_kvb dgrad, its own latent reduce-scatter launched, w_kvb wgrad), InputA2APair::wait_backward_blocks; the
+//       reduce-scatter's wait and the payload backward follow untimed;
 //   (3) the latent reduce-scatter with the w_kvb weight gradient: LatentKVLinear::backward.
 // For each, in one run: the compute alone (the piece without its collective), the collective alone (the library call
 // the piece launches, same arguments), the piece overlapped (overlap on: launch, compute through the library's
@@ -179,6 +180,9 @@ struct Pair {
   std::int64_t panel_rows = 0;  // rows of the panelled GEMM (what OverlapPolicy splits)
   // Untimed: a fresh invocation of the piece (its forward), so that the next backward may run (each runs once).
   std::function<void()> prepare;
+  // Untimed, after a timed body that ran the compute (alone or in the piece): what the layer runs after the pair
+  // (optional; the dQ pair ends its latent reduce-scatter here).
+  std::function<void()> finish;
   // The piece's compute without its collective (after prepare).
   std::function<void()> compute;
   // The collective alone: the library call the piece launches, with the same arguments, launched and waited.
@@ -309,14 +313,14 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
 }
 
 // (2) dQ inverse all-to-all (head-local -> token-local, InputA2APair "Q": received as the P head blocks
-// [P, 1, s, h, dqk] that the Q branch consumes without an unpack) with the KV backward of the latent strategy, as
-// the layer's backward_latent composes it: disassemble dK/dV, LatentKVLinear::backward (w_kvb dgrad, the latent
-// reduce-scatter launched and overlapped with the w_kvb wgrad, waited), then the payload backward of the local rows
-// (RoPE and RMSNorm backward, w_kva wgrad and dgrad). The latent reduce-scatter overlaps its own wgrad in every mode
-// here; what the modes change is only where the dQ all-to-all is waited. The latent reduce-scatter shares the link
-// with the dQ all-to-all in flight, so its size matters: R + dr = 40 makes it 31% of the dQ all-to-all's bytes
-// (DeepSeek-V3, R + dr = 576 against dQ's 192 H / P per token: 5% at P = 2, 19% at P = 8, 37% at P = 16). The free
-// dimension is dv: it scales the w_kvb GEMMs and moves neither collective.
+// [P, 1, s, h, dqk] that the Q branch consumes without an unpack) with the KV backward of the latent strategy up to the
+// dQ wait, as LatentSchedule::backward composes it: disassemble dK/dV, LatentKVLinear::launch_backward (w_kvb dgrad,
+// the latent reduce-scatter launched, w_kvb wgrad while it is in flight). The layer then waits dQ, runs the Q branch's
+// backward while the reduce-scatter is still in flight, waits it and runs the payload backward (RoPE and RMSNorm
+// backward, w_kva wgrad and dgrad); here that tail runs untimed after each round (the pair's finish). The latent
+// reduce-scatter shares the link with the dQ all-to-all in flight: R + dr = 40 makes it 31% of the dQ all-to-all's
+// bytes (DeepSeek-V3, R + dr = 576 against dQ's 192 H / P per token: 5% at P = 2, 19% at P = 8, 37% at P = 16). The
+// free dimension is dv: it scales the w_kvb GEMMs and moves neither collective.
 PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
   const int P = mesh.size();
   const int dn = 8, dr = 8, dqk = dn + dr, R = 32, D = 512;
@@ -372,15 +376,25 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
             mlacp::testing::synthetic::fill(st->w_kva, 28, 0.1);
             mlacp::testing::synthetic::fill(st->g_kv, 29, 0.2, 1.0);
             mlacp::testing::synthetic::fill(st->rstd, 30, 0.1, 1.0);
-            // The KV path's backward, step by step as backward_latent and payload_backward run it; `mark` after each.
-            auto kv_backward = [space, st, S, s, h, dn, dv, dr, R, D](const std::function<void(const char*)>& mark) {
+            // The KV path's backward up to the dQ wait, as LatentSchedule::backward runs it: disassemble dK/dV, then
+            // LatentKVLinear::launch_backward (w_kvb dgrad, the latent reduce-scatter launched, w_kvb wgrad while it
+            // is in flight); `mark` after each step. The reduce-scatter is still in flight when it returns.
+            auto kv_backward = [space, st, S, h, dn, dv](const std::function<void(const char*)>& mark) {
               mlacp::detail::disassemble_kv_grad(
                   space, st->dk, st->dvv, Tensor4(st->kvl.grad_kv.data(), 1, S, h, dn + dv), st->kvl.grad_shared, dn);
               mark("disassemble_kv_grad (no poll)");
-              const Tensor3 d_payload =
-                  st->latent_kv->backward(space, st->kvl.grad_kv, st->kvl.grad_shared, true, st->kvl.d_rows(),
-                                          BiasPart(), true, st->kvl.grad_payload, st->kvl.grad_latent, st->kvl.reduced);
-              mark("LatentKVLinear::backward (w_kvb dgrad, latent reduce-scatter, w_kvb wgrad)");
+              st->latent_kv->launch_backward(space, st->kvl.grad_kv, st->kvl.grad_shared, true, st->kvl.d_rows(),
+                                             BiasPart(), true, st->kvl.grad_payload, st->kvl.grad_latent,
+                                             st->kvl.reduced);
+              mark("LatentKVLinear::launch_backward (w_kvb dgrad, latent reduce-scatter launched, w_kvb wgrad)");
+            };
+            // What the layer runs after the dQ wait (and the Q branch's backward, which needs dQ): the reduce-scatter's
+            // wait and the payload backward of the local rows (RoPE and RMSNorm backward, w_kva wgrad and dgrad).
+            // Untimed (the pair's finish): it is outside the window that hides dQ, and it ends the reduce-scatter
+            // before the next round.
+            auto after_dq = [space, st, s, dr, R, D](const std::function<void(const char*)>& mark) {
+              const Tensor3 d_payload = st->latent_kv->wait_backward();
+              mark("latent reduce-scatter wait");
               mlacp::rope_backward(space, mlacp::as_rank4(d_payload), R, mlacp::as_rank4(st->d_kv_a), R, st->rope);
               mlacp::rms_norm_backward(space, st->kv_a, st->g_kv, st->rstd, d_payload, st->d_kv_a, st->dg_kv);
               mark("rope + rms_norm backward (no poll)");
@@ -395,6 +409,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
             p.compute_name = "kv backward";
             p.comm_name = "dQ a2a";
             p.panel_rows = S;
+            p.finish = [after_dq, no_mark]() { after_dq(no_mark); };
             p.prepare = [space, st, R, &mesh]() {
               st->q_pair.emplace(mesh, "Q", st->split.seq, st->split.heads);
               st->q_pair->launch_forward(space, st->q_token_local, true, st->q_heads);
@@ -437,7 +452,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
               }
               st->q_pair->wait_backward_blocks();
             };
-            p.breakdown = [space, st, kv_backward, &mesh]() {
+            p.breakdown = [space, st, kv_backward, after_dq, &mesh]() {
               // One pass with a fence after each step, max over ranks: how long each stretch runs, and which of
               // them never call mlacp::progress().
               JsonObject o;
@@ -447,12 +462,14 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
                                      st->kvl.kv, Tensor3(), st->kvl.latent);
               Kokkos::fence();
               double last = now();
-              kv_backward([&](const char* name) {
+              const auto step = [&](const char* name) {
                 space.fence();
                 const double t = now();
                 steps.emplace_back(name, t - last);
                 last = t;
-              });
+              };
+              kv_backward(step);
+              after_dq(step);
               for (auto& [name, t] : steps) {
                 MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, mesh.comm());
                 o.num(name, t);
@@ -588,6 +605,11 @@ struct PairRun {
   int dim = 0;
 };
 
+// A timed body of the pair: its prepare before, its finish after (both untimed).
+PreparedBody timed(const Pair& pair, std::function<void()> body) {
+  return {pair.prepare, std::move(body), pair.finish};
+}
+
 // Per-round phases of the overlapped piece, on this rank: from its start to the collective's launch (the dgrad that
 // produces its input, pack, MPI start), the compute with the collective in flight, and the wait (rest, unpack).
 struct PhaseLog {
@@ -614,6 +636,7 @@ PreparedBody recording_phases(const Pair& pair, std::function<void()> overlapped
     mlacp::events::record(mlacp::EventKind::compute_end, marker);
   };
   b.finish = [&pair, &log]() {
+    if (pair.finish) pair.finish();
     mlacp::events::enable(log.was_recording);
     const auto list = mlacp::events::snapshot();
     const auto index = [&](mlacp::EventKind kind, const std::string& name) {
@@ -671,7 +694,7 @@ int calibrate(PairRun& run, const PairSpec& spec, double target, int dim, const 
   run.pair = spec.make(dim);
   for (int step = 0; step < (settings.quick ? 2 : 4); ++step) {
     const auto cal = measure_interleaved_prepared(comm, 1, settings.quick ? 1 : 3,
-                                                  {{{}, collective_alone(run)}, {run.pair.prepare, run.pair.compute}});
+                                                  {{{}, collective_alone(run)}, timed(run.pair, run.pair.compute)});
     const double off = cal[0].median() / cal[1].median() / target;
     if (step > 0 && off > 0.9 && off < 1.1) break;
     const int next = std::clamp(static_cast<int>(std::lround(dim * std::pow(off, 0.9) / 8.0)) * 8, 8, 4096);
@@ -718,31 +741,31 @@ PairMeasurement measure_sequential_and_overlapped(const PairRun& run, const Sett
   // The figures come from the uninstrumented bodies; the phases from a separate overlapped body with the event
   // recorder on (its recording cost stays out of E).
   enum Body : std::size_t { compute, collective, overlapped_pair, blocking, overlapped_recorded, first_optional };
-  std::vector<PreparedBody> bodies = {{p.prepare, p.compute},
+  std::vector<PreparedBody> bodies = {timed(p, p.compute),
                                       {{}, collective_alone(run)},
-                                      {p.prepare, overlapped},
-                                      {p.prepare, blocking_piece(run)},
+                                      timed(p, overlapped),
+                                      timed(p, blocking_piece(run)),
                                       recording_phases(p, overlapped, log)};
   const bool polled = run.raw ? static_cast<bool>(p.compute_polled) : static_cast<bool>(p.piece_polled);
   if (polled) {
     if (run.raw)
-      bodies.push_back({p.prepare, [&p]() {
-                          Waiter wait = p.launch_raw();
-                          p.compute_polled();
-                          wait();
-                        }});
+      bodies.push_back(timed(p, [&p]() {
+        Waiter wait = p.launch_raw();
+        p.compute_polled();
+        wait();
+      }));
     else
-      bodies.push_back({p.prepare, p.piece_polled});
+      bodies.push_back(timed(p, p.piece_polled));
   }
   const std::size_t sweep_first = bodies.size();
   const std::vector<int> panel_counts = settings.panel_sweep ? settings.panel_counts : std::vector<int>{};
   auto& policy = mlacp::overlap_policy();
   for (const int panels : panel_counts)
-    bodies.push_back({p.prepare, [&, panels]() {
-                        policy.panels = panels;
-                        overlapped();
-                        policy = settings.default_policy;
-                      }});
+    bodies.push_back(timed(p, [&, panels]() {
+      policy.panels = panels;
+      overlapped();
+      policy = settings.default_policy;
+    }));
   const std::size_t calls_before = mlacp::progress_calls();
   std::vector<Samples> samples;
   {
@@ -776,8 +799,8 @@ std::pair<std::string, std::string> measure_progress_thread(const PairRun& run, 
   const auto overlapped = overlapped_piece(run);
   for (const int interval : {50, 500}) {
     const auto ts = measure_interleaved_prepared(comm, settings.warmup, settings.repeats,
-                                                 {{p.prepare, [&]() { with_progress_thread(interval, overlapped); }},
-                                                  {p.prepare, [&]() { with_progress_thread(interval, p.compute); }}});
+                                                 {timed(p, [&]() { with_progress_thread(interval, overlapped); }),
+                                                  timed(p, [&]() { with_progress_thread(interval, p.compute); })});
     const Samples &s = ts[0], &c = ts[1];
     docs.push_back(JsonObject()
                        .num("interval_us", interval)
@@ -805,10 +828,10 @@ std::pair<std::string, std::string> measure_balance(PairRun& run, const PairSpec
     calibrate(run, spec, target, run.dim, settings, comm);
     const Pair& p = run.pair;
     const auto ts = measure_interleaved_prepared(comm, settings.warmup, settings.repeats,
-                                                 {{p.prepare, p.compute},
+                                                 {timed(p, p.compute),
                                                   {{}, collective_alone(run)},
-                                                  {p.prepare, overlapped_piece(run)},
-                                                  {p.prepare, blocking_piece(run)}});
+                                                  timed(p, overlapped_piece(run)),
+                                                  timed(p, blocking_piece(run))});
     const double c = ts[0].median(), m = ts[1].median(), pt = ts[2].median(), b = ts[3].median();
     docs.push_back(JsonObject()
                        .num("target_comm_over_compute", target)
