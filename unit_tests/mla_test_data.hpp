@@ -6,6 +6,7 @@
 #include <mlacp/testing/synthetic.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -48,15 +49,23 @@ std::vector<double> host_values(const ViewType& v) {
   return out;
 }
 
-/// ||a - b|| / max(||b||, tiny), Frobenius.
-inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+/// ||v||, Frobenius.
+inline double frobenius_norm(const std::vector<double>& v) {
+  double sum = 0;
+  for (const double e : v) sum += e * e;
+  return std::sqrt(sum);
+}
+
+/// ||a - b|| / max(||b||, floor), Frobenius; infinite when the sizes differ. `floor` > 0 measures a `b` smaller than
+/// it (e.g. one that is zero in exact arithmetic, rounding noise in both runs) against the floor instead.
+inline double relative_error(const std::vector<double>& a, const std::vector<double>& b, double floor = 1e-300) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
     num += (a[i] - b[i]) * (a[i] - b[i]);
     den += b[i] * b[i];
   }
   if (a.size() != b.size()) return INFINITY;
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+  return std::sqrt(num) / std::max({std::sqrt(den), floor, 1e-300});
 }
 
 }  // namespace mlacp::test

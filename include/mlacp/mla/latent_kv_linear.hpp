@@ -93,7 +93,6 @@ class LatentKVLinear {
     const auto R = static_cast<std::int64_t>(latent_.extent(2)), dr = static_cast<std::int64_t>(grad_shared.extent(2));
     const auto width = static_cast<std::int64_t>(grad_kv.extent(2));
     const auto g2 = detail::as_matrix(grad_kv, B * S, width);
-    AsyncCollective<tensor3>& reduce = reduce_;
     if (needs_payload_grad) {
       if (grad_payload.data() == nullptr)
         grad_payload = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
@@ -104,11 +103,11 @@ class LatentKVLinear {
         detail::linear_dgrad(space, g2, w_sel_, T(0), detail::as_matrix(grad_latent, B * S, R));
         detail::join_columns(space, grad_latent, grad_shared, grad_payload);
       }
-      reduce = seq_ == nullptr
-                   ? launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter", reduced)
-                   : launch_reduce_scatter(space, grad_payload, 1, *seq_, *mesh_, "latent reduce-scatter", reduced);
+      reduce_ = seq_ == nullptr
+                    ? launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter", reduced)
+                    : launch_reduce_scatter(space, grad_payload, 1, *seq_, *mesh_, "latent reduce-scatter", reduced);
     }
-    if (!overlap && reduce.launched()) result_ = reduce.wait();
+    if (!overlap && reduce_.launched()) result_ = reduce_.wait();
     if (dw_sel.data() != nullptr) {
       detail::ComputePhase<ExecSpace> phase(space, "w_kvb wgrad");
       detail::linear_wgrad(space, g2, detail::as_matrix(latent_, B * S, R), dw_sel);
