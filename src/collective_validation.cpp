@@ -176,8 +176,9 @@ std::int64_t largest_message(const CollectiveCall& call, int group_size, int me)
   return largest;
 }
 
-// The local checks; an empty string when the call is valid on this rank (rank `me` of `group_size`).
-std::string local_error(const CollectiveCall& call, int group_size, int me) {
+}  // namespace
+
+std::string collective_call_error(const CollectiveCall& call, int group_size, int me) {
   // (MPI_Finalize is checked by validate_collective before anything, as the agreement itself needs MPI.)
   if (!Kokkos::is_initialized())
     return std::string(collective_name(call.kind)) + ": called while Kokkos is not initialized (or already finalized)";
@@ -221,19 +222,16 @@ std::string local_error(const CollectiveCall& call, int group_size, int me) {
     return std::string(collective_name(call.kind)) + ": " + std::to_string(per_message) +
            " elements per rank and message exceed MPI's int count limit (" + std::to_string(INT_MAX) +
            "); split the View";
-  if (call.uneven) {
-    // Counts and displacements travel in units of one index of the partitioned dimension (mpi::in_units).
-    const std::int64_t units[2] = {
-        slice(call.extents, call.rank, call.dim_a),
-        call.kind == CollectiveKind::all_to_all ? slice(call.extents, call.rank, call.dim_b) : 0};
-    for (const auto unit : units)
-      if (unit > INT_MAX)
-        return std::string(collective_name(call.kind)) + ": one index of a partitioned dimension holds " +
-               std::to_string(unit) + " values, beyond MPI's int count limit (" + std::to_string(INT_MAX) +
-               "); split the View";
-  }
+  // Uneven calls: MPI's counts and displacements travel in units (mpi::in_units: the gcd of the blocks' sizes and
+  // offsets, a multiple of one index of the partitioned dimension of the tensor the blocks are cut from, the input on
+  // the send side and the result on the receive side). That unit is at most the smallest non-empty block, hence at most
+  // per_message; a displacement in units is at most the partition's offset, hence at most its total (both checked
+  // above). Nothing more can exceed INT_MAX, so nothing more is checked (the input's extents are not the unit of the
+  // gathered side: a [1, B, S, h, d] View gathered on dim 0 receives blocks of B * S/P * h * d values, not B*S*h*d).
   return {};
 }
+
+namespace {
 
 // The fields every rank must agree on, in order, with their names for the message. The same number on every rank
 // of a mesh of `group_size` ranks, whatever each passed (the agreement is one allreduce of them).
@@ -369,7 +367,8 @@ CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::stri
 void validate_collective(const Mesh& mesh, const CollectiveCall& call, const std::string& name) {
   if (mpi::finalized()) throw UsageError(std::string(collective_name(call.kind)) + ": called after MPI_Finalize");
   agree_or_throw(mesh, std::string(collective_name(call.kind)) + " '" + name + "'",
-                 local_error(call, mesh.size(), mesh.rank()), agreement_fields(call, mesh.size()), call_context(call));
+                 collective_call_error(call, mesh.size(), mesh.rank()), agreement_fields(call, mesh.size()),
+                 call_context(call));
 }
 
 }  // namespace mlacp::detail

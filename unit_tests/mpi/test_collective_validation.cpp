@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
+#include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/partition.hpp>
 
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -371,5 +374,95 @@ TEST(UnevenCollectiveValidation, CountsBeyondMpisIntAreRefused) {
   expect_invalid([&] { mlacp::launch_reduce_scatter(space, y, 1, rows, mesh); },
                  {"4294967296 elements per rank and message exceed MPI's int count limit (2147483647)"});
 }
+
+// The bound on MPI's int counts, tested on the check itself (pure host code: a described call, no View, nothing
+// allocated), exactly at INT_MAX and INT_MAX + 1 values per message, for every collective, even and uneven, on a group
+// of 2 ranks whatever the mesh. The count is the one the transport passes: the even path's P equal blocks, the uneven
+// path's blocks of the partitions (on the receive side, blocks of the result, not of the input).
+namespace boundary {
+
+using mlacp::detail::CollectiveCall;
+using mlacp::detail::CollectiveKind;
+constexpr std::int64_t fits = INT_MAX;
+constexpr std::int64_t beyond = std::int64_t{INT_MAX} + 1;
+
+CollectiveCall call(CollectiveKind kind, std::vector<std::int64_t> extents, int dim_a, int dim_b,
+                    std::vector<std::int64_t> counts_a = {}, std::vector<std::int64_t> counts_b = {}) {
+  CollectiveCall c{kind, static_cast<int>(extents.size()), {}, dim_a, dim_b, 4, true};
+  for (std::size_t d = 0; d < extents.size(); ++d) c.extents[d] = extents[d];
+  c.uneven = !counts_a.empty();
+  c.counts_a = std::move(counts_a);
+  c.counts_b = std::move(counts_b);
+  return c;
+}
+
+void expect_fits(const CollectiveCall& c, int me) {
+  EXPECT_EQ(mlacp::detail::collective_call_error(c, 2, me), "") << "rank " << me << " of 2";
+}
+
+void expect_beyond(const CollectiveCall& c, int me) {
+  const std::string error = mlacp::detail::collective_call_error(c, 2, me);
+  EXPECT_NE(error.find("2147483648 elements per rank and message exceed MPI's int count limit (2147483647)"),
+            std::string::npos)
+      << "rank " << me << " of 2: '" << error << "'";
+}
+
+TEST(CollectiveCountBound, EvenAllToAllAtTheBoundary) {
+  // [1, 2, n] gathered on 0, scattered on 1: each of the 2 blocks holds n values.
+  expect_fits(call(CollectiveKind::all_to_all, {1, 2, fits}, 0, 1), 0);
+  expect_beyond(call(CollectiveKind::all_to_all, {1, 2, beyond}, 0, 1), 0);
+}
+
+TEST(CollectiveCountBound, EvenAllGatherAtTheBoundary) {
+  // Every message is the whole input.
+  expect_fits(call(CollectiveKind::all_gather, {1, 1, fits}, 0, -1), 0);
+  expect_beyond(call(CollectiveKind::all_gather, {1, 1, beyond}, 0, -1), 0);
+}
+
+TEST(CollectiveCountBound, EvenReduceScatterAtTheBoundary) {
+  expect_fits(call(CollectiveKind::reduce_scatter, {2, 1, fits}, 0, -1), 0);
+  expect_beyond(call(CollectiveKind::reduce_scatter, {2, 1, beyond}, 0, -1), 0);
+}
+
+TEST(CollectiveCountBound, UnevenAllToAllAtTheBoundary) {
+  // Gather partition {1, 1} of dim 0, scatter partition {1, 0} of dim 1: rank 0 sends one block of n values and
+  // receives two; rank 1 sends one and receives none.
+  for (int me = 0; me < 2; ++me) {
+    expect_fits(call(CollectiveKind::all_to_all, {1, 1, fits}, 0, 1, {1, 1}, {1, 0}), me);
+    expect_beyond(call(CollectiveKind::all_to_all, {1, 1, beyond}, 0, 1, {1, 1}, {1, 0}), me);
+  }
+}
+
+TEST(CollectiveCountBound, UnevenAllGatherAtTheBoundary) {
+  // Partition {1, 0} of dim 0: rank 0 holds one row of n values, rank 1 none; both receive rank 0's row.
+  expect_fits(call(CollectiveKind::all_gather, {1, 1, fits}, 0, -1, {1, 0}), 0);
+  expect_fits(call(CollectiveKind::all_gather, {0, 1, fits}, 0, -1, {1, 0}), 1);
+  expect_beyond(call(CollectiveKind::all_gather, {1, 1, beyond}, 0, -1, {1, 0}), 0);
+  expect_beyond(call(CollectiveKind::all_gather, {0, 1, beyond}, 0, -1, {1, 0}), 1);
+}
+
+TEST(CollectiveCountBound, UnevenReduceScatterAtTheBoundary) {
+  for (int me = 0; me < 2; ++me) {
+    expect_fits(call(CollectiveKind::reduce_scatter, {1, 1, fits}, 0, -1, {1, 0}), me);
+    expect_beyond(call(CollectiveKind::reduce_scatter, {1, 1, beyond}, 0, -1, {1, 0}), me);
+  }
+}
+
+// The dQ all-to-all: [1, B, S, h, d] gathered on dim 0 (one part per rank) and scattered on S. Each message holds
+// B * S/P * h * d values; the input's B * S * h * d (what one index of dim 0 holds before the exchange) is no count
+// MPI is ever passed. Refusing it was the spurious error at the first backward (issue 19, defect 4).
+TEST(CollectiveCountBound, DqAllToAllGatheredOnDimZeroCountsTheResultsBlocks) {
+  for (int me = 0; me < 2; ++me) {
+    // Exactly INT_MAX per message: S = 2 split {1, 1}, d = INT_MAX (the input's row holds 2 * INT_MAX).
+    expect_fits(call(CollectiveKind::all_to_all, {1, 1, 2, 1, fits}, 0, 2, {1, 1}, {1, 1}), me);
+    expect_beyond(call(CollectiveKind::all_to_all, {1, 1, 2, 1, beyond}, 0, 2, {1, 1}, {1, 1}), me);
+    // The issue's shape: float, B = 2, S = 131072, H = 128 (h = 64 per rank), dqk = 192, P = 2: 1.6e9 values per
+    // message, 3.2e9 in the input's row.
+    expect_fits(call(CollectiveKind::all_to_all, {1, 2, 131072, 64, 192}, 0, 2, {1, 1}, {65536, 65536}), me);
+    expect_fits(call(CollectiveKind::all_to_all, {1, 2, 131072, 64, 192}, 0, 2), me);
+  }
+}
+
+}  // namespace boundary
 
 }  // namespace

@@ -65,6 +65,12 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
 /// CommunicationError with the lowest such rank's message. One allreduce (and a broadcast on failure).
 void agree_on_success(const Mesh& mesh, const std::string& where, const std::string& local_error);
 
+/// The local checks of validate_collective, on rank `me` of a group of `group_size` ranks: an empty string when the
+/// call is valid, else the message of its first error. Pure host code (reads nothing of the View): the counts MPI would
+/// be passed are bounded here from the call alone, per message as the transport really passes them (the even path's
+/// P equal blocks, the uneven path's blocks of the partitions).
+std::string collective_call_error(const CollectiveCall& call, int group_size, int me);
+
 /// Validates `call` (of the collective named `name`) for a group of `mesh.size()` ranks. Throws InvalidArgument naming
 /// the value and what was expected. Uneven calls: each partition must have mesh.size() parts, the View's extents must
 /// be this rank's counts (or the totals, see the collectives), and in checked mode every rank must pass the same

@@ -99,6 +99,13 @@ Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, i
     p.call.into_aliases_input = into.data() == view.data();
   }
   detail::validate_collective(mesh, p.call, name);
+  // Uniform partitions take the even path (the callers test the same): validated against their partitions above, the
+  // call describes from here on the path that runs, so that `uneven` means the uneven (v) transport.
+  if (p.call.uneven && partition_a->uniform() && (partition_b == nullptr || partition_b->uniform())) {
+    p.call.uneven = false;
+    p.call.counts_a.clear();
+    p.call.counts_b.clear();
+  }
   if (mesh.size() == 1) p.done.emplace(name, nullptr, collective_result_t<ViewType>(view), std::function<void()>{});
   return p;
 }
