@@ -2,11 +2,11 @@
 // Sequence all-gather: every rank gets the concatenation of all ranks' shards.
 #pragma once
 
-#include <mlacp/impl/launch.hpp>
+#include <mlacp/detail/launch.hpp>
 
 namespace mlacp {
 
-namespace impl {
+namespace detail {
 /// The even all-gather after its prologue (also the uneven one's, when its partition is uniform).
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> all_gather_even(const ExecSpace& space, const ViewType& view, int dim,
@@ -18,23 +18,23 @@ AsyncCollective<collective_result_t<ViewType>> all_gather_even(const ExecSpace& 
   using Result = collective_result_t<ViewType>;
   compat::ScopedRegion region("mlacp::launch_all_gather " + name);
   const int parts = mesh.size();
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::all_gather);
+  detail::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::all_gather);
   const auto send = detail::allocate_buffer<T, MemSpace>(space, name + " send", view.size());
   Kokkos::deep_copy(space, send.view, detail::Vector<T, MemSpace, detail::Unmanaged>(view.data(), view.size()));
-  launch.result = impl::allocate_result(into, name, view, dim,
-                                        static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) * parts);
+  launch.result = detail::allocate_result(into, name, view, dim,
+                                          static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) * parts);
   const auto receive =
-      impl::gather_receive<T, MemSpace>(space, launch.result, detail::around_dim(view, dim), parts, name);
+      detail::gather_receive<T, MemSpace>(space, launch.result, detail::around_dim(view, dim), parts, name);
   launch.send = send.view;
   launch.recv = receive.buffer;
   launch.count = view.size();
   launch.finish = receive.unpack;
   launch.extend_lifetime(send);
   launch.extend_lifetime(receive.owner);
-  return impl::start(space, mesh, std::move(launch));
+  return detail::start(space, mesh, std::move(launch));
 }
 
-}  // namespace impl
+}  // namespace detail
 
 /// Launches an all-gather (MPI_Iallgather, or ncclAllGather) that concatenates the ranks' Views along `dim` in rank
 /// order: the result's extent(dim) is P times the input's. The input is copied into a buffer the handle owns, so the
@@ -45,9 +45,9 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
                                                                  const Mesh& mesh,
                                                                  const std::string& name = "all_gather",
                                                                  const collective_result_t<ViewType>& into = {}) {
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into);
+  auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into);
   if (p.done) return std::move(*p.done);
-  return impl::all_gather_even(space, view, dim, mesh, name, into, p.call);
+  return detail::all_gather_even(space, view, dim, mesh, name, into, p.call);
 }
 
 /// The uneven all-gather (MPI_Iallgatherv; NCCL: one ncclBroadcast per root in a group; nothing padded): rank r
@@ -64,24 +64,24 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into, &part);
+  auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into, &part);
   if (p.done) return std::move(*p.done);
-  if (part.uniform()) return impl::all_gather_even(space, view, dim, mesh, name, into, p.call);
+  if (part.uniform()) return detail::all_gather_even(space, view, dim, mesh, name, into, p.call);
 
   compat::ScopedRegion region("mlacp::launch_all_gather " + name);
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_gather);
+  detail::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_gather);
   const auto send = detail::allocate_buffer<T, MemSpace>(space, name + " send", view.size());
   Kokkos::deep_copy(space, send.view, detail::Vector<T, MemSpace, detail::Unmanaged>(view.data(), view.size()));
-  launch.result = impl::allocate_result(into, name, view, dim, part.total());
+  launch.result = detail::allocate_result(into, name, view, dim, part.total());
   const detail::AroundDim gathered = detail::around_dim(launch.result, dim);
-  const auto receive = impl::gather_receive_v<T, MemSpace>(space, launch.result, gathered, part, name);
+  const auto receive = detail::gather_receive_v<T, MemSpace>(space, launch.result, gathered, part, name);
   launch.send = send.view;
   launch.recv = receive.buffer;
-  launch.recv_blocks = impl::peer_blocks(part, gathered.outer, gathered.inner);
+  launch.recv_blocks = detail::peer_blocks(part, gathered.outer, gathered.inner);
   launch.finish = receive.unpack;
   launch.extend_lifetime(send);
   launch.extend_lifetime(receive.owner);
-  return impl::start(space, mesh, std::move(launch));
+  return detail::start(space, mesh, std::move(launch));
 }
 
 }  // namespace mlacp

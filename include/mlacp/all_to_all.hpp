@@ -2,11 +2,11 @@
 // The Ulysses layout exchange: sequence-sharded <-> head-sharded.
 #pragma once
 
-#include <mlacp/impl/launch.hpp>
+#include <mlacp/detail/launch.hpp>
 
 namespace mlacp {
 
-namespace impl {
+namespace detail {
 /// What the even and uneven all-to-all share once their blocks are described (launch.count even, launch.send_blocks
 /// and recv_blocks uneven): the transport reads `sent` and writes `receive`'s buffer, which is unpacked into the
 /// result at wait(); the handle keeps the input (read in place, or by the pack kernel queued on `space`) and both
@@ -22,7 +22,7 @@ AsyncCollective<Result> all_to_all_start(const ExecSpace& space, const ViewType&
   launch.extend_lifetime(view);
   launch.extend_lifetime(sent.owner);
   launch.extend_lifetime(receive.owner);
-  return impl::start(space, mesh, std::move(launch));
+  return detail::start(space, mesh, std::move(launch));
 }
 
 /// The even all-to-all after its prologue (also the uneven one's, when both partitions are uniform).
@@ -37,19 +37,19 @@ AsyncCollective<collective_result_t<ViewType>> all_to_all_even(const ExecSpace& 
   using Result = collective_result_t<ViewType>;
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
   const int parts = mesh.size();
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::all_to_all);
-  const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, scatter_dim), parts, name);
+  detail::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::all_to_all);
+  const auto sent = detail::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, scatter_dim), parts, name);
   launch.result =
-      impl::allocate_result(into, name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
-                            scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
+      detail::allocate_result(into, name, view, gather_dim, static_cast<std::int64_t>(view.extent(gather_dim)) * parts,
+                              scatter_dim, static_cast<std::int64_t>(view.extent(scatter_dim)) / parts);
   detail::AroundDim received = detail::around_dim(launch.result, gather_dim);
   received.mid /= parts;
-  const auto receive = impl::gather_receive<T, MemSpace>(space, launch.result, received, parts, name);
+  const auto receive = detail::gather_receive<T, MemSpace>(space, launch.result, received, parts, name);
   launch.count = view.size() / static_cast<std::size_t>(parts);
   return all_to_all_start(space, view, mesh, std::move(launch), sent, receive);
 }
 
-}  // namespace impl
+}  // namespace detail
 
 /// Launches an all-to-all that gathers `gather_dim` (its extent grows by P) and scatters `scatter_dim` (its extent
 /// shrinks by P), with the semantics of hyper_parallel's async_ulysses_seq_to_head_launch: `scatter_dim` is split into
@@ -74,9 +74,9 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
                                                                  const std::string& name = "all_to_all",
                                                                  const collective_result_t<ViewType>& into = {}) {
   auto p =
-      impl::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name, into);
+      detail::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name, into);
   if (p.done) return std::move(*p.done);
-  return impl::all_to_all_even(space, view, gather_dim, scatter_dim, mesh, name, into, p.call);
+  return detail::all_to_all_even(space, view, gather_dim, scatter_dim, mesh, name, into, p.call);
 }
 
 /// The uneven all-to-all (MPI_Ialltoallv; NCCL: grouped ncclSend/ncclRecv; nothing padded): `scatter` splits
@@ -100,23 +100,23 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name,
-                                     into, &gather, &scatter);
+  auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name,
+                                       into, &gather, &scatter);
   if (p.done) return std::move(*p.done);
   if (gather.uniform() && scatter.uniform())
-    return impl::all_to_all_even(space, view, gather_dim, scatter_dim, mesh, name, into, p.call);
+    return detail::all_to_all_even(space, view, gather_dim, scatter_dim, mesh, name, into, p.call);
 
   compat::ScopedRegion region("mlacp::launch_all_to_all " + name);
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_to_all);
+  detail::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::all_to_all);
   const detail::AroundDim scattered = detail::around_dim(view, scatter_dim);
-  const auto sent = impl::scatter_send_v<T, MemSpace>(space, view, scattered, scatter, name);
+  const auto sent = detail::scatter_send_v<T, MemSpace>(space, view, scattered, scatter, name);
   launch.result =
-      impl::allocate_result(into, name, view, gather_dim, gather.total(), scatter_dim, scatter.count(mesh.rank()));
+      detail::allocate_result(into, name, view, gather_dim, gather.total(), scatter_dim, scatter.count(mesh.rank()));
   const detail::AroundDim gathered = detail::around_dim(launch.result, gather_dim);
-  const auto receive = impl::gather_receive_v<T, MemSpace>(space, launch.result, gathered, gather, name);
-  launch.send_blocks = impl::peer_blocks(scatter, scattered.outer, scattered.inner);
-  launch.recv_blocks = impl::peer_blocks(gather, gathered.outer, gathered.inner);
-  return impl::all_to_all_start(space, view, mesh, std::move(launch), sent, receive);
+  const auto receive = detail::gather_receive_v<T, MemSpace>(space, launch.result, gathered, gather, name);
+  launch.send_blocks = detail::peer_blocks(scatter, scattered.outer, scattered.inner);
+  launch.recv_blocks = detail::peer_blocks(gather, gathered.outer, gathered.inner);
+  return detail::all_to_all_start(space, view, mesh, std::move(launch), sent, receive);
 }
 
 }  // namespace mlacp

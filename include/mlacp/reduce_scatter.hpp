@@ -2,13 +2,13 @@
 // Sequence reduce-scatter: the adjoint of the all-gather.
 #pragma once
 
-#include <mlacp/impl/launch.hpp>
+#include <mlacp/detail/launch.hpp>
 
 #include <cstddef>
 
 namespace mlacp {
 
-namespace impl {
+namespace detail {
 /// What the even and uneven reduce-scatter share once their send side is described (launch.send's blocks: launch.count
 /// even, launch.send_blocks uneven): the transport reads `sent`, and `view` when sent in place; the result (`count`
 /// values, LayoutRight and contiguous) is written directly by the backend's own reduce-scatter or, pairwise, by the
@@ -26,7 +26,7 @@ AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewT
   const detail::Vector<T, MemSpace> result_buffer(launch.result.data(), count);
   if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
     launch.recv = result_buffer;
-    return impl::start(space, mesh, std::move(launch));
+    return detail::start(space, mesh, std::move(launch));
   }
   const int parts = mesh.size();
   const int me = mesh.rank();
@@ -47,7 +47,7 @@ AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewT
   launch.finish = [space, blocks, own, me, out, count, parts, name = launch.name]() {
     detail::sum_blocks(space, blocks, own, me, out, static_cast<std::int64_t>(count), parts, name + " sum");
   };
-  return impl::start(space, mesh, std::move(launch));
+  return detail::start(space, mesh, std::move(launch));
 }
 
 /// The even reduce-scatter after its prologue (also the uneven one's, when its partition is uniform).
@@ -61,17 +61,17 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
   using Result = collective_result_t<ViewType>;
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
   const int parts = mesh.size();
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::reduce_scatter_sum);
-  const auto sent = impl::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, dim), parts, name);
-  launch.result = impl::allocate_result(into, name, view, dim,
-                                        static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
+  detail::CollectiveLaunch<T, MemSpace, Result> launch(name, call, detail::Operation::reduce_scatter_sum);
+  const auto sent = detail::scatter_send<T, MemSpace>(space, view, detail::around_dim(view, dim), parts, name);
+  launch.result = detail::allocate_result(into, name, view, dim,
+                                          static_cast<std::int64_t>(view.extent(static_cast<unsigned>(dim))) / parts);
   const std::size_t count = view.size() / static_cast<std::size_t>(parts);
   launch.count = count;
   return reduce_scatter_start(space, view, mesh, std::move(launch), sent, count,
                               static_cast<std::size_t>(mesh.rank()) * count);
 }
 
-}  // namespace impl
+}  // namespace detail
 
 /// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
 /// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
@@ -85,9 +85,9 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
                                                                      int dim, const Mesh& mesh,
                                                                      const std::string& name = "reduce_scatter",
                                                                      const collective_result_t<ViewType>& into = {}) {
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into);
+  auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into);
   if (p.done) return std::move(*p.done);
-  return impl::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
+  return detail::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
 }
 
 /// The uneven SUM reduce-scatter: every rank passes view.extent(dim) == part.total(); the ranks' Views are summed and
@@ -106,20 +106,20 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
-  auto p = impl::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into, &part);
+  auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into, &part);
   if (p.done) return std::move(*p.done);
-  if (part.uniform()) return impl::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
+  if (part.uniform()) return detail::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
 
   compat::ScopedRegion region("mlacp::launch_reduce_scatter " + name);
   const int me = mesh.rank();
-  impl::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::reduce_scatter_sum);
+  detail::CollectiveLaunch<T, MemSpace, Result> launch(name, p.call, detail::Operation::reduce_scatter_sum);
   const detail::AroundDim scattered = detail::around_dim(view, dim);
-  const auto sent = impl::scatter_send_v<T, MemSpace>(space, view, scattered, part, name);
-  launch.result = impl::allocate_result(into, name, view, dim, part.count(me));
-  launch.send_blocks = impl::peer_blocks(part, scattered.outer, scattered.inner);
+  const auto sent = detail::scatter_send_v<T, MemSpace>(space, view, scattered, part, name);
+  launch.result = detail::allocate_result(into, name, view, dim, part.count(me));
+  launch.send_blocks = detail::peer_blocks(part, scattered.outer, scattered.inner);
   const auto count = static_cast<std::size_t>(scattered.outer * part.count(me) * scattered.inner);
   const std::size_t own_offset = launch.send_blocks.offsets[static_cast<std::size_t>(me)];
-  return impl::reduce_scatter_start(space, view, mesh, std::move(launch), sent, count, own_offset);
+  return detail::reduce_scatter_start(space, view, mesh, std::move(launch), sent, count, own_offset);
 }
 
 }  // namespace mlacp

@@ -33,7 +33,7 @@ template <class ViewType>
 using collective_result_t =
     Kokkos::View<typename ViewType::non_const_data_type, Kokkos::LayoutRight, typename ViewType::memory_space>;
 
-namespace impl {
+namespace detail {
 
 template <class T>
 inline constexpr bool is_communicated_value_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
@@ -295,5 +295,5 @@ GatherReceive<T, MemSpace> gather_receive_v(const ExecSpace& space, const Result
   return {pooled.view, owners, unpack};
 }
 
-}  // namespace impl
+}  // namespace detail
 }  // namespace mlacp
