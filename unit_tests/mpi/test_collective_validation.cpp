@@ -375,6 +375,17 @@ TEST(UnevenCollectiveValidation, CountsBeyondMpisIntAreRefused) {
                  {"4294967296 elements per rank and message exceed MPI's int count limit (2147483647)"});
 }
 
+// The collectives pull in the NCCL backend (cuda_runtime.h, nccl.h) only in CUDA builds with NCCL: a host build that
+// found NCCL at configure time compiles this file without them (issue 19: including the layer pulled both backends
+// into every translation unit).
+TEST(BackendIncludes, TheNcclBackendOnlyInCudaBuilds) {
+#if !defined(KOKKOS_ENABLE_CUDA) && (defined(NCCL_MAJOR) || defined(CUDART_VERSION))
+  ADD_FAILURE() << "<mlacp/collectives.hpp> included nccl.h or cuda_runtime.h in a build without Kokkos' CUDA backend";
+#else
+  SUCCEED();
+#endif
+}
+
 // The bound on MPI's int counts, tested on the check itself (pure host code: a described call, no View, nothing
 // allocated), exactly at INT_MAX and INT_MAX + 1 values per message, for every collective, even and uneven, on a group
 // of 2 ranks whatever the mesh. The count is the one the transport passes: the even path's P equal blocks, the uneven

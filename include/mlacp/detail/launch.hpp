@@ -6,16 +6,22 @@
 
 #include <mlacp/async_collective.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/config.hpp>
 #include <mlacp/detail/block_layout.hpp>
 #include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/detail/transport.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/transport.hpp>
-#include <mlacp/nccl/transport.hpp>
 #include <mlacp/partition.hpp>
 
 #include <Kokkos_Core.hpp>
+// The NCCL backend (cuda_runtime.h, nccl.h) only where a collective can run on it: builds with NCCL configured in
+// (<mlacp/config.hpp>) and Kokkos' CUDA backend, where it specialises detail::TransportFor<Kokkos::Cuda>. Every
+// translation unit of such a build sees the same two macros, hence the same specialisation.
+#if MLACP_HAVE_NCCL && defined(KOKKOS_ENABLE_CUDA)
+#include <mlacp/nccl/transport.hpp>
+#endif
 #include <any>
 #include <cstdint>
 #include <functional>
