@@ -37,6 +37,7 @@ CreationSteps CreationSteps::cuda() {
   };
   steps.destroy_communicator = [](ncclComm_t comm) { ncclCommDestroy(comm); };
   steps.destroy_stream = [](cudaStream_t stream) { cudaStreamDestroy(stream); };
+  steps.abort_communicator = [](ncclComm_t comm) { ncclCommAbort(comm); };
   return steps;
 }
 
@@ -70,6 +71,24 @@ void Communicator::release() noexcept {
   if (stream_ && steps_.destroy_stream) steps_.destroy_stream(stream_);
   comm_ = nullptr;
   stream_ = nullptr;
+}
+
+void Communicator::abort(const std::string& why) noexcept {
+  if (aborted_) return;
+  aborted_ = true;
+  try {
+    aborted_because_ = why.empty() ? std::string("an error") : why;
+  } catch (...) {
+    // keep the flag even without the text
+  }
+  if (comm_ && steps_.abort_communicator) steps_.abort_communicator(comm_);
+  comm_ = nullptr;  // ncclCommAbort freed it: release() must not destroy it again
+}
+
+void Communicator::require_usable(const std::string& where) const {
+  if (aborted())
+    throw CommunicationError("mlacp: " + where + ": the NCCL communicator was aborted after " + aborted_because_ +
+                             "; it cannot be used again");
 }
 
 void enable(Mesh& mesh) {

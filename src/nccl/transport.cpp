@@ -26,6 +26,9 @@ class StreamTransport final : public detail::PendingTransport {
     if (done_) cudaEventDestroy(done_);
   }
 
+  /// Takes the completion event, once recorded (the transport exists before anything is enqueued).
+  void adopt(cudaEvent_t done) noexcept { done_ = done; }
+
   bool test() override { return poll(); }
 
   void wait() override {
@@ -137,104 +140,179 @@ std::vector<PeerTransferV> all_to_all_plan_v(int rank, int nranks, const detail:
   return plan;
 }
 
+LaunchSteps LaunchSteps::cuda() {
+  LaunchSteps steps;
+  steps.create_event = [](cudaEvent_t& event) { return cudaEventCreateWithFlags(&event, cudaEventDisableTiming); };
+  steps.destroy_event = [](cudaEvent_t event) { cudaEventDestroy(event); };
+  steps.record_event = [](cudaEvent_t event, cudaStream_t stream) { return cudaEventRecord(event, stream); };
+  steps.stream_wait_event = [](cudaStream_t stream, cudaEvent_t event) {
+    return cudaStreamWaitEvent(stream, event, 0);
+  };
+  steps.synchronize_stream = [](cudaStream_t stream) { return cudaStreamSynchronize(stream); };
+  steps.group_start = [] { return ncclGroupStart(); };
+  steps.group_end = [] { return ncclGroupEnd(); };
+  return steps;
+}
+
+EventOwner::EventOwner(const LaunchSteps& steps, const std::string& what) : steps_(&steps) {
+  cudaEvent_t event = nullptr;
+  const cudaError_t result = steps.create_event(event);
+  check_cuda(result, what);  // nothing created, nothing to destroy
+  event_ = event;
+}
+
+EventOwner::~EventOwner() {
+  if (event_ != nullptr && steps_->destroy_event) steps_->destroy_event(event_);
+}
+
+EventOwner enqueue(const LaunchSteps& steps, Communicator& communicator, cudaStream_t compute_stream,
+                   const std::vector<PostedCall>& calls, bool grouped, const std::string& name) {
+  communicator.require_usable("launching '" + name + "'");
+  EventOwner ready(steps, "cudaEventCreate for '" + name + "'");
+  EventOwner done(steps, "cudaEventCreate for '" + name + "'");
+  const cudaStream_t stream = communicator.stream();
+  // The communication stream starts when the operands are ready on the compute stream. (`ready` is destroyed at
+  // return: CUDA releases it once the wait has consumed it.)
+  check_cuda(steps.record_event(ready.get(), compute_stream), "cudaEventRecord for '" + name + "'");
+  check_cuda(steps.stream_wait_event(stream, ready.get()), "cudaStreamWaitEvent for '" + name + "'");
+  if (grouped) {
+    check(steps.group_start(), "ncclGroupStart of '" + name + "'");
+    auto abort_on = [&](ncclResult_t result, const std::string& what) {
+      if (result == ncclSuccess) return;
+      const std::string why = what + " of '" + name + "' failed inside its group: " + ncclGetErrorString(result);
+      communicator.abort(why);
+      throw CommunicationError("mlacp: " + why +
+                               "; the communicator was aborted (ncclCommAbort), as ending the group "
+                               "would submit calls the peers never match");
+    };
+    for (const auto& call : calls) abort_on(call.post(), call.what);
+    abort_on(steps.group_end(), "ncclGroupEnd");
+  } else {
+    for (const auto& call : calls) check(call.post(), call.what + " of '" + name + "'");
+  }
+  const cudaError_t recorded = steps.record_event(done.get(), stream);
+  if (recorded != cudaSuccess) {
+    // Without the event nobody can tell when NCCL is done with the buffers the caller releases on this error: wait.
+    const cudaError_t synchronized = steps.synchronize_stream(stream);
+    throw CommunicationError("mlacp: cudaEventRecord for '" + name + "' failed: " + cudaGetErrorString(recorded) +
+                             (synchronized == cudaSuccess
+                                  ? std::string("; the communication stream was synchronised before its buffers are "
+                                                "released")
+                                  : std::string("; synchronising the communication stream failed too: ") +
+                                        cudaGetErrorString(synchronized)));
+  }
+  return done;
+}
+
 std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, const void* send, void* recv,
                                                  std::size_t count, ncclDataType_t type, std::size_t type_size,
                                                  Communicator& communicator, cudaStream_t compute_stream,
                                                  CollectiveInfo info, const detail::PeerBlocks& send_blocks,
                                                  const detail::PeerBlocks& recv_blocks) {
   const std::string name = info.name;
-  cudaEvent_t ready = nullptr;
-  cudaEvent_t done = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate for '" + name + "'");
-  check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate for '" + name + "'");
-  auto transport = std::make_unique<StreamTransport>(done, compute_stream, communicator, std::move(info));
   const cudaStream_t stream = communicator.stream();
   const ncclComm_t comm = communicator.comm();
-  // The communication stream starts when the operands are ready on the compute stream.
-  check_cuda(cudaEventRecord(ready, compute_stream), "cudaEventRecord for '" + name + "'");
-  check_cuda(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent for '" + name + "'");
-  cudaEventDestroy(ready);  // released once the wait above has consumed it
-  auto grouped_exchange = [&](bool include_self) {
-    check(ncclGroupStart(), "ncclGroupStart");
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  // Every call, bound to its operands, before anything is enqueued: the plans and the checks below throw here, never
+  // inside a group.
+  std::vector<PostedCall> calls;
+  bool grouped = true;
+  auto exchange = [&](bool include_self) {
     for (const auto& t : all_to_all_plan(communicator.rank(), communicator.size(), count, include_self)) {
-      check(ncclSend(static_cast<const char*>(send) + t.send_offset * type_size, t.count, type, t.peer, comm, stream),
-            "ncclSend of '" + name + "'");
-      check(ncclRecv(static_cast<char*>(recv) + t.recv_offset * type_size, t.count, type, t.peer, comm, stream),
-            "ncclRecv of '" + name + "'");
+      calls.push_back(
+          {"ncclSend", [=] { return ncclSend(in + t.send_offset * type_size, t.count, type, t.peer, comm, stream); }});
+      calls.push_back(
+          {"ncclRecv", [=] { return ncclRecv(out + t.recv_offset * type_size, t.count, type, t.peer, comm, stream); }});
     }
-    check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
   };
-  auto grouped_exchange_v = [&](bool include_self) {
-    check(ncclGroupStart(), "ncclGroupStart");
+  auto exchange_v = [&](bool include_self) {
     for (const auto& t :
          all_to_all_plan_v(communicator.rank(), communicator.size(), send_blocks, recv_blocks, include_self)) {
       // A zero count on one side is skipped: the peer skips the matching call (its counts mirror these).
       if (t.send_count > 0)
-        check(ncclSend(static_cast<const char*>(send) + t.send_offset * type_size, t.send_count, type, t.peer, comm,
-                       stream),
-              "ncclSend of '" + name + "'");
+        calls.push_back({"ncclSend", [=] {
+                           return ncclSend(in + t.send_offset * type_size, t.send_count, type, t.peer, comm, stream);
+                         }});
       if (t.recv_count > 0)
-        check(ncclRecv(static_cast<char*>(recv) + t.recv_offset * type_size, t.recv_count, type, t.peer, comm, stream),
-              "ncclRecv of '" + name + "'");
+        calls.push_back({"ncclRecv", [=] {
+                           return ncclRecv(out + t.recv_offset * type_size, t.recv_count, type, t.peer, comm, stream);
+                         }});
     }
-    check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
   };
+  const auto parts = static_cast<std::size_t>(communicator.size());
   const bool uneven = !send_blocks.empty() || !recv_blocks.empty();
   if (uneven) {
     switch (operation) {
       case detail::Operation::all_to_all:
-        grouped_exchange_v(true);
+        exchange_v(true);
         break;
       case detail::Operation::exchange_blocks:
-        grouped_exchange_v(false);
+        exchange_v(false);
         break;
       case detail::Operation::all_gather:
+        if (recv_blocks.counts.size() != parts || recv_blocks.offsets.size() != parts)
+          throw InvalidArgument("mlacp::nccl::launch '" + name + "': " + std::to_string(recv_blocks.counts.size()) +
+                                " receive blocks; expected one per rank, " + std::to_string(parts));
         // One broadcast per root (every rank knows every count; an empty block is skipped by all).
-        check(ncclGroupStart(), "ncclGroupStart");
         for (int root = 0; root < communicator.size(); ++root) {
           const auto r = static_cast<std::size_t>(root);
           if (recv_blocks.counts[r] == 0) continue;
-          check(ncclBroadcast(send, static_cast<char*>(recv) + recv_blocks.offsets[r] * type_size,
-                              recv_blocks.counts[r], type, root, comm, stream),
-                "ncclBroadcast of '" + name + "'");
+          const std::size_t n = recv_blocks.counts[r], offset = recv_blocks.offsets[r];
+          calls.push_back({"ncclBroadcast",
+                           [=] { return ncclBroadcast(send, out + offset * type_size, n, type, root, comm, stream); }});
         }
-        check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
         break;
       case detail::Operation::reduce_scatter_sum:
+        if (send_blocks.counts.size() != parts || send_blocks.offsets.size() != parts)
+          throw InvalidArgument("mlacp::nccl::launch '" + name + "': " + std::to_string(send_blocks.counts.size()) +
+                                " send blocks; expected one per rank, " + std::to_string(parts));
         // One reduction per root onto its block (the receive buffer is written on the root only).
-        check(ncclGroupStart(), "ncclGroupStart");
         for (int root = 0; root < communicator.size(); ++root) {
           const auto r = static_cast<std::size_t>(root);
           if (send_blocks.counts[r] == 0) continue;
-          check(ncclReduce(static_cast<const char*>(send) + send_blocks.offsets[r] * type_size, recv,
-                           send_blocks.counts[r], type, ncclSum, root, comm, stream),
-                "ncclReduce of '" + name + "'");
+          const std::size_t n = send_blocks.counts[r], offset = send_blocks.offsets[r];
+          calls.push_back({"ncclReduce", [=] {
+                             return ncclReduce(in + offset * type_size, recv, n, type, ncclSum, root, comm, stream);
+                           }});
         }
-        check(ncclGroupEnd(), "ncclGroupEnd of '" + name + "'");
         break;
     }
-    check_cuda(cudaEventRecord(done, stream), "cudaEventRecord for '" + name + "'");
-    return transport;
-  }
-  switch (operation) {
-    case detail::Operation::all_to_all:
+  } else {
+    switch (operation) {
+      case detail::Operation::all_to_all:
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-      check(ncclAlltoAll(send, recv, count, type, comm, stream), "ncclAlltoAll of '" + name + "'");
+        grouped = false;
+        calls.push_back({"ncclAlltoAll", [=] { return ncclAlltoAll(send, recv, count, type, comm, stream); }});
 #else
-      grouped_exchange(true);
+        exchange(true);
 #endif
-      break;
-    case detail::Operation::exchange_blocks:
-      grouped_exchange(false);
-      break;
-    case detail::Operation::all_gather:
-      check(ncclAllGather(send, recv, count, type, comm, stream), "ncclAllGather of '" + name + "'");
-      break;
-    case detail::Operation::reduce_scatter_sum:
-      check(ncclReduceScatter(send, recv, count, type, ncclSum, comm, stream), "ncclReduceScatter of '" + name + "'");
-      break;
+        break;
+      case detail::Operation::exchange_blocks:
+        exchange(false);
+        break;
+      case detail::Operation::all_gather:
+        grouped = false;
+        calls.push_back({"ncclAllGather", [=] { return ncclAllGather(send, recv, count, type, comm, stream); }});
+        break;
+      case detail::Operation::reduce_scatter_sum:
+        grouped = false;
+        calls.push_back(
+            {"ncclReduceScatter", [=] { return ncclReduceScatter(send, recv, count, type, ncclSum, comm, stream); }});
+        break;
+    }
   }
-  check_cuda(cudaEventRecord(done, stream), "cudaEventRecord for '" + name + "'");
+  std::size_t moved = count;
+  for (const auto c : send_blocks.counts) moved += c;
+  for (const auto c : recv_blocks.counts) moved += c;
+  if (moved > 0 && (send == nullptr || recv == nullptr))
+    throw InvalidArgument("mlacp::nccl::launch '" + name + "': a null " + (send == nullptr ? "send" : "receive") +
+                          " buffer for " + std::to_string(moved) + " values; expected allocated buffers");
+  // The transport is allocated before anything is enqueued; it takes the completion event once recorded.
+  auto transport = std::make_unique<StreamTransport>(nullptr, compute_stream, communicator, std::move(info));
+  static const LaunchSteps steps = LaunchSteps::cuda();
+  EventOwner done = enqueue(steps, communicator, compute_stream, calls, grouped, name);
+  transport->adopt(done.release());
   return transport;
 }
 

@@ -32,6 +32,8 @@ struct CreationSteps {
   std::function<std::string(ncclComm_t& comm, int nranks, const ncclUniqueId& id, int rank)> init_rank;
   std::function<void(ncclComm_t comm)> destroy_communicator;
   std::function<void(cudaStream_t stream)> destroy_stream;
+  /// ncclCommAbort: after a failure inside a group (Communicator::abort). Frees the communicator (no destroy after).
+  std::function<void(ncclComm_t comm)> abort_communicator;
 
   static CreationSteps cuda();
 };
@@ -56,6 +58,14 @@ class Communicator {
   /// The mesh's MPI communicator, which the watchdog aborts.
   MPI_Comm mpi_comm() const noexcept { return mpi_comm_; }
 
+  /// Aborts the NCCL communicator (ncclCommAbort) after `why` left it in a state no peer can match (a call failed
+  /// inside a group, after others were posted) and marks it unusable: later launches raise CommunicationError.
+  void abort(const std::string& why) noexcept;
+  /// Whether abort() was called.
+  bool aborted() const noexcept { return aborted_; }
+  /// Throws CommunicationError naming `where` and the reason of the abort when the communicator was aborted.
+  void require_usable(const std::string& where) const;
+
  private:
   void release() noexcept;
 
@@ -65,6 +75,8 @@ class Communicator {
   int rank_ = 0;
   int size_ = 0;
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;
+  bool aborted_ = false;
+  std::string aborted_because_;
 };
 
 /// Collective over `mesh`: creates its NCCL communicator on the current CUDA device and attaches it, so that the

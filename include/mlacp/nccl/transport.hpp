@@ -24,6 +24,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -80,6 +81,61 @@ struct Completion {
 /// `async_error` the communicator's ncclCommGetAsyncError. An asynchronous error fails it whatever the event says
 /// (a collective whose peer is gone never completes).
 Completion classify(cudaError_t event_state, ncclResult_t async_error, const std::string& name);
+
+/// The CUDA and NCCL calls that enqueue one collective around its posted calls, as a table: LaunchSteps::cuda() are
+/// the real ones; tests replace them to walk the error paths without a GPU.
+struct LaunchSteps {
+  std::function<cudaError_t(cudaEvent_t& event)> create_event;
+  std::function<void(cudaEvent_t event)> destroy_event;
+  std::function<cudaError_t(cudaEvent_t event, cudaStream_t stream)> record_event;
+  std::function<cudaError_t(cudaStream_t stream, cudaEvent_t event)> stream_wait_event;
+  std::function<cudaError_t(cudaStream_t stream)> synchronize_stream;
+  std::function<ncclResult_t()> group_start;
+  std::function<ncclResult_t()> group_end;
+
+  static LaunchSteps cuda();
+};
+
+/// One NCCL call of a launch bound to its operands (ncclSend, ncclRecv, ncclBroadcast, ...), and its name for errors.
+struct PostedCall {
+  std::string what;
+  std::function<ncclResult_t()> post;
+};
+
+/// Owns one CUDA event from its creation on: destroyed exactly once on every path (CommunicationError when it cannot
+/// be created, nothing to destroy then).
+class EventOwner {
+ public:
+  EventOwner(const LaunchSteps& steps, const std::string& what);
+  ~EventOwner();
+  EventOwner(EventOwner&& other) noexcept : steps_(other.steps_), event_(other.release()) {}
+  EventOwner(const EventOwner&) = delete;
+  EventOwner& operator=(const EventOwner&) = delete;
+  EventOwner& operator=(EventOwner&&) = delete;
+
+  cudaEvent_t get() const noexcept { return event_; }
+  /// Hands the event over (to the transport that destroys it); this owner no longer does.
+  cudaEvent_t release() noexcept {
+    cudaEvent_t event = event_;
+    event_ = nullptr;
+    return event;
+  }
+
+ private:
+  const LaunchSteps* steps_;
+  cudaEvent_t event_ = nullptr;
+};
+
+/// The sequence of one launch, every failure handled where it happens. Both events are created (owned) first; the
+/// communicator's stream waits for `compute_stream`; then `calls` are posted, inside one ncclGroupStart/End when
+/// `grouped`; then the completion event is recorded and returned. Everything checkable on the host (plans, counts,
+/// pointers) is checked by the caller before this, so nothing but NCCL itself can fail inside the group; if it does
+/// (a call or ncclGroupEnd), ending the group would submit half the sends, which the peers never match: the
+/// communicator is aborted instead (Communicator::abort: ncclCommAbort, unusable afterwards) and CommunicationError
+/// raised. A completion event that cannot be recorded: the communicator's stream is synchronised before the error, so
+/// that nothing still reads or writes the buffers the caller then releases. An aborted communicator is refused first.
+EventOwner enqueue(const LaunchSteps& steps, Communicator& communicator, cudaStream_t compute_stream,
+                   const std::vector<PostedCall>& calls, bool grouped, const std::string& name);
 
 /// Enqueues `operation` (count = elements per peer block, or the uneven blocks when `send_blocks` or `recv_blocks` is
 /// not empty, see TransportRequest) and returns its transport. Uneven collectives: all_to_all and exchange_blocks as
