@@ -14,7 +14,7 @@ namespace {
 std::atomic<double>& timeout_value() {
   static std::atomic<double> value{[] {
     const char* env = std::getenv("MLACP_WAIT_TIMEOUT_S");
-    const double seconds = env ? std::atof(env) : 0.0;
+    const double seconds = env ? std::atof(env) : default_wait_timeout_s;
     return seconds > 0 ? seconds : 0.0;
   }()};
   return value;
@@ -57,7 +57,7 @@ void watch(const std::function<bool()>& poll, double timeout_s, const std::funct
   const auto start = std::chrono::steady_clock::now();
   while (!poll()) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > timeout_s) {
+    if (timeout_s > 0 && waited > timeout_s) {
       expire(waited);
       throw std::logic_error("mlacp watchdog: the expiry handler returned");  // never continue past a lost collective
     }
