@@ -103,6 +103,12 @@ class MlaAttention(torch.nn.Module):
     Weight gradients are this rank's partial sums (MLA_SPEC); ``mlacp.all_reduce_grads(module)`` sums them over the
     mesh. Errors (wrong shape, dtype, device, a non-contiguous tensor) are raised as mlacp.InvalidArgument (a
     ValueError) on every rank of a checked mesh.
+
+    Threads: one host thread at a time per mesh, and per communicator (every mesh, and every layer, over the same
+    mpi4py communicator): mlacp releases the GIL in forward and backward, and a second thread entering meanwhile
+    raises mlacp.UsageError ("another thread is inside mlacp on this communicator"). A rank that fails in forward or
+    backward (after the ranks agreed on the arguments) breaks the mesh: every rank raises mlacp.CommunicationError
+    naming it, and every later call on that mesh raises too.
     """
 
     def __init__(self, config, mesh, dtype=torch.float32, seed=0, bias=None):
