@@ -240,7 +240,11 @@ EntryGuard::EntryGuard(const Mesh& mesh, const std::string& where) : comm_(mesh.
   ++entry.depth;
 }
 
-EntryGuard::~EntryGuard() {
+EntryGuard::~EntryGuard() { release(); }
+
+void EntryGuard::release() noexcept {
+  if (!held_) return;
+  held_ = false;
   auto& registry = entry_registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   const auto found = registry.entries.find(comm_);

@@ -61,7 +61,9 @@ void watch(const std::function<bool()>& poll, double timeout_s, const std::funct
       expire(waited);
       throw std::logic_error("mlacp watchdog: the expiry handler returned");  // never continue past a lost collective
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // The first millisecond spins (as MPI_Wait does: a short wait returns without a sleep's latency), then each poll
+    // sleeps briefly, so that a long wait does not hold a core.
+    if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

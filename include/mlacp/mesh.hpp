@@ -137,9 +137,12 @@ class EntryGuard {
   ~EntryGuard();
   EntryGuard(const EntryGuard&) = delete;
   EntryGuard& operator=(const EntryGuard&) = delete;
+  /// Leaves before destruction (the Python binding's context manager); idempotent.
+  void release() noexcept;
 
  private:
   MPI_Comm comm_;
+  bool held_ = true;
 };
 }  // namespace detail
 

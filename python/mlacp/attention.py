@@ -159,7 +159,8 @@ class MlaAttention(torch.nn.Module):
         return f"{self.config.describe()}, P={self.mesh.size}, dtype={self.dtype}"
 
     def forward(self, x):
-        return _MlaFunction.apply(self, x, *(getattr(self, n) for n in self._names))
+        with self.mesh._entered("mlacp.MlaAttention.forward"):  # one thread at a time, the agreements included
+            return _MlaFunction.apply(self, x, *(getattr(self, n) for n in self._names))
 
     def _layer_for(self, params):
         """The C++ layer over ``params``' storage; a new one (collective) when the storage changed."""

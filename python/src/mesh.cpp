@@ -71,10 +71,17 @@ void bind_mesh(py::module_& m) {
                ", checked=" + (mesh.checked() ? "True" : "False") + ")";
       });
 
+  // One host thread at a time per communicator: Mesh._entered (mesh.py) holds this over a whole Python-side call
+  // (its own agreements included); a second thread entering meanwhile raises UsageError.
+  py::class_<detail::EntryGuard>(m, "_EntryGuard")
+      .def(py::init<const Mesh&, const std::string&>(), py::arg("mesh"), py::arg("where"), py::keep_alive<1, 2>())
+      .def("release", &detail::EntryGuard::release);
+
   m.def(
       "_agree",
       [](const Mesh& mesh, const std::string& where, const std::string& local_error,
          const std::vector<std::pair<std::string, std::int64_t>>& fields, const std::string& context) {
+        const detail::EntryGuard entry(mesh, where);  // not while another thread is inside on this communicator
         py::gil_scoped_release release;
         detail::agree_or_throw(mesh, where, local_error, fields, context);
       },
