@@ -67,7 +67,7 @@ class _MlaFunction(torch.autograd.Function):
         pending, y = layer.forward(x.data_ptr(), tuple(x.shape), flags)
         y = torch.from_numpy(y)
         if any(ctx.needs_input_grad[1:]):
-            ctx.pending, ctx.layer, ctx.flags = pending, layer, flags
+            ctx.pending, ctx.layer, ctx.flags, ctx.mesh = pending, layer, flags, module.mesh
             ctx.names = module._names
             ctx.save_for_backward(x, *params)  # kept alive (the layer reads them) and guarded against in-place edits
         return y
@@ -75,7 +75,11 @@ class _MlaFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, *params = ctx.saved_tensors
+        try:
+            x, *params = ctx.saved_tensors  # raises on this rank alone when x or a parameter was edited in place
+        except Exception as e:
+            ctx.mesh.report_failure(f"mlacp.MlaAttention.backward: {e}")  # the others raise instead of waiting
+            raise
         dy = dy.contiguous()
         needs = ctx.needs_input_grad[2:]
         grads = [torch.zeros_like(p) if need else None for p, need in zip(params, needs)]

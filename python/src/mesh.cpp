@@ -66,6 +66,11 @@ void bind_mesh(py::module_& m) {
             mesh.set_reduce_scatter_algorithm(algorithm);
           },
           "ReduceScatterAlgorithm.pairwise (default) or .mpi (setting it is collective).")
+      .def("report_failure", &Mesh::report_failure, py::arg("what"),
+           "Marks the mesh broken because this rank failed with `what` and tells the other ranks, whose current wait "
+           "or next call raises mlacp.CommunicationError naming this rank (non-blocking, local).")
+      .def_property_readonly("broken", &Mesh::broken,
+                             "Whether a rank (this one or another) reported a failure: every call on the mesh raises.")
       .def("__repr__", [](const Mesh& mesh) {
         return "mlacp.Mesh(rank=" + std::to_string(mesh.rank()) + ", size=" + std::to_string(mesh.size()) +
                ", checked=" + (mesh.checked() ? "True" : "False") + ")";
