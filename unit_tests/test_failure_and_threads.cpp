@@ -100,6 +100,7 @@ TEST(BrokenMesh, TheNextAgreementCarriesTheFailure) {
     auto forward = layer.forward(Space(), x);
     layer.backward(Space(), forward, x);
   }
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank finished its collectives
   if (mesh.rank() == 0) mesh.report_failure("out of memory writing a checkpoint");
   expect_error<mlacp::CommunicationError>([&] { layer.forward(Space(), x); },
                                           "rank 0 failed: out of memory writing a checkpoint; the mesh is broken");

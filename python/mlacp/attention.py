@@ -75,11 +75,17 @@ class _MlaFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
+        error = ""
         try:
-            x, *params = ctx.saved_tensors  # raises on this rank alone when x or a parameter was edited in place
-        except Exception as e:
-            ctx.mesh.report_failure(f"mlacp.MlaAttention.backward: {e}")  # the others raise instead of waiting
-            raise
+            x, *params = ctx.saved_tensors  # refused on this rank alone when x or a parameter was edited in place
+        except RuntimeError as e:
+            error = f"mlacp.MlaAttention.backward: {e}"
+        if ctx.mesh.checked:
+            ctx.mesh.agree("mlacp.MlaAttention.backward", error, usage=True)  # every rank raises it (UsageError)
+        elif error:
+            ctx.mesh.report_failure(error)  # no agreement: the others' waits raise CommunicationError naming this rank
+        if error:
+            raise _mlacp.UsageError(error)
         dy = dy.contiguous()
         needs = ctx.needs_input_grad[2:]
         grads = [torch.zeros_like(p) if need else None for p, need in zip(params, needs)]

@@ -21,11 +21,11 @@ class Mesh(_mlacp.Mesh):
         super().__init__(comm)
         self.comm = comm  # what all_reduce_grads reduces over
 
-    def agree(self, where, local_error, fields=()):
-        """Raises mlacp.InvalidArgument on every rank if any rank's ``local_error`` is not empty (the lowest such
-        rank's message), or if a (name, int) field differs across ranks; checked mesh only, else this rank's error
-        alone. One small collective (the library's agreement)."""
-        _mlacp._agree(self, where, local_error, list(fields))
+    def agree(self, where, local_error, fields=(), usage=False):
+        """Raises mlacp.InvalidArgument (mlacp.UsageError with ``usage``) on every rank if any rank's ``local_error``
+        is not empty (the lowest such rank's message), or if a (name, int) field differs across ranks; checked mesh
+        only, else this rank's error alone. One small collective (the library's agreement)."""
+        _mlacp._agree(self, where, local_error, list(fields), "", usage)
 
     @contextlib.contextmanager
     def _entered(self, where):

@@ -85,13 +85,13 @@ void bind_mesh(py::module_& m) {
   m.def(
       "_agree",
       [](const Mesh& mesh, const std::string& where, const std::string& local_error,
-         const std::vector<std::pair<std::string, std::int64_t>>& fields, const std::string& context) {
+         const std::vector<std::pair<std::string, std::int64_t>>& fields, const std::string& context, bool usage) {
         const detail::EntryGuard entry(mesh, where);  // not while another thread is inside on this communicator
         py::gil_scoped_release release;
-        detail::agree_or_throw(mesh, where, local_error, fields, context);
+        detail::agree_or_throw(mesh, where, local_error, fields, context, usage);
       },
       py::arg("mesh"), py::arg("where"), py::arg("local_error"), py::arg("fields") = detail::AgreementFields{},
-      py::arg("context") = "",
+      py::arg("context") = "", py::arg("usage") = false,
       "The library's agreement (mlacp::detail::agree_or_throw): on a checked mesh every rank raises the lowest failing "
       "rank's InvalidArgument, or one naming a field whose value differs across ranks; unchecked, this rank's own "
       "error only.");

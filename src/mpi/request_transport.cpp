@@ -74,17 +74,18 @@ int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info
   const double timeout = wait_timeout();
   int code = MPI_SUCCESS;
   if (mesh_failed != nullptr) *mesh_failed = false;
-  // The failure channel is looked at before the first test and then every 16th poll (about every millisecond while
-  // waiting), so that a short wait costs one look.
+  // The failure channel is looked at after the first test that did not complete and then every 16th poll, so that a
+  // collective that completed returns its data (also on a mesh that broke meanwhile) and a short wait costs one look.
   unsigned polls = 0;
   auto poll = [&]() {
+    int done = 0;
+    code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS || done != 0) return true;
     if (mesh_failed != nullptr && polls++ % 16 == 0 && channels_failed(comm)) {
       *mesh_failed = true;
       return true;
     }
-    int done = 0;
-    code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    return code != MPI_SUCCESS || done != 0;
+    return false;
   };
   auto expire = [&](double waited) {
     int rank = 0, size = 0;
