@@ -366,6 +366,7 @@ CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::stri
 
 void validate_collective(const Mesh& mesh, const CollectiveCall& call, const std::string& name) {
   if (mpi::finalized()) throw UsageError(std::string(collective_name(call.kind)) + ": called after MPI_Finalize");
+  mesh.throw_if_broken(std::string(collective_name(call.kind)) + " '" + name + "'");
   agree_or_throw(mesh, std::string(collective_name(call.kind)) + " '" + name + "'",
                  collective_call_error(call, mesh.size(), mesh.rank()), agreement_fields(call, mesh.size()),
                  call_context(call));

@@ -11,6 +11,7 @@
 namespace mlacp::diagnostics {
 namespace {
 std::atomic<std::uint64_t> g_unwaited{0};
+std::atomic<std::uint64_t> g_parked{0};
 std::atomic<std::uint64_t> g_buffers{0};
 std::atomic<std::uint64_t> g_buffer_bytes{0};
 std::atomic<std::int64_t> g_communicators{0};
@@ -50,6 +51,7 @@ std::vector<std::string> recent_view_allocations() {
 }
 
 std::uint64_t unwaited_handles() { return g_unwaited.load(); }
+std::uint64_t parked_handles() { return g_parked.load(); }
 std::uint64_t communication_buffer_allocations() { return g_buffers.load(); }
 std::uint64_t communication_buffer_bytes() { return g_buffer_bytes.load(); }
 std::int64_t open_communicators() { return g_communicators.load(); }
@@ -60,6 +62,7 @@ void count_buffer_allocation(std::size_t bytes) noexcept {
   g_buffer_bytes.fetch_add(bytes);
 }
 void count_communicator(int delta) noexcept { g_communicators.fetch_add(delta); }
+void count_parked_handle() noexcept { g_parked.fetch_add(1); }
 
 void report_unwaited_handle(const std::string& name) noexcept {
   g_unwaited.fetch_add(1);

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -113,6 +115,7 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership)
   events::detail::set_trace_rank(mpi::rank(MPI_COMM_WORLD));  // the process's name in an MLACP_TRACE file
   try {
     agree_on_environment();
+    failure_ = std::make_unique<mpi::FailureChannel>(comm_);  // collective: after the agreement, on every rank
   } catch (...) {
     release();
     throw;
@@ -166,7 +169,8 @@ Mesh::Mesh(Mesh&& other) noexcept
       host_staging_(other.host_staging_),
       check_finite_(other.check_finite_),
       reduce_scatter_(other.reduce_scatter_),
-      nccl_(std::move(other.nccl_)) {}
+      nccl_(std::move(other.nccl_)),
+      failure_(std::move(other.failure_)) {}
 
 Mesh& Mesh::operator=(Mesh&& other) noexcept {
   if (this != &other) {
@@ -180,12 +184,14 @@ Mesh& Mesh::operator=(Mesh&& other) noexcept {
     check_finite_ = other.check_finite_;
     reduce_scatter_ = other.reduce_scatter_;
     nccl_ = std::move(other.nccl_);
+    failure_ = std::move(other.failure_);
   }
   return *this;
 }
 
 void Mesh::release() noexcept {
   nccl_.reset();
+  failure_.reset();  // before the communicator it is registered under
   if (owned_ && comm_ != MPI_COMM_NULL) {
     mpi::free_communicator(comm_);
     diagnostics::detail::count_communicator(-1);
@@ -193,5 +199,57 @@ void Mesh::release() noexcept {
   comm_ = MPI_COMM_NULL;
   owned_ = false;
 }
+
+void Mesh::report_failure(const std::string& what) const noexcept {
+  if (failure_) failure_->report(what);
+}
+
+bool Mesh::broken() const noexcept { return comm_ != MPI_COMM_NULL && mpi::channels_failed(comm_); }
+
+void Mesh::throw_if_broken(const std::string& where) const {
+  if (comm_ != MPI_COMM_NULL) mpi::throw_if_failed(comm_, where);
+}
+
+namespace detail {
+namespace {
+struct Entry {
+  std::thread::id owner;
+  int depth = 0;
+};
+struct EntryRegistry {
+  std::mutex mutex;
+  std::map<MPI_Comm, Entry> entries;
+};
+EntryRegistry& entry_registry() {
+  static auto* registry = new EntryRegistry;  // never destroyed: guards may run during static destruction
+  return *registry;
+}
+}  // namespace
+
+EntryGuard::EntryGuard(const Mesh& mesh, const std::string& where) : comm_(mesh.comm()) {
+  auto& registry = entry_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  auto& entry = registry.entries[comm_];
+  const auto me = std::this_thread::get_id();
+  if (entry.depth > 0 && entry.owner != me)
+    throw UsageError(where + ": another thread is inside mlacp on this communicator (rank " +
+                     std::to_string(mesh.rank()) + " of " + std::to_string(mesh.size()) +
+                     "); a mesh, and every mesh on the same communicator, is used by one host thread at a time (its "
+                     "buffers and the order of its collectives are not shared between threads) [nothing was run]");
+  entry.owner = me;
+  ++entry.depth;
+}
+
+EntryGuard::~EntryGuard() { release(); }
+
+void EntryGuard::release() noexcept {
+  if (!held_) return;
+  held_ = false;
+  auto& registry = entry_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  const auto found = registry.entries.find(comm_);
+  if (found != registry.entries.end() && --found->second.depth <= 0) registry.entries.erase(found);
+}
+}  // namespace detail
 
 }  // namespace mlacp

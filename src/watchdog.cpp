@@ -14,7 +14,7 @@ namespace {
 std::atomic<double>& timeout_value() {
   static std::atomic<double> value{[] {
     const char* env = std::getenv("MLACP_WAIT_TIMEOUT_S");
-    const double seconds = env ? std::atof(env) : 0.0;
+    const double seconds = env ? std::atof(env) : default_wait_timeout_s;
     return seconds > 0 ? seconds : 0.0;
   }()};
   return value;
@@ -57,11 +57,13 @@ void watch(const std::function<bool()>& poll, double timeout_s, const std::funct
   const auto start = std::chrono::steady_clock::now();
   while (!poll()) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > timeout_s) {
+    if (timeout_s > 0 && waited > timeout_s) {
       expire(waited);
       throw std::logic_error("mlacp watchdog: the expiry handler returned");  // never continue past a lost collective
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // The first millisecond spins (as MPI_Wait does: a short wait returns without a sleep's latency), then each poll
+    // sleeps briefly, so that a long wait does not hold a core.
+    if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

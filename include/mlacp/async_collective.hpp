@@ -27,7 +27,8 @@ namespace mlacp {
 /// waited twice". test() makes progress without blocking, so compute loops can drive the transport. A handle destroyed
 /// (or assigned over) while launched and not waited completes the operation first, so that no request leaks and no
 /// buffer is freed while the transport may still write it, and reports the misuse (stderr and
-/// diagnostics::unwaited_handles()).
+/// diagnostics::unwaited_handles()). On a broken mesh (Mesh::report_failure) the destructor does not block: the
+/// request and what the handle keeps alive are parked for the life of the process (diagnostics::parked_handles()).
 ///
 /// Seen by Kokkos Tools (when a tool is loaded or a callback set): a mark event "mlacp::launch <name>" when the
 /// collective is handed to the transport, the wait as a region "mlacp::wait <name>", and a mark event
@@ -141,6 +142,13 @@ class AsyncCollective {
       if (state_->transport) {
         detail::unregister_pending(state_->transport.get());
         state_->transport->complete_noexcept();
+        if (state_->transport->parked()) {
+          // Its mesh is broken (a rank reported a failure) and the collective may never complete: the state, and the
+          // buffers it keeps alive, are leaked on purpose instead of freed under a request MPI may still write.
+          diagnostics::detail::count_parked_handle();
+          (void)state_.release();
+          return;
+        }
       }
       diagnostics::detail::report_unwaited_handle(state_->name);
     }

@@ -13,6 +13,10 @@ namespace mlacp::diagnostics {
 /// destructor and reported on stderr.
 std::uint64_t unwaited_handles();
 
+/// Handles abandoned (destroyed unwaited) on a broken mesh (Mesh::report_failure): their requests could not be
+/// completed, so each was parked with the buffers it uses, which stay allocated for the life of the process.
+std::uint64_t parked_handles();
+
 /// Communication buffers (send, receive, host staging) allocated so far. Buffers are pooled by size, so in a
 /// steady state (same shapes every iteration) this stops growing after the first iteration.
 std::uint64_t communication_buffer_allocations();
@@ -39,6 +43,7 @@ std::int64_t open_communicators();
 namespace detail {
 /// Counts one unwaited handle and reports it on stderr.
 void report_unwaited_handle(const std::string& name) noexcept;
+void count_parked_handle() noexcept;
 void count_buffer_allocation(std::size_t bytes) noexcept;
 void count_communicator(int delta) noexcept;
 }  // namespace detail

@@ -6,12 +6,16 @@
 #include <mlacp/config.hpp>
 
 #include <memory>
+#include <string>
 #include <utility>
 
 namespace mlacp {
 
 namespace nccl {
 class Communicator;
+}
+namespace mpi {
+class FailureChannel;
 }
 
 /// How launch_reduce_scatter moves data over MPI (NCCL always uses ncclReduceScatter).
@@ -38,6 +42,18 @@ enum class ReduceScatterAlgorithm {
 /// Construction is collective over `comm` (also when borrowing it): the settings that decide which collectives run
 /// (the reduce-scatter algorithm and checked mode, from the environment) are agreed on by every rank with one small
 /// allgather, and a rank whose value differs makes every rank throw InvalidArgument naming the setting and the ranks.
+///
+/// Failures: a rank that fails locally while collectives may be pending on the others (an allocation failure, a
+/// CommunicationError, an exception of the attention core, the saved-tensor check) calls report_failure (the MLA layer
+/// does so itself when its forward or backward throws after the agreement). The mesh is then broken: the other ranks
+/// learn it through the mesh's failure channel (a second duplicate of the communicator with one small receive posted
+/// per peer) within their current wait, or at their next agreement or launch, and raise CommunicationError naming the
+/// failed rank and its message, instead of waiting forever. Every later call on a broken mesh raises at once. Handles
+/// of a broken mesh that are abandoned (destroyed unwaited) do not block: their requests, and the buffers those use,
+/// are parked for the life of the process (MPI cannot cancel a nonblocking collective), a small leak after a failure.
+///
+/// Threads: one host thread at a time may be inside mlacp on a communicator (all meshes on it, also meshes borrowing
+/// the same one); a second thread entering the MLA layer's forward or backward meanwhile gets UsageError.
 class Mesh {
  public:
   enum class Ownership { duplicate, borrow };
@@ -85,6 +101,15 @@ class Mesh {
   /// instances over this mesh then go through NCCL. The mesh shares its ownership.
   void attach_nccl(std::shared_ptr<nccl::Communicator> communicator) noexcept { nccl_ = std::move(communicator); }
 
+  /// Marks the mesh broken because this rank failed with `what`, and tells every other rank (see the class comment).
+  /// Local and non-blocking; a no-op when the mesh is already broken. Never throws.
+  void report_failure(const std::string& what) const noexcept;
+  /// Whether the mesh is broken: this rank reported a failure, or a report of another rank has arrived (tested now,
+  /// without blocking).
+  bool broken() const noexcept;
+  /// Throws CommunicationError "<where>: rank r failed: <what>; the mesh is broken ..." when broken().
+  void throw_if_broken(const std::string& where) const;
+
  private:
   void release() noexcept;
   void agree_on_environment();
@@ -98,6 +123,27 @@ class Mesh {
   bool check_finite_ = false;
   ReduceScatterAlgorithm reduce_scatter_ = ReduceScatterAlgorithm::pairwise;
   std::shared_ptr<nccl::Communicator> nccl_;
+  std::unique_ptr<mpi::FailureChannel> failure_;
 };
+
+namespace detail {
+/// Held by the MLA layer's forward and backward: marks this thread as inside mlacp on the mesh's communicator. A
+/// second thread entering while another holds it gets UsageError naming the communicator's rank; the same thread may
+/// enter again (a core that launches collectives on the same mesh). One registry for the process, keyed by the
+/// communicator, so that meshes borrowing one communicator share it.
+class EntryGuard {
+ public:
+  EntryGuard(const Mesh& mesh, const std::string& where);
+  ~EntryGuard();
+  EntryGuard(const EntryGuard&) = delete;
+  EntryGuard& operator=(const EntryGuard&) = delete;
+  /// Leaves before destruction (the Python binding's context manager); idempotent.
+  void release() noexcept;
+
+ private:
+  MPI_Comm comm_;
+  bool held_ = true;
+};
+}  // namespace detail
 
 }  // namespace mlacp

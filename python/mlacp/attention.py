@@ -67,7 +67,7 @@ class _MlaFunction(torch.autograd.Function):
         pending, y = layer.forward(x.data_ptr(), tuple(x.shape), flags)
         y = torch.from_numpy(y)
         if any(ctx.needs_input_grad[1:]):
-            ctx.pending, ctx.layer, ctx.flags = pending, layer, flags
+            ctx.pending, ctx.layer, ctx.flags, ctx.mesh = pending, layer, flags, module.mesh
             ctx.names = module._names
             ctx.save_for_backward(x, *params)  # kept alive (the layer reads them) and guarded against in-place edits
         return y
@@ -75,7 +75,17 @@ class _MlaFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, *params = ctx.saved_tensors
+        error = ""
+        try:
+            x, *params = ctx.saved_tensors  # refused on this rank alone when x or a parameter was edited in place
+        except RuntimeError as e:
+            error = f"mlacp.MlaAttention.backward: {e}"
+        if ctx.mesh.checked:
+            ctx.mesh.agree("mlacp.MlaAttention.backward", error, usage=True)  # every rank raises it (UsageError)
+        elif error:
+            ctx.mesh.report_failure(error)  # no agreement: the others' waits raise CommunicationError naming this rank
+        if error:
+            raise _mlacp.UsageError(error)
         dy = dy.contiguous()
         needs = ctx.needs_input_grad[2:]
         grads = [torch.zeros_like(p) if need else None for p, need in zip(params, needs)]
@@ -103,6 +113,12 @@ class MlaAttention(torch.nn.Module):
     Weight gradients are this rank's partial sums (MLA_SPEC); ``mlacp.all_reduce_grads(module)`` sums them over the
     mesh. Errors (wrong shape, dtype, device, a non-contiguous tensor) are raised as mlacp.InvalidArgument (a
     ValueError) on every rank of a checked mesh.
+
+    Threads: one host thread at a time per mesh, and per communicator (every mesh, and every layer, over the same
+    mpi4py communicator): mlacp releases the GIL in forward and backward, and a second thread entering meanwhile
+    raises mlacp.UsageError ("another thread is inside mlacp on this communicator"). A rank that fails in forward or
+    backward (after the ranks agreed on the arguments) breaks the mesh: every rank raises mlacp.CommunicationError
+    naming it, and every later call on that mesh raises too.
     """
 
     def __init__(self, config, mesh, dtype=torch.float32, seed=0, bias=None):
@@ -153,7 +169,8 @@ class MlaAttention(torch.nn.Module):
         return f"{self.config.describe()}, P={self.mesh.size}, dtype={self.dtype}"
 
     def forward(self, x):
-        return _MlaFunction.apply(self, x, *(getattr(self, n) for n in self._names))
+        with self.mesh._entered("mlacp.MlaAttention.forward"):  # one thread at a time, the agreements included
+            return _MlaFunction.apply(self, x, *(getattr(self, n) for n in self._names))
 
     def _layer_for(self, params):
         """The C++ layer over ``params``' storage; a new one (collective) when the storage changed."""

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 """mlacp.Mesh: the Ulysses group over an mpi4py communicator."""
+import contextlib
+
 from . import _mlacp
 
 
@@ -10,14 +12,27 @@ class Mesh(_mlacp.Mesh):
     yours). Construction is collective over it. Settings are properties: ``rank``, ``size``, ``checked`` (agreement
     of shapes across ranks, errors raised on every rank; setting it is collective), ``check_finite``,
     ``host_staging``, ``reduce_scatter_algorithm`` (setting it is collective).
+
+    One host thread at a time per communicator (every mesh over it): a second thread entering mlacp meanwhile
+    raises mlacp.UsageError.
     """
 
     def __init__(self, comm):
         super().__init__(comm)
         self.comm = comm  # what all_reduce_grads reduces over
 
-    def agree(self, where, local_error, fields=()):
-        """Raises mlacp.InvalidArgument on every rank if any rank's ``local_error`` is not empty (the lowest such
-        rank's message), or if a (name, int) field differs across ranks; checked mesh only, else this rank's error
-        alone. One small collective (the library's agreement)."""
-        _mlacp._agree(self, where, local_error, list(fields))
+    def agree(self, where, local_error, fields=(), usage=False):
+        """Raises mlacp.InvalidArgument (mlacp.UsageError with ``usage``) on every rank if any rank's ``local_error``
+        is not empty (the lowest such rank's message), or if a (name, int) field differs across ranks; checked mesh
+        only, else this rank's error alone. One small collective (the library's agreement)."""
+        _mlacp._agree(self, where, local_error, list(fields), "", usage)
+
+    @contextlib.contextmanager
+    def _entered(self, where):
+        """Marks this thread as inside mlacp on the mesh's communicator for the block (mlacp.UsageError when another
+        thread is inside)."""
+        guard = _mlacp._EntryGuard(self, where)
+        try:
+            yield
+        finally:
+            guard.release()

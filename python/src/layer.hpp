@@ -149,6 +149,19 @@ class PendingForward {
 
   bool backward_done() const { return forward_.backward_done(); }
 
+  PendingForward() = default;
+  PendingForward(const PendingForward&) = delete;
+  PendingForward& operator=(const PendingForward&) = delete;
+  /// Destroying a Forward may complete collectives it left pending (or, on a broken mesh, park them): that happens
+  /// with the GIL released, so that a rank blocked there (Python's error path drops a pending forward) does not stop
+  /// every other Python thread of the process meanwhile.
+  ~PendingForward() {
+    if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) {
+      py::gil_scoped_release release;
+      forward_ = typename layer_type::Forward();
+    }
+  }
+
  private:
   KokkosUser user_;                  // first: destroyed last
   std::shared_ptr<Layer<T>> layer_;  // before forward_: the Forward gives its workspace back to the layer

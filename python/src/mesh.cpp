@@ -66,20 +66,32 @@ void bind_mesh(py::module_& m) {
             mesh.set_reduce_scatter_algorithm(algorithm);
           },
           "ReduceScatterAlgorithm.pairwise (default) or .mpi (setting it is collective).")
+      .def("report_failure", &Mesh::report_failure, py::arg("what"),
+           "Marks the mesh broken because this rank failed with `what` and tells the other ranks, whose current wait "
+           "or next call raises mlacp.CommunicationError naming this rank (non-blocking, local).")
+      .def_property_readonly("broken", &Mesh::broken,
+                             "Whether a rank (this one or another) reported a failure: every call on the mesh raises.")
       .def("__repr__", [](const Mesh& mesh) {
         return "mlacp.Mesh(rank=" + std::to_string(mesh.rank()) + ", size=" + std::to_string(mesh.size()) +
                ", checked=" + (mesh.checked() ? "True" : "False") + ")";
       });
 
+  // One host thread at a time per communicator: Mesh._entered (mesh.py) holds this over a whole Python-side call
+  // (its own agreements included); a second thread entering meanwhile raises UsageError.
+  py::class_<detail::EntryGuard>(m, "_EntryGuard")
+      .def(py::init<const Mesh&, const std::string&>(), py::arg("mesh"), py::arg("where"), py::keep_alive<1, 2>())
+      .def("release", &detail::EntryGuard::release);
+
   m.def(
       "_agree",
       [](const Mesh& mesh, const std::string& where, const std::string& local_error,
-         const std::vector<std::pair<std::string, std::int64_t>>& fields, const std::string& context) {
+         const std::vector<std::pair<std::string, std::int64_t>>& fields, const std::string& context, bool usage) {
+        const detail::EntryGuard entry(mesh, where);  // not while another thread is inside on this communicator
         py::gil_scoped_release release;
-        detail::agree_or_throw(mesh, where, local_error, fields, context);
+        detail::agree_or_throw(mesh, where, local_error, fields, context, usage);
       },
       py::arg("mesh"), py::arg("where"), py::arg("local_error"), py::arg("fields") = detail::AgreementFields{},
-      py::arg("context") = "",
+      py::arg("context") = "", py::arg("usage") = false,
       "The library's agreement (mlacp::detail::agree_or_throw): on a checked mesh every rank raises the lowest failing "
       "rank's InvalidArgument, or one naming a field whose value differs across ranks; unchecked, this rank's own "
       "error only.");

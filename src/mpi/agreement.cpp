@@ -4,34 +4,50 @@
 #include <mlacp/mpi/communicator.hpp>
 #include <mlacp/mpi/request_transport.hpp>
 
+#include <cstring>
+#include <memory>
+
 namespace mlacp::mpi {
+
+// Each agreement raises at once on a broken mesh (a rank reported a failure), and its wait looks at the failure
+// channel: "the next agreement carries the failure". The buffers live on the heap, so that a wait abandoned on a
+// broken mesh can park them with the request (wait_or_throw).
 
 void allreduce_max(MPI_Comm comm, std::vector<std::int64_t>& values, const CollectiveInfo& info,
                    const std::string& what) {
+  throw_if_failed(comm, what);
+  auto buffer = std::make_shared<std::vector<std::int64_t>>(values);
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX, comm,
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()), MPI_INT64_T, MPI_MAX, comm,
                            &request),
             what);
   events::record(EventKind::launch, info.name);
-  check_mpi(wait_watched(&request, comm, info), what);
+  wait_or_throw(&request, comm, info, what, buffer);
+  values = *buffer;
 }
 
 void broadcast(MPI_Comm comm, void* data, int bytes, int root, const CollectiveInfo& info, const std::string& what) {
+  throw_if_failed(comm, what);
+  auto buffer =
+      std::make_shared<std::vector<char>>(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ibcast(data, bytes, MPI_BYTE, root, comm, &request), what);
-  check_mpi(wait_watched(&request, comm, info), what);
+  check_mpi(MPI_Ibcast(buffer->data(), bytes, MPI_BYTE, root, comm, &request), what);
+  wait_or_throw(&request, comm, info, what, buffer);
+  std::memcpy(data, buffer->data(), static_cast<std::size_t>(bytes));
 }
 
 std::vector<std::int64_t> allgather(MPI_Comm comm, const std::vector<std::int64_t>& mine, const CollectiveInfo& info,
                                     const std::string& what) {
-  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size(comm)));
+  throw_if_failed(comm, what);
+  auto send = std::make_shared<std::vector<std::int64_t>>(mine);
+  auto all = std::make_shared<std::vector<std::int64_t>>(mine.size() * static_cast<std::size_t>(size(comm)));
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallgather(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, all.data(),
-                           static_cast<int>(mine.size()), MPI_INT64_T, comm, &request),
+  check_mpi(MPI_Iallgather(send->data(), static_cast<int>(send->size()), MPI_INT64_T, all->data(),
+                           static_cast<int>(send->size()), MPI_INT64_T, comm, &request),
             what);
   events::record(EventKind::launch, info.name);
-  check_mpi(wait_watched(&request, comm, info), what);
-  return all;
+  wait_or_throw(&request, comm, info, what, std::make_shared<std::pair<decltype(send), decltype(all)>>(send, all));
+  return *all;
 }
 
 }  // namespace mlacp::mpi

@@ -2,6 +2,11 @@
 #include <mlacp/error.hpp>
 #include <mlacp/mpi/communicator.hpp>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+
 namespace mlacp::mpi {
 
 bool initialized() noexcept {
@@ -52,6 +57,172 @@ std::string library_version() {
   std::string version(text, static_cast<std::size_t>(length));
   if (const auto newline = version.find('\n'); newline != std::string::npos) version.resize(newline);
   return version;
+}
+
+namespace {
+
+// The failure channels of each communicator (usually one; two meshes borrowing one communicator register two).
+struct ChannelRegistry {
+  std::mutex mutex;
+  std::map<MPI_Comm, std::vector<FailureChannel*>> channels;
+};
+ChannelRegistry& channel_registry() {
+  static auto* registry = new ChannelRegistry;  // never destroyed: meshes may outlive static destruction
+  return *registry;
+}
+
+struct Parked {
+  std::mutex mutex;
+  std::vector<std::pair<MPI_Request, std::shared_ptr<void>>> requests;
+};
+Parked& parked() {
+  static auto* p = new Parked;  // never destroyed: what it holds is never freed, by design
+  return *p;
+}
+
+// The tag of failure messages on the channel's own duplicate.
+constexpr int failure_tag = 19;
+
+}  // namespace
+
+FailureChannel::FailureChannel(MPI_Comm comm) : key_(comm) {
+  size_ = size(comm);
+  rank_ = rank(comm);
+  if (size_ > 1) {
+    comm_ = duplicate(comm);
+    receives_.assign(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
+    inbox_.resize(static_cast<std::size_t>(size_));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      const auto i = static_cast<std::size_t>(peer);
+      if (MPI_Irecv(inbox_[i].data(), message_bytes, MPI_CHAR, peer, failure_tag, comm_, &receives_[i]) !=
+          MPI_SUCCESS) {
+        for (auto& request : receives_)
+          if (request != MPI_REQUEST_NULL) {
+            MPI_Cancel(&request);
+            MPI_Wait(&request, MPI_STATUS_IGNORE);
+          }
+        free_communicator(comm_);
+        throw CommunicationError("mlacp::Mesh: MPI_Irecv of the failure channel failed");
+      }
+    }
+  }
+  auto& registry = channel_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.channels[key_].push_back(this);
+}
+
+FailureChannel::~FailureChannel() {
+  {
+    auto& registry = channel_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    auto& list = registry.channels[key_];
+    list.erase(std::remove(list.begin(), list.end(), this), list.end());
+    if (list.empty()) registry.channels.erase(key_);
+  }
+  if (comm_ == MPI_COMM_NULL || finalized()) return;  // after MPI_Finalize there is nothing left to complete
+  for (auto& request : receives_) {
+    if (request == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&request);  // a receive that matched already completes normally instead
+    MPI_Wait(&request, MPI_STATUS_IGNORE);
+  }
+  free_communicator(comm_);
+}
+
+void FailureChannel::mark_broken(const std::string& text) {
+  if (broken_.load()) return;
+  failure_ = text;
+  broken_.store(true);
+}
+
+void FailureChannel::report(const std::string& what) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_.load()) return;
+    mark_broken("rank " + std::to_string(rank_) + " failed: " + what);
+    if (comm_ == MPI_COMM_NULL || finalized()) return;
+    // One buffer for every peer, never freed: the sends are freed (MPI_Request_free) instead of waited, as a peer may
+    // never look again; a report happens at most once per mesh.
+    auto* message = new std::array<char, message_bytes>{};
+    std::strncpy(message->data(), what.c_str(), message_bytes - 1);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(message->data(), message_bytes, MPI_CHAR, peer, failure_tag, comm_, &request) == MPI_SUCCESS)
+        MPI_Request_free(&request);
+    }
+  } catch (...) {
+    broken_.store(true);  // out of memory while reporting: at least this rank stops
+  }
+}
+
+bool FailureChannel::poll() noexcept {
+  if (broken_.load()) return true;
+  if (comm_ == MPI_COMM_NULL) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (broken_.load()) return true;
+  int index = MPI_UNDEFINED;
+  int done = 0;
+  if (MPI_Testany(size_, receives_.data(), &index, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+  if (done == 0 || index == MPI_UNDEFINED) return false;
+  auto& text = inbox_[static_cast<std::size_t>(index)];
+  text[message_bytes - 1] = '\0';
+  try {
+    mark_broken("rank " + std::to_string(index) + " failed: " + std::string(text.data()));
+  } catch (...) {
+    broken_.store(true);
+  }
+  return true;
+}
+
+std::string FailureChannel::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+bool channels_failed(MPI_Comm comm, std::string* failure) noexcept {
+  auto& registry = channel_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  const auto found = registry.channels.find(comm);
+  if (found == registry.channels.end()) return false;
+  for (auto* channel : found->second) {
+    if (!channel->poll()) continue;
+    if (failure != nullptr) {
+      try {
+        *failure = channel->failure();
+      } catch (...) {
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+std::string broken_mesh_message(const std::string& where, const std::string& failure) {
+  return where + ": " + failure +
+         "; the mesh is broken (collectives that were pending on it are abandoned; every later call on it raises "
+         "this error, on every rank)";
+}
+
+void throw_if_failed(MPI_Comm comm, const std::string& where) {
+  std::string failure;
+  if (channels_failed(comm, &failure)) throw CommunicationError(broken_mesh_message(where, failure));
+}
+
+void park(MPI_Request request, std::shared_ptr<void> keep_alive) noexcept {
+  auto& p = parked();
+  try {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.requests.emplace_back(request, std::move(keep_alive));
+  } catch (...) {
+    new std::shared_ptr<void>(std::move(keep_alive));  // out of memory: leak the buffers rather than free them
+  }
+}
+
+std::size_t parked_requests() noexcept {
+  auto& p = parked();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  return p.requests.size();
 }
 
 }  // namespace mlacp::mpi

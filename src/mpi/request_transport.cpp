@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/error.hpp>
+#include <mlacp/mpi/communicator.hpp>
 #include <mlacp/mpi/request_transport.hpp>
 
 #include <chrono>
@@ -25,8 +26,12 @@ class RequestTransport final : public detail::PendingTransport {
 
   void wait() override {
     if (request_ == MPI_REQUEST_NULL) return;
-    // With the watchdog on or off, MPI's error code reaches the caller.
-    check_mpi(wait_watched(&request_, comm_, info_), "MPI_Wait of '" + info_.name + "'");
+    // With the watchdog on or off, MPI's error code reaches the caller. A broken mesh leaves the request active: the
+    // handle's destructor parks it (complete_noexcept).
+    bool failed = false;
+    const int code = wait_watched(&request_, comm_, info_, &failed);
+    if (failed) throw_if_failed(comm_, "mlacp: wait of '" + info_.name + "'");
+    check_mpi(code, "MPI_Wait of '" + info_.name + "'");
   }
 
   void progress() noexcept override {
@@ -39,27 +44,48 @@ class RequestTransport final : public detail::PendingTransport {
     if (request_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && wait_watched(&request_, comm_, info_) != MPI_SUCCESS)
-      std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info_.name.c_str());
+    if (!finalized) {
+      bool failed = false;
+      const int code = wait_watched(&request_, comm_, info_, &failed);
+      if (failed) {
+        // The mesh is broken: this collective may never complete. The request is parked here; the handle keeps what
+        // it uses alive for good (parked()).
+        park(request_, nullptr);
+        parked_ = true;
+      } else if (code != MPI_SUCCESS) {
+        std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info_.name.c_str());
+      }
+    }
     request_ = MPI_REQUEST_NULL;
   }
+
+  bool parked() const noexcept override { return parked_; }
 
  private:
   MPI_Request request_;
   MPI_Comm comm_;
   CollectiveInfo info_;
+  bool parked_ = false;
 };
 
 }  // namespace
 
-int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info) noexcept {
+int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info, bool* mesh_failed) noexcept {
   const double timeout = wait_timeout();
-  if (timeout <= 0) return MPI_Wait(request, MPI_STATUS_IGNORE);
   int code = MPI_SUCCESS;
+  if (mesh_failed != nullptr) *mesh_failed = false;
+  // The failure channel is looked at after the first test that did not complete and then every 16th poll, so that a
+  // collective that completed returns its data (also on a mesh that broke meanwhile) and a short wait costs one look.
+  unsigned polls = 0;
   auto poll = [&]() {
     int done = 0;
     code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    return code != MPI_SUCCESS || done != 0;
+    if (code != MPI_SUCCESS || done != 0) return true;
+    if (mesh_failed != nullptr && polls++ % 16 == 0 && channels_failed(comm)) {
+      *mesh_failed = true;
+      return true;
+    }
+    return false;
   };
   auto expire = [&](double waited) {
     int rank = 0, size = 0;
@@ -76,6 +102,18 @@ int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info
     std::abort();  // nothing above throws; a wait that cannot report must not continue either
   }
   return code;
+}
+
+void wait_or_throw(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info, const std::string& what,
+                   std::shared_ptr<void> keep_alive) {
+  bool failed = false;
+  const int code = wait_watched(request, comm, info, &failed);
+  if (failed) {
+    park(*request, std::move(keep_alive));
+    *request = MPI_REQUEST_NULL;
+    throw_if_failed(comm, what);
+  }
+  check_mpi(code, what);
 }
 
 void abort_communicator(MPI_Comm comm) noexcept {

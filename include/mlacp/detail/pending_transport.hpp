@@ -15,6 +15,9 @@ class PendingTransport {
   virtual void wait() = 0;
   /// Completes the operation, never throws; used by destructors of handles that were not waited.
   virtual void complete_noexcept() noexcept = 0;
+  /// True when complete_noexcept() could not complete the operation because its mesh is broken (a rank reported a
+  /// failure): the request was parked, and what the operation reads or writes must stay alive for good.
+  virtual bool parked() const noexcept { return false; }
   /// Lets the transport advance without blocking and without reporting (called by mlacp::progress()); errors are
   /// left for test() / wait() to report.
   virtual void progress() noexcept = 0;

@@ -156,16 +156,22 @@ class MlaAttention {
   /// x [B, s, D] (s = local_seq()) -> Forward (y and saved state). `requires_grad` says which gradients backward will
   /// produce; it must be the same on every rank.
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad = {}) const {
+    const detail::EntryGuard entry(*mesh_, "mlacp::MlaAttention::forward");
     pieces_.check_input(space, "forward", "x", x, requires_grad, "", "");
-    compat::ScopedRegion region("mlacp::MlaAttention::forward");
-    Forward f;
-    f.owner_ = this;
-    f.flags_ = requires_grad;
-    f.x_ = x;
-    f.ws_ = memory_.pool.acquire();
-    const pass_type pass{f.x_, f.flags_, *f.ws_};
-    f.y_ = std::visit([&](const auto& schedule) { return schedule.forward(space, pass); }, schedule_);
-    return f;
+    try {
+      compat::ScopedRegion region("mlacp::MlaAttention::forward");
+      Forward f;
+      f.owner_ = this;
+      f.flags_ = requires_grad;
+      f.x_ = x;
+      f.ws_ = memory_.pool.acquire();
+      const pass_type pass{f.x_, f.flags_, *f.ws_};
+      f.y_ = std::visit([&](const auto& schedule) { return schedule.forward(space, pass); }, schedule_);
+      return f;
+    } catch (const std::exception& e) {
+      mesh_->report_failure("mlacp::MlaAttention::forward: " + std::string(e.what()));  // the others raise too
+      throw;
+    }
   }
 
   /// Fresh gradients (zero-initialised, then accumulated) for every flag set at forward; dx in `dx`.
@@ -179,6 +185,7 @@ class MlaAttention {
   /// the caller provides are used as they are (no temporary of a weight's size): with all of them provided, a steady
   /// loop allocates nothing.
   void backward(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& grads) const {
+    const detail::EntryGuard entry(*mesh_, "mlacp::MlaAttention::backward");
     // Misuse and dy's shape are checked together, so that every rank takes part in the same agreement (checked mode)
     // and raises the same error, whichever rank misused the layer.
     std::string state_error;
@@ -193,11 +200,16 @@ class MlaAttention {
     // on every rank, before any collective, instead of a hang or a write out of bounds.
     pieces_.check_input(space, "backward", "dy", dy, f.flags_, state_error, pieces_.gradients_error(grads));
     f.backward_done_ = true;
-    compat::ScopedRegion region("mlacp::MlaAttention::backward");
-    pieces_.allocate_missing(grads, f.flags_);
-    const pass_type pass{f.x_, f.flags_, *f.ws_};
-    std::visit([&](const auto& schedule) { schedule.backward(space, pass, dy, grads); }, schedule_);
-    f.give_back();
+    try {
+      compat::ScopedRegion region("mlacp::MlaAttention::backward");
+      pieces_.allocate_missing(grads, f.flags_);
+      const pass_type pass{f.x_, f.flags_, *f.ws_};
+      std::visit([&](const auto& schedule) { schedule.backward(space, pass, dy, grads); }, schedule_);
+      f.give_back();
+    } catch (const std::exception& e) {
+      mesh_->report_failure("mlacp::MlaAttention::backward: " + std::string(e.what()));  // the others raise too
+      throw;
+    }
   }
 
  private:

@@ -12,15 +12,23 @@
 namespace mlacp::mpi {
 
 /// Owns an MPI request from MPI_Ialltoall / MPI_Iallgather / MPI_Ireduce_scatter_block on `comm`. test() calls
-/// MPI_Test (which also progresses Open MPI's engine); wait() calls MPI_Wait and throws CommunicationError on
-/// failure. With a wait timeout set (watchdog.hpp), waits poll instead, and past the timeout print the watchdog report
-/// on stderr and MPI_Abort the communicator.
+/// MPI_Test (which also progresses Open MPI's engine); wait() polls (wait_watched) and throws CommunicationError on
+/// failure, or when the mesh of `comm` is broken (a rank reported a failure, Mesh::report_failure). A handle abandoned
+/// on a broken mesh parks its request instead of waiting for it (parked()).
 std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request request, MPI_Comm comm,
                                                                  CollectiveInfo info);
 
-/// Completes `request` on `comm`: MPI_Wait, or with a wait timeout set (watchdog.hpp) a polling wait that, past the
-/// timeout, prints the watchdog report for `info` on stderr and aborts the communicator. Returns MPI's error code.
-int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info) noexcept;
+/// Completes `request` on `comm` by polling: returns MPI's error code once it completed. Every poll also tests the
+/// failure channels of `comm`: when one is broken, sets `*mesh_failed` (when given) and returns MPI_SUCCESS with the
+/// request still active (the caller raises or parks it); without `mesh_failed` a broken mesh is not looked at. Past
+/// the wait timeout (watchdog.hpp; never when it is 0) prints the watchdog report for `info` on stderr and aborts the
+/// communicator.
+int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info, bool* mesh_failed = nullptr) noexcept;
+
+/// wait_watched, then: CommunicationError naming `what` when MPI failed, and CommunicationError naming the failed
+/// rank (broken_mesh_message) when the mesh is broken, after parking the request and `keep_alive` (communicator.hpp).
+void wait_or_throw(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info, const std::string& what,
+                   std::shared_ptr<void> keep_alive);
 
 /// MPI_Abort on `comm` (the watchdog's end): never returns.
 [[noreturn]] void abort_communicator(MPI_Comm comm) noexcept;

@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+"""A rank-local failure reaches every rank (issue 19, defect 7): x edited in place on the last rank only is caught
+there by torch's saved-tensor check. On a checked mesh the backward's agreement makes every rank raise that rank's
+error (mlacp.UsageError) and the mesh stays usable; unchecked (no agreement), the failing rank reports it on the mesh
+and the other ranks, already waiting in mlacp's backward, raise mlacp.CommunicationError naming it instead of waiting
+forever, and later calls on the broken mesh raise at once."""
+import time
+
+import pytest
+import torch
+from conftest import small_config
+
+import mlacp
+
+
+def edit_in_place_on_the_last_rank(comm, checked):
+    own = comm.Dup()  # a mesh this test may break is the only one on its communicator
+    mesh = mlacp.Mesh(own)
+    mesh.checked = checked
+    layer = mlacp.MlaAttention(small_config(), mesh, dtype=torch.float64, seed=1)
+    c = layer.config
+    x = torch.randn(c.batch, c.seq // comm.size, c.hidden, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    failing = comm.size - 1
+    if comm.rank == failing:
+        with torch.no_grad():
+            x.add_(1.0)  # after the forward saved it: torch's version check refuses the backward on this rank
+    return mesh, layer, y, failing
+
+
+def test_in_place_edit_on_one_rank_checked(comm):
+    mesh, layer, y, failing = edit_in_place_on_the_last_rank(comm, True)
+    named = f".*raised on rank {failing} of" if comm.size > 1 else ""
+    with pytest.raises(mlacp.UsageError, match="modified by an inplace operation" + named):
+        y.sum().backward()
+    assert not mesh.broken
+    x = torch.randn(layer.config.batch, layer.config.seq // comm.size, layer.config.hidden, dtype=torch.float64,
+                    requires_grad=True)
+    layer(x).sum().backward()  # the mesh still works
+    comm.Barrier()
+
+
+def test_in_place_edit_on_one_rank_unchecked(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    mesh, layer, y, failing = edit_in_place_on_the_last_rank(comm, False)
+    if comm.rank == failing:
+        with pytest.raises(mlacp.UsageError, match="modified by an inplace operation"):
+            y.sum().backward()
+    else:
+        with pytest.raises(mlacp.CommunicationError, match=f"rank {failing} failed: mlacp.MlaAttention.backward: "):
+            y.sum().backward()
+    assert mesh.broken
+    start = time.monotonic()
+    with pytest.raises(mlacp.CommunicationError, match="the mesh is broken"):
+        layer(torch.randn(layer.config.batch, layer.config.seq // comm.size, layer.config.hidden,
+                          dtype=torch.float64))
+    assert time.monotonic() - start < 1.0
+    comm.Barrier()
