@@ -476,6 +476,32 @@ TEST(FlashAttentionOptions, TilesFromOptionsEnvironmentAndDefaults) {
             std::string::npos);
 }
 
+// resolve() reads the tiles once (options, then MLACP_ATTENTION_TILES, then defaults): the core then runs with them
+// whatever the environment says later, and a bad setting is returned as a message instead of thrown from a kernel.
+TEST(FlashAttentionOptions, ResolveFixesTheTilesOnceAndReportsABadSetting) {
+  constexpr bool blas = mlacp::FlashAttentionCore::runs_blas<ExecSpace>(FlashAttentionPath::automatic);
+  mlacp::FlashAttentionCore core;
+  ::setenv("MLACP_ATTENTION_TILES", "8x16", 1);
+  EXPECT_EQ(core.resolve<ExecSpace>(), "");
+  const auto settings = core.settings();
+  ASSERT_EQ(settings.size(), 3u);
+  EXPECT_EQ(settings[0].second, 8);
+  EXPECT_EQ(settings[1].second, 16);
+  EXPECT_EQ(settings[2].second, blas ? 1 : 0);
+  // A bad value set after resolve() is not read: the tile walk is still that of 8 x 16 (S = 40: query tiles ending
+  // at 8, 16, 24, 32, 40 see 1, 1, 2, 2, 3 key tiles of 16).
+  ::setenv("MLACP_ATTENTION_TILES", "128X128", 1);
+  EXPECT_EQ(core.tile_pairs<ExecSpace>(40, mlacp::DocumentLayout()).second, 9)
+      << "(query tile, key tile) pairs visited at 8 x 16";
+  mlacp::FlashAttentionCore copy = core;  // a copy keeps what was resolved
+  EXPECT_EQ(copy.settings(), settings);
+  // Resolving now reports the bad value, naming it, and forgets the old tiles.
+  mlacp::FlashAttentionCore fresh;
+  EXPECT_NE(fresh.resolve<ExecSpace>().find("MLACP_ATTENTION_TILES='128X128'; expected QxK"), std::string::npos);
+  EXPECT_EQ(fresh.settings()[0].second, 0);
+  ::unsetenv("MLACP_ATTENTION_TILES");
+}
+
 TEST(FlashAttentionOptions, RejectsMismatchedShapes) {
   ExecSpace space;
   View4<double> q("q", 1, 4, 2, 3), k("k", 1, 4, 2, 3), v("v", 1, 4, 2, 5), o("o", 1, 4, 2, 4);
