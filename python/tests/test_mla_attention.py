@@ -108,7 +108,7 @@ def test_no_copy_in_or_out(comm, mesh):
         y2 = layer(x)
     assert y1.data_ptr() != y2.data_ptr()  # a held output is never reused
     assert torch.equal(y1, y2)
-    assert layer._layer.forward_workspaces_in_use >= 2
+    assert layer._layer.forward_workspaces <= 1  # held no_grad outputs pin no workspace (issue 19, defect 5)
     del y1, y2
     assert mlacp._mlacp._kokkos_users() > 0
 
