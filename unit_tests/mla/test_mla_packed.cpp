@@ -299,6 +299,12 @@ TEST(MlaPackedPerCall, BadOrDifferingPackingRaisesOnEveryRank) {
   auto f = layer.forward(Space(), x, {}, good);
   layer.backward(Space(), f, x);
   EXPECT_EQ(layer.forward_workspaces_in_use(), 0u);
+  // The bound on documents without allocation is a count: not positive (on one rank) is refused on every rank.
+  auto bad_bound = config;
+  if (last) bad_bound.max_documents = 0;
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::MlaAttention<double> other(bad_bound, weights, mesh); },
+      "mlacp::MlaConfig: max_documents = 0; expected a positive count of documents");
 }
 
 // A core written before packed documents (no trailing DocumentLayout): it runs one document, and the layer refuses
