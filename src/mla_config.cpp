@@ -29,14 +29,22 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
     out << "mlacp::MlaConfig: rope = " << rope << "; expected an even qk_rope_head_dim (RoPE rotates pairs)";
   } else if (!(rms_eps > 0) || !(rope_base > 0)) {
     out << "mlacp::MlaConfig: rms_eps = " << rms_eps << ", rope_base = " << rope_base << "; expected positive values";
-  } else if (!cu_seqlens.empty()) {
-    try {
-      DocumentLayout::validate(cu_seqlens, seq, "MlaConfig");
-    } catch (const InvalidArgument& e) {
-      out << e.what();
-    }
+  } else if (max_documents < 1) {
+    out << "mlacp::MlaConfig: max_documents = " << max_documents << "; expected a positive count of documents";
+  } else {
+    out << cu_seqlens_error(cu_seqlens, seq, "MlaConfig");
   }
   return out.str();
+}
+
+std::string cu_seqlens_error(const std::vector<std::int64_t>& cu_seqlens, int seq, const char* who) {
+  if (cu_seqlens.empty()) return "";
+  try {
+    DocumentLayout::validate(cu_seqlens, seq, who);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
 }
 
 std::string MlaConfig::describe() const {

@@ -108,7 +108,8 @@ def test_no_copy_in_or_out(comm, mesh):
         y2 = layer(x)
     assert y1.data_ptr() != y2.data_ptr()  # a held output is never reused
     assert torch.equal(y1, y2)
-    assert layer._layer.forward_workspaces_in_use >= 2
+    # y's pending forward holds one workspace; the held no_grad outputs y1, y2 pin none (issue 19, defect 5)
+    assert layer._layer.forward_workspaces <= 2
     del y1, y2
     assert mlacp._mlacp._kokkos_users() > 0
 

@@ -462,8 +462,10 @@ int main(int argc, char** argv) {
       }
       code = e.what()[0] == '\0' ? 0 : 2;
     } catch (const mlacp::Error& e) {
-      // mlacp raises its errors on every rank (checked mode); rank 0 prints.
-      if (rank == 0) std::cerr << "mlacp-mla-block: " << e.what() << "\nFAIL\n";
+      // mlacp raises its errors on every rank (checked mode): every rank says so (a rank that did not would be one
+      // left waiting in a collective), rank 0 prints the verdict.
+      std::cerr << "mlacp-mla-block: rank " + std::to_string(rank) + ": " + e.what() + "\n" << std::flush;
+      if (rank == 0) std::cerr << "FAIL\n";
       code = 2;
     }
   }

@@ -368,6 +368,48 @@ TEST(DocumentLayout, AnswersDocumentQueriesOnHostAndDevice) {
   EXPECT_TRUE(mlacp::DocumentLayout({0, 5}, 5).single());
 }
 
+// assign() makes a layout another one in place: the same answers as a layout built from those offsets (host and
+// device), the offset Views reused while they hold enough entries (the capacity), and back to one document.
+TEST(DocumentLayout, AssignReusesItsOffsetsAndAnswersAsANewLayout) {
+  const std::int64_t n_s = 40;
+  mlacp::DocumentLayout layout;
+  const std::size_t capacity = 12;
+  const std::vector<std::vector<std::int64_t>> sequence = {
+      random_packing(n_s, 5, 1), random_packing(n_s, 10, 2), {0, 40}, random_packing(n_s, 3, 3), {}};
+  const std::int64_t* first_offsets = nullptr;
+  for (const auto& cu : sequence) {
+    EXPECT_TRUE(layout.assign(cu, n_s, capacity));
+    EXPECT_FALSE(layout.assign(cu, n_s, capacity)) << "the same layout again changes nothing";
+    const mlacp::DocumentLayout fresh = cu.empty() ? mlacp::DocumentLayout() : mlacp::DocumentLayout(cu, n_s);
+    EXPECT_EQ(layout.empty(), fresh.empty());
+    EXPECT_EQ(layout.single(), fresh.single());
+    EXPECT_EQ(layout.documents(), fresh.documents());
+    const auto docs = layout.offsets_for<ExecSpace>(n_s, "test");
+    if (!layout.single()) {
+      EXPECT_EQ(docs.offsets.extent(0), cu.size());
+      if (first_offsets == nullptr) first_offsets = docs.offsets.data();
+      EXPECT_EQ(docs.offsets.data(), first_offsets) << "the offsets were reallocated within the capacity";
+    }
+    Kokkos::View<std::int64_t* [2], MemSpace> got("got", n_s);
+    Kokkos::parallel_for(
+        "test_assigned_layout", Kokkos::RangePolicy<ExecSpace>(0, n_s), KOKKOS_LAMBDA(const int t) {
+          got(t, 0) = docs.start_of(t);
+          got(t, 1) = docs.end_of(t);
+        });
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got);
+    for (std::int64_t t = 0; t < n_s; ++t) {
+      const std::int64_t start = cu.size() > 2 ? fresh.start_of(t) : 0, end = cu.size() > 2 ? fresh.end_of(t) : n_s;
+      EXPECT_EQ(layout.host(n_s).start_of(t), start) << t;
+      EXPECT_EQ(h(t, 0), start) << t;
+      EXPECT_EQ(h(t, 1), end) << t;
+    }
+  }
+  EXPECT_NE(invalid_argument_message([&] {
+              layout.assign({0, 7, 7, 40}, n_s, capacity);
+            }).find("cu_seqlens[2] = 7"),
+            std::string::npos);
+}
+
 /// An empty gradient View means "not needed": its work is skipped and the others are unchanged.
 TYPED_TEST(FlashAttention, SkipsGradientsThatAreNotNeeded) {
   using T = TypeParam;
@@ -474,6 +516,32 @@ TEST(FlashAttentionOptions, TilesFromOptionsEnvironmentAndDefaults) {
   o.query_tile = -1;
   EXPECT_NE(invalid_argument_message([&] { mlacp::detail::flash_tiles(o, true); }).find("query_tile = -1"),
             std::string::npos);
+}
+
+// resolve() reads the tiles once (options, then MLACP_ATTENTION_TILES, then defaults): the core then runs with them
+// whatever the environment says later, and a bad setting is returned as a message instead of thrown from a kernel.
+TEST(FlashAttentionOptions, ResolveFixesTheTilesOnceAndReportsABadSetting) {
+  constexpr bool blas = mlacp::FlashAttentionCore::runs_blas<ExecSpace>(FlashAttentionPath::automatic);
+  mlacp::FlashAttentionCore core;
+  ::setenv("MLACP_ATTENTION_TILES", "8x16", 1);
+  EXPECT_EQ(core.resolve<ExecSpace>(), "");
+  const auto settings = core.settings();
+  ASSERT_EQ(settings.size(), 3u);
+  EXPECT_EQ(settings[0].second, 8);
+  EXPECT_EQ(settings[1].second, 16);
+  EXPECT_EQ(settings[2].second, blas ? 1 : 0);
+  // A bad value set after resolve() is not read: the tile walk is still that of 8 x 16 (S = 40: query tiles ending
+  // at 8, 16, 24, 32, 40 see 1, 1, 2, 2, 3 key tiles of 16).
+  ::setenv("MLACP_ATTENTION_TILES", "128X128", 1);
+  EXPECT_EQ(core.tile_pairs<ExecSpace>(40, mlacp::DocumentLayout()).second, 9)
+      << "(query tile, key tile) pairs visited at 8 x 16";
+  mlacp::FlashAttentionCore copy = core;  // a copy keeps what was resolved
+  EXPECT_EQ(copy.settings(), settings);
+  // Resolving now reports the bad value, naming it, and forgets the old tiles.
+  mlacp::FlashAttentionCore fresh;
+  EXPECT_NE(fresh.resolve<ExecSpace>().find("MLACP_ATTENTION_TILES='128X128'; expected QxK"), std::string::npos);
+  EXPECT_EQ(fresh.settings()[0].second, 0);
+  ::unsetenv("MLACP_ATTENTION_TILES");
 }
 
 TEST(FlashAttentionOptions, RejectsMismatchedShapes) {

@@ -177,6 +177,136 @@ TEST(MlaPackedErrors, InvalidLayoutOnOneRankRaisesOnEveryRank) {
   }
 }
 
+// Per-call packing (forward's cu_seqlens): the layer's configuration has another packing (or none), each forward
+// brings its own. Two forwards with different packings are pending at once and their backwards run after both
+// (gradient accumulation into one set of gradients); y of each and the accumulated gradients equal the one-rank
+// layers configured with those packings over the full sequence. Three rounds, so that the workspaces are reused with
+// packings that change.
+void expect_per_call_packing_matches_single_rank(mlacp::MlaStrategy strategy, bool bias,
+                                                 const std::vector<std::int64_t>& configured) {
+  const double tolerance = 1e-10;
+  mlacp::Mesh mesh(MPI_COMM_WORLD), self(MPI_COMM_SELF);
+  const Space space;
+  const auto config = packed_config(strategy, bias, configured);
+  const auto weights = mlacp::test::make_weights<double, Mem>(config, 42);
+  Tensor3<double> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
+  mlacp::test::fill(x, 100, 1.0);
+  mlacp::test::fill(dy, 200, 1.0);
+  const std::vector<std::vector<std::int64_t>> rounds[] = {
+      {{0, 5, 6, 20, 32}, {0, 1, 31, 32}}, {random_packing(3, 7), {}}, {{0, 8, 16, 24, 32}, random_packing(21, 5)}};
+  mlacp::MlaAttention<double> layer(config, weights, mesh);
+  const mlacp::Partition seq(config.seq, mesh.size());
+  const auto x_local = mlacp::test::shard(x, seq, mesh.rank()), dy_local = mlacp::test::shard(dy, seq, mesh.rank());
+  for (const auto& packings_of_round : rounds) {
+    const auto& a = packings_of_round[0];
+    const auto& b = packings_of_round[1];
+    const std::string what = std::string(mlacp::to_string(strategy)) + (bias ? " bias" : "") + ", configured " +
+                             describe(configured) + ", per call " + describe(a) + " and " + describe(b);
+    // References: one-rank layers configured with each packing; their gradients summed.
+    auto ref_config_a = config, ref_config_b = config;
+    ref_config_a.cu_seqlens = a;
+    ref_config_b.cu_seqlens = b;
+    mlacp::MlaAttention<double> ref_a(ref_config_a, weights, self), ref_b(ref_config_b, weights, self);
+    auto ref_fa = ref_a.forward(space, x);
+    auto ref_fb = ref_b.forward(space, x);
+    mlacp::MlaGradients<double, Mem> ref_grads;
+    ref_a.backward(space, ref_fa, dy, ref_grads);
+    ref_b.backward(space, ref_fb, dy, ref_grads);
+
+    auto fa = layer.forward(space, x_local, {}, a);
+    auto fb = layer.forward(space, x_local, {}, b);
+    EXPECT_LE(
+        mlacp::test::relative_error(mlacp::test::host_values(fa.output()),
+                                    mlacp::test::host_values(mlacp::test::shard(ref_fa.output(), seq, mesh.rank()))),
+        tolerance)
+        << "y of the first packing, " << what;
+    EXPECT_LE(
+        mlacp::test::relative_error(mlacp::test::host_values(fb.output()),
+                                    mlacp::test::host_values(mlacp::test::shard(ref_fb.output(), seq, mesh.rank()))),
+        tolerance)
+        << "y of the second packing, " << what;
+    mlacp::MlaGradients<double, Mem> grads;
+    layer.backward(space, fa, dy_local, grads);
+    layer.backward(space, fb, dy_local, grads);
+    EXPECT_LE(mlacp::test::relative_error(mlacp::test::host_values(grads.dx),
+                                          mlacp::test::host_values(mlacp::test::shard(ref_grads.dx, seq, mesh.rank()))),
+              tolerance)
+        << "dx, " << what;
+    auto expect_sum = [&](const char* name, const auto& got, const auto& want) {
+      EXPECT_LE(mlacp::test::relative_error(mlacp::test::sum_over_ranks(mlacp::test::host_values(got)),
+                                            mlacp::test::host_values(want)),
+                tolerance)
+          << name << ", " << what;
+    };
+    expect_sum("dw_q", grads.w_q, ref_grads.w_q);
+    expect_sum("dw_kva", grads.w_kva, ref_grads.w_kva);
+    expect_sum("dg_kv", grads.g_kv, ref_grads.g_kv);
+    expect_sum("dw_kvb", grads.w_kvb, ref_grads.w_kvb);
+    expect_sum("dw_o", grads.w_o, ref_grads.w_o);
+    if (bias) {
+      expect_sum("db_q", grads.b_q, ref_grads.b_q);
+      expect_sum("db_kvb", grads.b_kvb, ref_grads.b_kvb);
+      expect_sum("db_o", grads.b_o, ref_grads.b_o);
+    }
+  }
+  // The configuration's packing is still the one forward(space, x, flags) uses.
+  mlacp::MlaAttention<double> ref(config, weights, self);
+  auto f = layer.forward(space, x_local);
+  EXPECT_LE(mlacp::test::relative_error(
+                mlacp::test::host_values(f.output()),
+                mlacp::test::host_values(mlacp::test::shard(ref.forward(space, x).output(), seq, mesh.rank()))),
+            tolerance)
+      << "the configured packing after per-call ones";
+}
+
+TEST(MlaPackedPerCall, PendingForwardsWithDifferentPackingsMatchSingleRank) {
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    expect_per_call_packing_matches_single_rank(strategy, true, {});
+    expect_per_call_packing_matches_single_rank(strategy, false, {0, 16, 32});
+  }
+}
+
+// Bad per-call offsets on one rank (the last): every rank raises the same error, worded as the configuration's, before
+// any collective; valid ones that differ across ranks are refused naming the count or the hash; and packed documents
+// for a core that takes no DocumentLayout are refused per call as at construction. The layer still works after.
+TEST(MlaPackedPerCall, BadOrDifferingPackingRaisesOnEveryRank) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto config = packed_config(mlacp::MlaStrategy::latent, false, {});
+  const auto weights = mlacp::test::make_weights<double, Mem>(config, 11);
+  mlacp::MlaAttention<double> layer(config, weights, mesh);
+  Tensor3<double> x("x", config.batch, layer.local_seq(), config.hidden);
+  mlacp::test::fill(x, 4 + mesh.rank(), 1.0);
+  const bool last = mesh.rank() == mesh.size() - 1;
+  const std::vector<std::pair<std::vector<std::int64_t>, std::string>> bad = {
+      {{0, 6, 6, 32}, "mlacp::MlaAttention::forward: cu_seqlens[2] = 6 <= cu_seqlens[1] = 6; expected strictly"},
+      {{0, 5, 31}, "mlacp::MlaAttention::forward: cu_seqlens[2] = 31; expected the sequence length 32"},
+      {{1, 32}, "mlacp::MlaAttention::forward: cu_seqlens[0] = 1; expected 0"},
+      {{0}, "mlacp::MlaAttention::forward: cu_seqlens has 1 entries; expected at least 2"}};
+  const std::vector<std::int64_t> good = {0, 5, 6, 20, 32};
+  for (const auto& [offsets, message] : bad)
+    mlacp::test::expect_error<mlacp::InvalidArgument>(
+        [&] { auto f = layer.forward(Space(), x, {}, last ? offsets : good); }, message);
+  if (mesh.size() > 1) {
+    mlacp::test::expect_error<mlacp::InvalidArgument>(
+        [&] {
+          auto f = layer.forward(Space(), x, {}, last ? std::vector<std::int64_t>{0, 5, 7, 20, 32} : good);
+        },
+        "disagree on cu_seqlens (FNV-1a hash of the offsets)");
+    mlacp::test::expect_error<mlacp::InvalidArgument>(
+        [&] { auto f = layer.forward(Space(), x, {}, last ? std::vector<std::int64_t>{} : good); },
+        "disagree on cu_seqlens.size()");
+  }
+  auto f = layer.forward(Space(), x, {}, good);
+  layer.backward(Space(), f, x);
+  EXPECT_EQ(layer.forward_workspaces_in_use(), 0u);
+  // The bound on documents without allocation is a count: not positive (on one rank) is refused on every rank.
+  auto bad_bound = config;
+  if (last) bad_bound.max_documents = 0;
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::MlaAttention<double> other(bad_bound, weights, mesh); },
+      "mlacp::MlaConfig: max_documents = 0; expected a positive count of documents");
+}
+
 // A core written before packed documents (no trailing DocumentLayout): it runs one document, and the layer refuses
 // more than one at construction, on every rank, instead of silently attending across documents.
 struct CoreWithoutDocuments {
@@ -206,6 +336,14 @@ TEST(MlaPackedErrors, CoreWithoutDocumentLayoutIsRefusedForSeveralDocuments) {
   mlacp::test::fill(x, 4 + mesh.rank(), 1.0);
   auto f = layer.forward(Space(), x);
   layer.backward(Space(), f, x);
+  // Per call: several documents are refused with the constructor's message, one document runs.
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] {
+        auto g = layer.forward(Space(), x, {}, {0, 5, 6, 20, 32});
+      },
+      "cu_seqlens has 4 documents but the attention core takes no DocumentLayout");
+  auto g = layer.forward(Space(), x, {}, {0, 32});
+  layer.backward(Space(), g, x);
 }
 
 }  // namespace

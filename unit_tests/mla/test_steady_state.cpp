@@ -156,6 +156,50 @@ TEST(SteadyState, ForwardBackwardIntoCallerGradientsAllocatesNoView) {
   }
 }
 
+// Per-call packing that changes every call (forward's cu_seqlens, at most MlaConfig::max_documents documents):
+// iterations 2..N allocate no View (the documents' offsets and the RoPE positions and table are rebuilt in place), also
+// forward, forward, backward, backward with two packings pending at once, both strategies.
+TEST(SteadyState, PackingThatChangesEveryCallAllocatesNoView) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    auto c = mlacp::test::make_config(1, 8 * P, 16, 2 * P, 4, 2, 3, 6, true, strategy);
+    c.max_documents = 8;
+    const std::int64_t S = c.seq;
+    const std::vector<std::vector<std::int64_t>> packings = {
+        {0, 3, S}, {0, 1, 5, S - 1, S}, {0, S - 2, S}, {0, 1, 2, 3, 4, 5, 6, S}, {0, 7, S}};
+    mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
+    Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, layer.local_seq(), c.hidden);
+    mlacp::test::fill(x, 4, 1.0);
+    auto grads = caller_gradients(c, layer.local_seq());
+    std::size_t call = 0;
+    const auto one_at_a_time = count_steady(
+        [&] {
+          auto forward = layer.forward(Space(), x, {}, packings[call++ % packings.size()]);
+          layer.backward(Space(), forward, x, grads);
+        },
+        6, {});
+    const std::string what = mlacp::to_string(strategy);
+    EXPECT_TRUE(one_at_a_time.other_labels.empty())
+        << what << ": iterations 2-7 allocated Views:" << joined(one_at_a_time.other_labels);
+    EXPECT_EQ(one_at_a_time.views, 0u) << what << ": iterations 2-7 allocated Views";
+    EXPECT_EQ(one_at_a_time.buffers, 0u) << what;
+    const auto two_pending = count_steady(
+        [&] {
+          auto first = layer.forward(Space(), x, {}, packings[call++ % packings.size()]);
+          auto second = layer.forward(Space(), x, {}, packings[call++ % packings.size()]);
+          layer.backward(Space(), first, x, grads);
+          layer.backward(Space(), second, x, grads);
+        },
+        6, {});
+    EXPECT_TRUE(two_pending.other_labels.empty())
+        << what << ", two pending: iterations 2-7 allocated Views:" << joined(two_pending.other_labels);
+    EXPECT_EQ(two_pending.views, 0u) << what << ", two pending: iterations 2-7 allocated Views";
+    EXPECT_EQ(layer.forward_workspaces(), 2u);
+  }
+}
+
 // Fresh gradients: backward returns new Views, so it necessarily allocates exactly those (zeroed) and nothing else.
 TEST(SteadyState, FreshGradientsAllocateOnlyTheReturnedViews) {
   ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());

@@ -22,6 +22,12 @@
 // statistic it needs, in that View); backward reads q, k, v, o, lse and d_o and overwrites dq, dk, dv (each of which
 // may be an empty View, meaning "not needed"). Both run asynchronously on the given execution-space instance.
 // Cores that support packed documents also take a trailing `const DocumentLayout&` in both calls.
+// A core that reads settings of its own (tiles, environment variables) also provides
+//   template <class ExecSpace> std::string resolve();   // reads and checks them now: "" or the error
+//   std::vector<std::pair<std::string, std::int64_t>> settings() const;  // what it resolved, by name
+// The MLA layer calls resolve() once in its constructor, before its agreement, and agrees the settings across the
+// ranks: a bad or differing setting is one error on every rank at construction, never one raised inside a schedule
+// (where ranks that hold no head would not see it). FlashAttentionCore does; a core without them keeps working.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -35,6 +41,9 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace mlacp {
 namespace detail {
@@ -68,6 +77,19 @@ void attention_check(const char* who, const QView& q, const KView& k, const VVie
   check_extents<OView, 4>(who, "o", o, {n_b, n_s, n_h, d_v});
   check_extents<LseView, 3>(who, "lse", lse, {n_b, n_h, n_s});
 }
+
+/// Whether Core resolves its settings up front (resolve<ExecSpace>() and settings(), see the top of this file).
+template <class Core, class ExecSpace, class = void>
+struct core_resolves_settings : std::false_type {};
+template <class Core, class ExecSpace>
+struct core_resolves_settings<
+    Core, ExecSpace,
+    std::enable_if_t<
+        std::is_convertible_v<decltype(std::declval<Core&>().template resolve<ExecSpace>()), std::string> &&
+        std::is_convertible_v<decltype(std::declval<const Core&>().settings()),
+                              std::vector<std::pair<std::string, std::int64_t>>>>> : std::true_type {};
+template <class Core, class ExecSpace>
+inline constexpr bool core_resolves_settings_v = core_resolves_settings<Core, ExecSpace>::value;
 
 }  // namespace detail
 

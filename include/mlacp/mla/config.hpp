@@ -40,15 +40,25 @@ struct MlaConfig {
   /// document and RoPE positions restart at 0 at each document's start. Empty: one document (plain causal attention).
   /// (Default-initialised so that aggregate initialisations that stop before it stay free of -Wextra warnings.)
   std::vector<std::int64_t> cu_seqlens{};
+  /// Packed documents per forward call that need no allocation (the per-call document offsets, MlaAttention::forward
+  /// with cu_seqlens): a loop whose packings have at most this many documents allocates no View for them after its
+  /// first iteration; more still work but allocate.
+  int max_documents = 64;
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
-  /// dr even, cu_seqlens empty or strictly increasing from 0 to seq. S and H need neither be divisible by P nor
-  /// reach it: with S < P or H < P the ranks past them hold no token or no head (and still join every collective).
+  /// dr even, cu_seqlens empty or strictly increasing from 0 to seq (cu_seqlens_error), max_documents positive. S and H
+  /// need neither be divisible by P nor reach it: with S < P or H < P the ranks past them hold no token or no head (and
+  /// still join every collective).
   std::string error(int group_size) const;
   /// A one-line description, for messages and reports.
   std::string describe() const;
 };
+
+/// Why `cu_seqlens` is not a packing of a sequence of `seq` tokens ("" when it is, or when it is empty: one document):
+/// the message of DocumentLayout::validate, prefixed "mlacp::<who>: cu_seqlens". MlaConfig::error and the per-call
+/// packing of MlaAttention::forward both check with it.
+std::string cu_seqlens_error(const std::vector<std::int64_t>& cu_seqlens, int seq, const char* who);
 
 /// Which inputs, weights and biases need a gradient. A false flag skips that GEMM, and when nothing upstream of a
 /// collective needs a gradient, its inverse collective is not launched at all (nothing waits for it either).

@@ -70,6 +70,42 @@ class DocumentLayout {
     host_ = Kokkos::View<std::int64_t*, Kokkos::HostSpace>("mlacp::cu_seqlens (host)", host_offsets_.size());
     for (std::size_t i = 0; i < host_offsets_.size(); ++i) host_(i) = host_offsets_[i];
     device_ = Kokkos::create_mirror_view_and_copy(device_memory(), host_);
+    count_ = host_offsets_.size();
+  }
+
+  /// Makes this layout cu_seqlens over `total` tokens (empty cu_seqlens: the empty layout), reusing its offset Views:
+  /// they are (re)allocated only when more than `capacity` offsets (and more than they hold) are needed, so a layout
+  /// reassigned every call with at most capacity - 1 documents allocates no View after its first use. Returns false
+  /// (and does nothing) when the layout is already this one. Checks as the constructor (InvalidArgument). Waits for
+  /// the work in flight (Kokkos::fence) before it overwrites offsets a kernel may still read.
+  bool assign(const std::vector<std::int64_t>& cu_seqlens, std::int64_t total, std::size_t capacity) {
+    if (cu_seqlens.empty()) {
+      if (empty()) return false;
+      Kokkos::fence();
+      host_offsets_.clear();
+      total_ = 0;
+      count_ = 0;
+      return true;
+    }
+    if (cu_seqlens == host_offsets_ && total == total_) return false;
+    validate(cu_seqlens, total);
+    Kokkos::fence();
+    host_offsets_.assign(cu_seqlens.begin(), cu_seqlens.end());
+    total_ = total;
+    count_ = 0;
+    if (cu_seqlens.size() == 2) return true;  // one document: no offsets
+    const std::size_t n = cu_seqlens.size();
+    if (host_.extent(0) < n) {
+      const std::size_t size = n > capacity ? n : capacity;
+      host_ = Kokkos::View<std::int64_t*, Kokkos::HostSpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::cu_seqlens (host)"), size);
+      device_ = Kokkos::create_mirror_view(device_memory(), host_);
+    }
+    for (std::size_t i = 0; i < n; ++i) host_(i) = cu_seqlens[i];
+    const auto used = std::make_pair(std::size_t(0), n);
+    Kokkos::deep_copy(Kokkos::subview(device_, used), Kokkos::subview(host_, used));
+    count_ = n;
+    return true;
   }
 
   /// The checks of the constructor, alone. `who` prefixes the message.
@@ -96,7 +132,7 @@ class DocumentLayout {
   /// True for the empty layout (one document of any length).
   bool empty() const { return host_offsets_.empty(); }
   /// True when the kernels see one document (empty, or cu_seqlens = {0, S}).
-  bool single() const { return host_.extent(0) == 0; }
+  bool single() const { return count_ == 0; }
   /// S of a non-empty layout; 0 for the empty one.
   std::int64_t total() const { return total_; }
   /// Number of documents (1 for the empty layout).
@@ -110,7 +146,7 @@ class DocumentLayout {
   std::int64_t end_of(std::int64_t t) const { return host(total_).end_of(t); }
 
   /// The offsets in host memory, for a sequence of n_s tokens (n_s is the document length of the empty layout).
-  DocumentOffsets<Kokkos::HostSpace> host(std::int64_t n_s) const { return {host_, n_s}; }
+  DocumentOffsets<Kokkos::HostSpace> host(std::int64_t n_s) const { return {used(host_), n_s}; }
 
   /// The offsets where ExecSpace can read them (the default memory space's copy if it is reachable, else the host
   /// copy), for a sequence of n_s tokens. Throws mlacp::InvalidArgument naming both lengths unless the layout is empty
@@ -119,11 +155,11 @@ class DocumentLayout {
   auto offsets_for(std::int64_t n_s, const char* who) const {
     check_total(n_s, who);
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, device_memory>::accessible) {
-      return DocumentOffsets<device_memory>{device_, n_s};
+      return DocumentOffsets<device_memory>{used(device_), n_s};
     } else {
       static_assert(Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible,
                     "mlacp::DocumentLayout: the execution space reaches neither the default memory space nor host");
-      return DocumentOffsets<Kokkos::HostSpace>{host_, n_s};
+      return DocumentOffsets<Kokkos::HostSpace>{used(host_), n_s};
     }
   }
 
@@ -136,10 +172,18 @@ class DocumentLayout {
   }
 
  private:
+  // The offsets in use of a View that may hold more (assign reuses larger Views); empty when single().
+  template <class ViewType>
+  Kokkos::View<const std::int64_t*, typename ViewType::memory_space> used(const ViewType& v) const {
+    if (count_ == v.extent(0)) return v;
+    return Kokkos::subview(v, std::make_pair(std::size_t(0), count_));
+  }
+
   std::int64_t total_ = 0;
   std::vector<std::int64_t> host_offsets_;
-  Kokkos::View<std::int64_t*, Kokkos::HostSpace> host_;  // empty when single()
-  Kokkos::View<std::int64_t*, device_memory> device_;    // empty when single()
+  Kokkos::View<std::int64_t*, Kokkos::HostSpace> host_;  // the offsets in [0, count_); may hold more
+  Kokkos::View<std::int64_t*, device_memory> device_;    // the same in the default memory space
+  std::size_t count_ = 0;                                // offsets in use; 0 when single()
 };
 
 }  // namespace mlacp

@@ -31,7 +31,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace mlacp {
 
@@ -39,9 +41,10 @@ class FlashAttentionCore {
  public:
   FlashAttentionCore() = default;
   explicit FlashAttentionCore(const FlashAttentionOptions& options) : options_(options) {}
-  FlashAttentionCore(const FlashAttentionCore& other) : options_(other.options_) {}
+  FlashAttentionCore(const FlashAttentionCore& other) : options_(other.options_), resolved_(other.resolved_) {}
   FlashAttentionCore& operator=(const FlashAttentionCore& other) {
     options_ = other.options_;
+    resolved_ = other.resolved_;
     scratch_.reset();
     return *this;
   }
@@ -51,11 +54,36 @@ class FlashAttentionCore {
 
   const FlashAttentionOptions& options() const { return options_; }
 
+  /// Reads every setting the core runs with on ExecSpace once, now: the path (blas on a space that cannot reach host
+  /// memory is refused) and the tiles (the options, else MLACP_ATTENTION_TILES, else the path's defaults). Returns ""
+  /// when they are valid (the core then runs with these tiles and never reads the environment again) or the message
+  /// naming the bad setting. The MLA layer calls it in its constructor, before its agreement, so that a bad setting
+  /// is one error on every rank at construction (ranks that hold no head never reach the core's kernels).
+  template <class ExecSpace>
+  std::string resolve() {
+    resolved_ = Resolved{};
+    try {
+      const bool blas = use_blas<ExecSpace>();
+      const auto [tq, tk] = detail::flash_tiles(options_, blas);
+      resolved_ = Resolved{tq, tk, blas};
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  }
+  /// The settings resolve() fixed, by name (each rank of a layer must run the same): the query and key tiles and
+  /// whether the BLAS path runs; the tiles are 0 before resolve() (or after a failed one). Always the same fields.
+  std::vector<std::pair<std::string, std::int64_t>> settings() const {
+    return {{"FlashAttentionCore query tile (options or MLACP_ATTENTION_TILES)", resolved_.query_tile},
+            {"FlashAttentionCore key tile (options or MLACP_ATTENTION_TILES)", resolved_.key_tile},
+            {"FlashAttentionCore BLAS path", resolved_.blas ? 1 : 0}};
+  }
+
   /// The (query tile, key tile) pairs the forward visits on ExecSpace for a sequence of n_s tokens packed as
   /// `documents`, and those it visits for the same n_s as one document (the backward visits the same pairs).
   template <class ExecSpace>
   std::pair<std::int64_t, std::int64_t> tile_pairs(std::int64_t n_s, const DocumentLayout& documents) const {
-    const auto [tq, tk] = detail::flash_tiles(options_, use_blas<ExecSpace>());
+    const auto [tq, tk] = tiles(use_blas<ExecSpace>());
     documents.check_total(n_s, "FlashAttentionCore::tile_pairs");
     if (n_s == 0) return {0, 0};
     return detail::flash_tile_pairs(documents.host(n_s), n_s, tq, tk);
@@ -88,7 +116,7 @@ class FlashAttentionCore {
     using T = typename OView::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
     const bool blas = use_blas<ExecSpace>();
-    const auto [tq, tk] = detail::flash_tiles(options_, blas);
+    const auto [tq, tk] = tiles(blas);
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
       if (blas) {
         detail::flash_forward_blas(space, q, k, v, o, lse, docs, tq, tk, scratch<T, Mem>());
@@ -130,7 +158,7 @@ class FlashAttentionCore {
     using T = typename DoView::non_const_value_type;
     using Mem = typename ExecSpace::memory_space;
     const bool blas = use_blas<ExecSpace>();
-    const auto [tq, tk] = detail::flash_tiles(options_, blas);
+    const auto [tq, tk] = tiles(blas);
     auto& ws = scratch<T, Mem>();
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
       if (blas) {
@@ -153,6 +181,12 @@ class FlashAttentionCore {
     static_assert_accessible<ExecSpace, VView>();
     static_assert_accessible<ExecSpace, OView>();
     static_assert_accessible<ExecSpace, LseView>();
+  }
+
+  // The resolved tiles when resolve() ran for this path, else read now (a core used on its own).
+  std::pair<int, int> tiles(bool blas) const {
+    if (resolved_.query_tile > 0 && resolved_.blas == blas) return {resolved_.query_tile, resolved_.key_tile};
+    return detail::flash_tiles(options_, blas);
   }
 
   template <class ExecSpace>
@@ -181,7 +215,13 @@ class FlashAttentionCore {
     return s->views;
   }
 
+  struct Resolved {
+    int query_tile = 0, key_tile = 0;  // 0: not resolved
+    bool blas = false;
+  };
+
   FlashAttentionOptions options_;
+  Resolved resolved_;
   mutable std::unique_ptr<ScratchBase> scratch_;
 };
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace mlacp {
 
@@ -44,13 +45,18 @@ namespace mlacp {
 /// Memory: the layer owns its activations and scratch per configuration (mla_workspace.hpp). A Forward borrows a
 /// per-forward workspace from the layer's pool and gives it back when backward consumes it or when it is destroyed;
 /// several Forwards may be pending at once (gradient accumulation). After the first iteration of a loop, forward and
-/// backward into caller-provided gradients allocate no View of the layer's (at P > 1 the collectives still allocate
-/// their results: they take no destination). y stays valid for as long as the caller holds it: a workspace whose output
-/// is still referenced is not reused. A layer is used from one host thread at a time.
+/// backward into caller-provided gradients allocate no View of the layer's. y stays valid for as long as the caller
+/// holds it and does not pin its workspace: a free workspace whose y is still held lets it go and writes a new one
+/// (so an eval loop that keeps its outputs holds one workspace, plus the outputs). A forward that needs no gradient
+/// (MlaRequiresGrad::none()) gives its workspace back before it returns. The layer keeps at most
+/// max_free_forward_workspaces() free workspaces (default 2); release_memory() drops them all, and
+/// forward_workspace_bytes() says what they hold. A layer is used from one host thread at a time.
 ///
 /// Packed sequences: config.cu_seqlens (the same on every rank) splits the global sequence into documents; each
 /// rank's RoPE positions restart at every document start within its shard and the core masks attention per document
-/// (both strategies). The layout is part of the configuration the ranks agree on.
+/// (both strategies). The layout is part of the configuration the ranks agree on. forward(space, x, flags,
+/// cu_seqlens) takes the packing per call instead (it changes every batch in real data), agreed per call; the
+/// Forward keeps it for its backward.
 ///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
 /// rank: configuration (a size that is not positive, ...), weights whose shapes disagree with it, x or dy of the
@@ -74,16 +80,13 @@ class MlaAttention {
     Forward(const Forward&) = delete;
     Forward& operator=(const Forward&) = delete;
 
-    Forward(Forward&& other) noexcept = default;
+    // A moved-from Forward is empty, like one never produced: backward refuses it on every rank ("backward before
+    // forward") instead of running on a workspace it no longer holds.
+    Forward(Forward&& other) noexcept { take(other); }
     Forward& operator=(Forward&& other) noexcept {
       if (this != &other) {
         give_back();
-        owner_ = other.owner_;
-        backward_done_ = other.backward_done_;
-        flags_ = other.flags_;
-        y_ = std::move(other.y_);
-        x_ = std::move(other.x_);
-        ws_ = std::move(other.ws_);
+        take(other);
       }
       return *this;
     }
@@ -104,6 +107,17 @@ class MlaAttention {
       x_ = tensor3();
     }
 
+    // Moves other's state here and leaves other empty (no owner, no workspace, no output).
+    void take(Forward& other) noexcept {
+      owner_ = std::exchange(other.owner_, nullptr);
+      backward_done_ = std::exchange(other.backward_done_, false);
+      flags_ = other.flags_;
+      y_ = std::exchange(other.y_, tensor3());
+      x_ = std::exchange(other.x_, tensor3());
+      ws_ = std::move(other.ws_);
+      other.ws_.reset();
+    }
+
     const MlaAttention* owner_ = nullptr;
     bool backward_done_ = false;
     MlaRequiresGrad flags_;
@@ -117,13 +131,17 @@ class MlaAttention {
       : config_(config), weights_(std::move(weights)), mesh_(&mesh), core_(std::move(core)) {
     std::string error = config_.error(mesh.size());
     if (error.empty()) error = detail::weights_error(config_, weights_, "weight");
-    if (error.empty() && config_.cu_seqlens.size() > 2 &&
-        !detail::core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>)
-      error = "mlacp::MlaAttention: cu_seqlens has " + std::to_string(config_.cu_seqlens.size() - 1) +
-              " documents but the attention core takes no DocumentLayout; expected a core with a trailing "
-              "`const DocumentLayout&` in forward and backward (attention_core.hpp) or one document";
-    detail::agree_or_throw(mesh, "mlacp::MlaAttention", error, pieces_.config_fields(), config_.describe());
-    // Validated and agreed: the layout is built once for the layer's life (its RoPE positions on first use).
+    if (error.empty()) error = documents_error(config_.cu_seqlens);
+    // Every setting the core reads is read and checked here, with the rest of the configuration (never lazily inside
+    // a schedule, where ranks that hold no head would not reach it and their peers would wait in a collective).
+    auto fields = pieces_.config_fields();
+    if constexpr (detail::core_resolves_settings_v<Core, ExecSpace>) {
+      const std::string core_error = core_.template resolve<ExecSpace>();
+      if (error.empty()) error = core_error;
+      for (auto& field : core_.settings()) fields.push_back(std::move(field));
+    }
+    detail::agree_or_throw(mesh, "mlacp::MlaAttention", error, fields, config_.describe());
+    // Validated and agreed: the configuration's layout, which forward(space, x, flags) uses.
     if (!config_.cu_seqlens.empty()) documents_ = DocumentLayout(config_.cu_seqlens, config_.seq);
   }
 
@@ -138,7 +156,7 @@ class MlaAttention {
   const MlaConfig& config() const { return config_; }
   const weights_type& weights() const { return weights_; }
   const Mesh& mesh() const { return *mesh_; }
-  /// The packed documents of config().cu_seqlens (empty: one document).
+  /// The packed documents of config().cu_seqlens (empty: one document); a forward given its own cu_seqlens uses those.
   const DocumentLayout& documents() const { return documents_; }
   /// How the S tokens and the H heads are split over the ranks: the first S mod P ranks hold ceil(S/P) tokens, the
   /// others floor(S/P) (heads: the same rule with H), contiguous in rank order (partition.hpp).
@@ -149,15 +167,38 @@ class MlaAttention {
   /// This rank's heads in the attention, from global head head_partition().offset(rank).
   int local_heads() const { return pieces_.local_heads(); }
 
-  /// Per-forward workspaces the layer owns, and how many of them a pending Forward (or a held output) uses.
+  /// Per-forward workspaces the layer owns, and how many of them a pending Forward holds (a held output holds none).
   std::size_t forward_workspaces() const { return memory_.pool.size(); }
   std::size_t forward_workspaces_in_use() const { return memory_.pool.in_use(); }
+  /// Bytes of the buffers the per-forward workspaces own (outputs the caller holds are the caller's).
+  std::size_t forward_workspace_bytes() const { return memory_.pool.bytes(); }
+  /// How many free per-forward workspaces the layer keeps for reuse (default 2: forward, forward, backward, backward
+  /// allocates nothing after its first iteration). More forwards pending at once still work; the workspaces beyond the
+  /// bound are released once they are free again, so a loop that keeps more pending allocates every iteration.
+  std::size_t max_free_forward_workspaces() const { return memory_.pool.max_free(); }
+  void set_max_free_forward_workspaces(std::size_t n) { memory_.pool.set_max_free(n); }
+  /// Releases every free per-forward workspace now (pending Forwards keep theirs); the next forward allocates again.
+  void release_memory() { memory_.pool.trim(0); }
 
   /// x [B, s, D] (s = local_seq()) -> Forward (y and saved state). `requires_grad` says which gradients backward will
-  /// produce; it must be the same on every rank.
+  /// produce; it must be the same on every rank. The documents are config().cu_seqlens.
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad = {}) const {
+    return forward(space, x, requires_grad, config_.cu_seqlens);
+  }
+
+  /// forward of this call's packed documents: `cu_seqlens` (empty: one document) in place of config().cu_seqlens,
+  /// checked as the configuration's (same messages) and agreed across the ranks in the call's one input agreement (its
+  /// count and FNV-1a hash), so a bad or differing packing is one error on every rank before any collective. The
+  /// Forward keeps the layout for its backward. Changing it every call allocates nothing after the first iteration
+  /// while the document count stays within config().max_documents.
+  Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad,
+                  const std::vector<std::int64_t>& cu_seqlens) const {
     const detail::EntryGuard entry(*mesh_, "mlacp::MlaAttention::forward");
-    pieces_.check_input(space, "forward", "x", x, requires_grad, "", "");
+    std::string documents_problem = cu_seqlens_error(cu_seqlens, config_.seq, "MlaAttention::forward");
+    if (documents_problem.empty()) documents_problem = documents_error(cu_seqlens);
+    pieces_.check_input(space, "forward", "x", x, requires_grad, "", documents_problem,
+                        {{"cu_seqlens.size()", static_cast<std::int64_t>(cu_seqlens.size())},
+                         {"cu_seqlens (FNV-1a hash of the offsets)", pieces_type::hash_offsets(cu_seqlens)}});
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::forward");
       Forward f;
@@ -165,8 +206,14 @@ class MlaAttention {
       f.flags_ = requires_grad;
       f.x_ = x;
       f.ws_ = memory_.pool.acquire();
+      auto& documents = f.ws_->documents;
+      if (documents.layout.assign(cu_seqlens, config_.seq, static_cast<std::size_t>(config_.max_documents) + 1))
+        documents.stale = true;
       const pass_type pass{f.x_, f.flags_, *f.ws_};
       f.y_ = std::visit([&](const auto& schedule) { return schedule.forward(space, pass); }, schedule_);
+      // A forward whose backward computes nothing (no_grad, inference) gives its workspace back at once: the caller's y
+      // keeps only itself, and the next forward reuses the workspace.
+      if (!needs_backward(requires_grad)) f.give_back();
       return f;
     } catch (const std::exception& e) {
       mesh_->report_failure("mlacp::MlaAttention::forward: " + std::string(e.what()));  // the others raise too
@@ -203,8 +250,11 @@ class MlaAttention {
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::backward");
       pieces_.allocate_missing(grads, f.flags_);
-      const pass_type pass{f.x_, f.flags_, *f.ws_};
-      std::visit([&](const auto& schedule) { schedule.backward(space, pass, dy, grads); }, schedule_);
+      // Without a workspace (given back at forward: no gradient needed) the backward has nothing to compute or send.
+      if (f.ws_) {
+        const pass_type pass{f.x_, f.flags_, *f.ws_};
+        std::visit([&](const auto& schedule) { schedule.backward(space, pass, dy, grads); }, schedule_);
+      }
       f.give_back();
     } catch (const std::exception& e) {
       mesh_->report_failure("mlacp::MlaAttention::backward: " + std::string(e.what()));  // the others raise too
@@ -218,6 +268,16 @@ class MlaAttention {
   /// The strategy's schedule, chosen once at construction.
   using schedule_type =
       std::variant<detail::LatentSchedule<T, ExecSpace, Core>, detail::ExpandedSchedule<T, ExecSpace, Core>>;
+
+  static bool needs_backward(const MlaRequiresGrad& r) { return detail::needs_attention(r) || r.w_o || r.b_o; }
+
+  // Packed documents for a core that takes no DocumentLayout ("" when the core takes one, or for one document).
+  static std::string documents_error(const std::vector<std::int64_t>& cu_seqlens) {
+    if (cu_seqlens.size() <= 2 || detail::core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>) return "";
+    return "mlacp::MlaAttention: cu_seqlens has " + std::to_string(cu_seqlens.size() - 1) +
+           " documents but the attention core takes no DocumentLayout; expected a core with a trailing "
+           "`const DocumentLayout&` in forward and backward (attention_core.hpp) or one document";
+  }
 
   schedule_type make_schedule() const {
     if (config_.strategy == MlaStrategy::latent) return detail::LatentSchedule<T, ExecSpace, Core>(pieces_);

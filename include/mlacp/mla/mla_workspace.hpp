@@ -15,6 +15,7 @@
 // rank anyway).
 #pragma once
 
+#include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/input_a2a.hpp>
 #include <mlacp/mla/kv_layout.hpp>
 #include <mlacp/mla/latent_kv_linear.hpp>
@@ -26,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mlacp::detail {
@@ -42,6 +44,18 @@ const ViewType& ensure(ViewType& view, const char* label, Extents... n) {
         ViewType(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n)...);
   return view;
 }
+
+/// The packed documents of one forward pass (MlaAttention::forward's cu_seqlens, or the configuration's) and this
+/// rank's RoPE positions and table for them: kept with the pass so that its backward uses the same layout, and reused
+/// (rebuilt in place, no allocation within MlaConfig::max_documents) when the next pass in the workspace brings
+/// another. `stale`: the layout changed since the table was built.
+template <class MemSpace>
+struct ForwardDocuments {
+  DocumentLayout layout;
+  Kokkos::View<std::int64_t*, MemSpace> positions;  ///< [s], position of each local token within its document
+  RopeTable<MemSpace> table;                        ///< built from `positions` (packed documents only)
+  bool stale = true;
+};
 
 /// What one forward pass keeps for its backward. Buffers are owned and reused; `saved` Views may alias them or hold
 /// collective results, and are dropped (with the pieces' state) when the pass is consumed.
@@ -63,9 +77,10 @@ struct ForwardWorkspace {
   tensor4 o;                     ///< [B, S, h, dv]
   // Destinations of the forward collectives whose results backward reads (P > 1; at P == 1 a collective returns its
   // input): the head-local q (and k, v in the expanded strategy) and the token-local attention output.
-  tensor4 q_heads, k_heads, v_heads;  ///< [B, S, h, d]
-  tensor4 o_tokens;                   ///< [B, s, H, dv]
-  Tensor3<T, memory_space> lse;       ///< [B, h, S]
+  tensor4 q_heads, k_heads, v_heads;         ///< [B, S, h, d]
+  tensor4 o_tokens;                          ///< [B, s, H, dv]
+  Tensor3<T, memory_space> lse;              ///< [B, h, S]
+  ForwardDocuments<memory_space> documents;  ///< this pass's packed documents and RoPE table
 
   // Saved for backward: head-local q, k, v (buffers above or collective results), and the pieces' state.
   tensor4 q_saved, k_saved, v_saved;
@@ -110,39 +125,103 @@ struct LayerScratch {
   tensor5 d_o_heads;                        ///< [1, B, S, h, dv], the dO all-to-all's result
   tensor5 dq_blocks, dk_blocks, dv_blocks;  ///< [P, B, s, h, d], the inverse all-to-alls' results
   tensor3 d_payload;                        ///< (latent) [B, s, R+dr], the reduce-scatter's result
-  RopeTable<memory_space> rope;             ///< positions of this rank's tokens, built once
+  RopeTable<memory_space> rope;             ///< this rank's token positions in one document, built once
 };
 
-/// The layer's per-forward workspaces. A workspace is free when no Forward holds it and nobody holds its output
-/// View (a caller that keeps y keeps it intact: the pool then uses another workspace).
+/// Bytes of the buffers a workspace owns (its y included while it still references it).
+template <class T, class ExecSpace>
+std::size_t owned_bytes(const ForwardWorkspace<T, ExecSpace>& w) {
+  std::size_t n = 0;
+  auto add = [&n](const auto& view) { n += view.span() * sizeof(typename std::decay_t<decltype(view)>::value_type); };
+  add(w.y);
+  add(w.kv_a);
+  add(w.rstd);
+  add(w.c);
+  add(w.latent);
+  add(w.q_local);
+  add(w.k_local);
+  add(w.v_local);
+  add(w.k);
+  add(w.v);
+  add(w.o);
+  add(w.q_heads);
+  add(w.k_heads);
+  add(w.v_heads);
+  add(w.o_tokens);
+  add(w.lse);
+  add(w.documents.positions);
+  add(w.documents.table.cos);
+  add(w.documents.table.sin);
+  return n;
+}
+
+/// The layer's per-forward workspaces. A workspace is free when no Forward holds it. A caller's output View does not
+/// pin it: when a free workspace whose y the caller still holds is taken again, it lets that y go (the caller's View
+/// keeps only its own allocation) and writes a new one, so held outputs cost their own bytes and nothing more.
+/// At most max_free() free workspaces are kept (default kDefaultMaxFree; the others are released when a workspace is
+/// taken, or by trim()): a loop with at most that many forwards pending at once allocates nothing after its first
+/// iteration, and memory after a burst of pending forwards (gradient accumulation) comes back down to that bound.
 template <class T, class ExecSpace>
 class ForwardWorkspacePool {
  public:
   using workspace_type = ForwardWorkspace<T, ExecSpace>;
+  static constexpr std::size_t kDefaultMaxFree = 2;
 
-  /// A free workspace, or a new one when all are in use.
+  /// A free workspace, or a new one when all are in use. Free workspaces beyond max_free() are released.
   std::shared_ptr<workspace_type> acquire() {
+    std::shared_ptr<workspace_type> taken;
     for (const auto& w : workspaces_)
-      if (is_free(*w, w.use_count())) return w;
-    workspaces_.push_back(std::make_shared<workspace_type>());
-    return workspaces_.back();
+      if (w.use_count() == 1) {
+        taken = w;
+        break;
+      }
+    if (!taken) {
+      workspaces_.push_back(std::make_shared<workspace_type>());
+      taken = workspaces_.back();
+    }
+    // The caller still holds the y this workspace wrote last: it keeps it, the workspace writes a new one.
+    if (taken->y.data() != nullptr && taken->y.use_count() > 1) taken->y = typename workspace_type::tensor3();
+    trim(max_free_);
+    return taken;
+  }
+
+  /// Releases free workspaces until at most `keep` are left (workspaces held by a Forward stay).
+  void trim(std::size_t keep) {
+    std::size_t free = 0;
+    for (auto it = workspaces_.begin(); it != workspaces_.end();) {
+      if (it->use_count() == 1 && ++free > keep) {
+        it = workspaces_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  /// How many free workspaces are kept for reuse.
+  std::size_t max_free() const { return max_free_; }
+  void set_max_free(std::size_t n) {
+    max_free_ = n;
+    trim(max_free_);
   }
 
   /// Workspaces owned (free or not).
   std::size_t size() const { return workspaces_.size(); }
-  /// Workspaces held by a Forward or whose output is still referenced.
+  /// Workspaces held by a Forward (its backward has not run yet).
   std::size_t in_use() const {
     std::size_t n = 0;
-    for (const auto& w : workspaces_) n += is_free(*w, w.use_count()) ? 0 : 1;
+    for (const auto& w : workspaces_) n += w.use_count() == 1 ? 0 : 1;
+    return n;
+  }
+  /// Bytes of the buffers the workspaces own.
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const auto& w : workspaces_) n += owned_bytes(*w);
     return n;
   }
 
  private:
-  static bool is_free(const workspace_type& w, long owners) {
-    return owners == 1 && (w.y.data() == nullptr || w.y.use_count() == 1);
-  }
-
   std::vector<std::shared_ptr<workspace_type>> workspaces_;
+  std::size_t max_free_ = kDefaultMaxFree;
 };
 
 }  // namespace mlacp::detail

@@ -186,8 +186,10 @@ class SchedulePieces {
   /// Checks t's shape and agrees with the other ranks on it and on the flags; `usage_error` (misuse found by the
   /// caller) takes precedence and is raised as UsageError, then t's shape, then `other_error` (e.g. the gradients'),
   /// then the finite check (on the caller's instance `space`, which orders it after whatever wrote t).
+  /// `extra`: more fields agreed in the same agreement (forward: the call's packed documents).
   void check_input(const ExecSpace& space, const char* where, const char* name, const tensor3& t,
-                   const MlaRequiresGrad& r, const std::string& usage_error, const std::string& other_error) const {
+                   const MlaRequiresGrad& r, const std::string& usage_error, const std::string& other_error,
+                   const AgreementFields& extra = {}) const {
     const auto B = static_cast<std::size_t>(config_->batch), s = static_cast<std::size_t>(local_seq());
     const auto D = static_cast<std::size_t>(config_->hidden);
     std::string error = usage_error;
@@ -209,13 +211,13 @@ class SchedulePieces {
     const int flags = r.x | r.w_q << 1 | r.b_q << 2 | r.w_kva << 3 | r.g_kv << 4 | r.w_kvb << 5 | r.b_kvb << 6 |
                       r.w_o << 7 | r.b_o << 8;
     agree_or_throw(*mesh_, std::string("mlacp::MlaAttention::") + where, error,
-                   {{std::string(name) + ".extent(0)", static_cast<std::int64_t>(t.extent(0))},
-                    // The token extents differ across ranks on an uneven split: agreed as the excess over this
-                    // rank's count (0 everywhere when every rank passes its own).
-                    {std::string(name) + ".extent(1) - this rank's token count",
-                     static_cast<std::int64_t>(t.extent(1)) - static_cast<std::int64_t>(s)},
-                    {std::string(name) + ".extent(2)", static_cast<std::int64_t>(t.extent(2))},
-                    {"the gradient flags (MlaRequiresGrad)", flags}},
+                   with_extra(extra, {{std::string(name) + ".extent(0)", static_cast<std::int64_t>(t.extent(0))},
+                                      // The token extents differ across ranks on an uneven split: agreed as the excess
+                                      // over this rank's count (0 everywhere when every rank passes its own).
+                                      {std::string(name) + ".extent(1) - this rank's token count",
+                                       static_cast<std::int64_t>(t.extent(1)) - static_cast<std::int64_t>(s)},
+                                      {std::string(name) + ".extent(2)", static_cast<std::int64_t>(t.extent(2))},
+                                      {"the gradient flags (MlaRequiresGrad)", flags}}),
                    std::string(name) + " [" + std::to_string(t.extent(0)) + ", " + std::to_string(t.extent(1)) + ", " +
                        std::to_string(t.extent(2)) + "]",
                    !usage_error.empty());
@@ -279,24 +281,42 @@ class SchedulePieces {
     return vector_part(v.data() + begin, end - begin);
   }
 
-  /// The RoPE table of this rank's token positions (fixed per rank and configuration): built on first use, read by
-  /// every rotation of q, k_pe and their gradients. One document: the global token indices [o, o + s) (o, s: the
-  /// rank's seq_partition() offset and count). Packed
-  /// documents: the position within each token's document (make_rope_positions), restarting at 0 at its start.
-  const RopeTable<memory_space>& rope_table(const ExecSpace& space) const {
-    auto& table = scratch_->rope;
+  /// The RoPE table of this rank's token positions in the pass's documents, read by every rotation of q, k_pe and
+  /// their gradients. One document: the global token indices [o, o + s) (o, s: the rank's seq_partition() offset and
+  /// count), one table for the layer built on first use. Packed documents: the position within each token's document,
+  /// restarting at 0 at its start, in the pass's workspace; rebuilt in place (no allocation after the workspace's
+  /// first) when the pass brought another layout than the workspace's last.
+  const RopeTable<memory_space>& rope_table(const ExecSpace& space, const pass_type& p) const {
     const std::int64_t offset = seq_part_.offset(mesh_->rank());
     const int width = config_->rope;
     const double base = config_->rope_base;
-    if (documents_->single()) {
+    auto& d = p.w.documents;
+    if (d.layout.single()) {
+      auto& table = scratch_->rope;
       if (!table.matches(local_seq(), offset, width, base))
         table = make_rope_table(space, local_seq(), offset, width, base);
-    } else if (!(table.cos.data() != nullptr && table.matches(table.positions, width, base) &&
-                 static_cast<std::int64_t>(table.positions.extent(0)) == local_seq())) {
-      // The layout is fixed for the layer's life: the positions are built once, with the table that refers to them.
-      table = make_rope_table(space, make_rope_positions(space, offset, local_seq(), *documents_), width, base);
+      return table;
     }
-    return table;
+    if (!d.stale) return d.table;
+    const auto s = static_cast<std::size_t>(local_seq());
+    ensure(d.positions, "mlacp::rope positions", s);
+    const auto docs = d.layout.template offsets_for<ExecSpace>(d.layout.total(), "MlaAttention rope positions");
+    const auto positions = d.positions;
+    Kokkos::parallel_for(
+        "mlacp::rope_positions",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(s)),
+        KOKKOS_LAMBDA(const std::int64_t t) {
+          const std::int64_t g = offset + t;
+          positions(t) = g - docs.start_of(g);
+        });
+    if (!(d.table.cos.data() != nullptr && d.table.cos.extent(0) == s && d.table.width == width &&
+          d.table.base == base))
+      d.table = allocate_rope_table<memory_space>(static_cast<std::int64_t>(s), width, base);
+    d.table.positions = d.positions;
+    d.table.explicit_positions = true;
+    rope_fill_table(space, d.table, d.table.positions, true);
+    d.stale = false;
+    return d.table;
   }
 
   // ---- forward pieces ----
@@ -308,7 +328,7 @@ class SchedulePieces {
     const tensor4& q = ensure(p.w.q_local, "mlacp::q", B, s, H, dqk);
     ComputePhase<ExecSpace> phase(space, "w_q fprop");
     linear_forward(space, as_matrix(p.x, B * s, D), weights_->w_q, weights_->b_q, as_matrix(q, B * s, H * dqk));
-    rope_forward(space, q, c.nope, q, c.nope, rope_table(space));
+    rope_forward(space, q, c.nope, q, c.nope, rope_table(space, p));
     return q;
   }
 
@@ -323,7 +343,7 @@ class SchedulePieces {
     const tensor3& kv_a = ensure(p.w.kv_a, "mlacp::kv_a", B, s, R + dr);
     linear_forward(space, as_matrix(p.x, B * s, D), weights_->w_kva, vector_part(), as_matrix(kv_a, B * s, R + dr));
     rms_norm_forward(space, kv_a, weights_->g_kv, latent_out, ensure(p.w.rstd, "mlacp::rstd", B * s), c.rms_eps);
-    rope_forward(space, as_rank4(kv_a), R, as_rank4(rope_out), rope_first, rope_table(space));
+    rope_forward(space, as_rank4(kv_a), R, as_rank4(rope_out), rope_first, rope_table(space, p));
   }
 
   /// The attention core on the saved head-local q, k, v, then the output projection (its all-to-all and w_o): y.
@@ -335,7 +355,7 @@ class SchedulePieces {
     ensure(w.lse, "mlacp::lse", B, h, S);
     {
       ComputePhase<ExecSpace> phase(space, "attention fprop");
-      core_forward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
+      core_forward(space, p, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
     }
     return w.out_proj.forward(space, w.o, weights_->w_o, weights_->b_o, *mesh_, seq_part_, head_part_,
                               ensure(w.y, "mlacp::y", B, s, c.hidden),
@@ -366,7 +386,7 @@ class SchedulePieces {
       dv = ensure(scratch.dv, "mlacp::dv", B, S, h, c.vdim);
     }
     ComputePhase<ExecSpace> phase(space, "attention bprop");
-    core_backward(space, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, dq, dk, dv);
+    core_backward(space, p, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, dq, dk, dv);
     return true;
   }
 
@@ -383,7 +403,7 @@ class SchedulePieces {
     ComputePhase<ExecSpace> phase(space, "q backward");
     // RoPE acts per token and head: the blocks are P*B batches of [s, h, dqk] with the same positions.
     const tensor4 blocks(dq_blocks.data(), parts * B, s, h, dqk);
-    rope_backward(space, blocks, c.nope, blocks, c.nope, rope_table(space));
+    rope_backward(space, blocks, c.nope, blocks, c.nope, rope_table(space, p));
     const auto x2 = as_matrix(p.x, rows, D);
     for (std::int64_t r = 0; r < parts; ++r) {
       const matrix_rows block(dq_blocks.data() + r * rows * width, static_cast<std::size_t>(rows),
@@ -405,7 +425,7 @@ class SchedulePieces {
     const MlaConfig& c = *config_;
     const int B = c.batch, s = local_seq(), D = c.hidden, R = c.latent, dr = c.rope;
     const tensor3& d_kv_a = ensure(scratch_->d_kv_a, "mlacp::d kv_a", B, s, R + dr);
-    rope_backward(space, as_rank4(d_rope), rope_first, as_rank4(d_kv_a), R, rope_table(space));
+    rope_backward(space, as_rank4(d_rope), rope_first, as_rank4(d_kv_a), R, rope_table(space, p));
     rms_norm_backward(space, p.w.kv_a, weights_->g_kv, p.w.rstd, d_latent, d_kv_a,
                       p.flags.g_kv ? g.g_kv : decltype(g.g_kv)());
     const auto da2 = as_matrix(d_kv_a, B * s, R + dr);
@@ -414,21 +434,26 @@ class SchedulePieces {
   }
 
  private:
-  // The core with the document layout where there is more than one document; a core that takes no layout (see
-  // attention_core.hpp) is only called with one document (the layer refuses packed documents for it at construction).
+  // The core with the pass's document layout; a core that takes no layout (see attention_core.hpp) is only called
+  // with one document (the layer refuses packed documents for it, at construction and per call).
   template <class... Args>
-  void core_forward(const ExecSpace& space, const Args&... args) const {
+  void core_forward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
     if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, Tensor3<T, memory_space>>)
-      core_->forward(space, args..., *documents_);
+      core_->forward(space, args..., p.w.documents.layout);
     else
       core_->forward(space, args...);
   }
   template <class... Args>
-  void core_backward(const ExecSpace& space, const Args&... args) const {
+  void core_backward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
     if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, Tensor3<T, memory_space>>)
-      core_->backward(space, args..., *documents_);
+      core_->backward(space, args..., p.w.documents.layout);
     else
       core_->backward(space, args...);
+  }
+
+  static AgreementFields with_extra(const AgreementFields& extra, AgreementFields fields) {
+    fields.insert(fields.end(), extra.begin(), extra.end());
+    return fields;
   }
 
   std::pair<std::size_t, std::size_t> selected_rows() const {
