@@ -2,6 +2,7 @@
 // The parameters of an MLA block (MLA_SPEC "Weights", nn.Linear form: W is [out, in]) and their gradients.
 #pragma once
 
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/parameter_table.hpp>
@@ -23,7 +24,7 @@ namespace detail {
 /// A View of ViewType (rank 1 or 2) with `label` and `shape` (the table's, parameter_table.hpp), zero-initialised.
 template <class ViewType>
 ViewType allocate_view(const std::string& label, const ParameterShape& shape) {
-  if constexpr (ViewType::rank == 1)
+  if constexpr (compat::view_rank_v<ViewType> == 1)
     return ViewType(label, shape[0]);
   else
     return ViewType(label, shape[0], shape[1]);
@@ -32,8 +33,12 @@ ViewType allocate_view(const std::string& label, const ParameterShape& shape) {
 /// A View's extents as a ParameterShape (rank 1 or 2).
 template <class ViewType>
 ParameterShape shape_of(const ViewType& v) {
-  static_assert(ViewType::rank == 1 || ViewType::rank == 2, "parameters are vectors or matrices");
-  return {static_cast<int>(ViewType::rank), {v.extent(0), ViewType::rank == 2 ? v.extent(1) : 0}};
+  constexpr int rank = compat::view_rank_v<ViewType>;
+  static_assert(rank == 1 || rank == 2, "parameters are vectors or matrices");
+  if constexpr (rank == 1)
+    return {1, {v.extent(0), 0}};
+  else
+    return {2, {v.extent(0), v.extent(1)}};
 }
 
 }  // namespace detail
