@@ -44,22 +44,33 @@ void fill_uniform(const View& v, std::uint64_t seed, double scale) {
   Kokkos::deep_copy(v, host);
 }
 
-// Weights with the usual 1/sqrt(fan_in) scale, the RMSNorm gain at 1, biases at 0.
+// Weights with the usual 1/sqrt(fan_in) scale, the RMSNorm gain at 1, biases at 0 (mlacp's parameter table says which
+// is which).
 Layer::weights_type random_weights(const mlacp::MlaConfig& c, std::uint64_t seed) {
   auto w = Layer::weights_type::allocate(c);
-  fill_uniform(w.w_q, seed + 1, 1 / std::sqrt(double(c.hidden)));
-  fill_uniform(w.w_kva, seed + 2, 1 / std::sqrt(double(c.hidden)));
-  fill_uniform(w.w_kvb, seed + 3, 1 / std::sqrt(double(c.latent)));
-  fill_uniform(w.w_o, seed + 4, 1 / std::sqrt(double(c.heads * c.vdim)));
-  Kokkos::deep_copy(w.g_kv, T(1));
+  std::uint64_t index = 0;
+  mlacp::for_each_parameter(
+      [&](const mlacp::ParameterInfo& info, auto& view) {
+        ++index;
+        if (!view.data()) return;
+        if (info.kind == mlacp::ParameterKind::weight)
+          fill_uniform(view, seed + index, 1 / std::sqrt(double(info.shape(c)[1])));
+        else if (info.kind == mlacp::ParameterKind::norm_gain)
+          Kokkos::deep_copy(view, T(1));
+      },
+      w);
   return w;
 }
 
-// Calls f(weight, gradient) for each parameter of the layer (biases only when the config has them).
+// Calls f(weight, gradient) for each parameter the layer has (mlacp's parameter table; biases only when the config
+// has them).
 template <class F>
-void for_each_parameter(Layer::weights_type& w, Layer::gradients_type& g, F f) {
-  f(w.w_q, g.w_q), f(w.w_kva, g.w_kva), f(w.g_kv, g.g_kv), f(w.w_kvb, g.w_kvb), f(w.w_o, g.w_o);
-  if (w.b_q.data()) f(w.b_q, g.b_q), f(w.b_kvb, g.b_kvb), f(w.b_o, g.b_o);
+void for_each_weight(Layer::weights_type& w, Layer::gradients_type& g, F f) {
+  mlacp::for_each_parameter(
+      [&](const mlacp::ParameterInfo&, auto& weight, auto& gradient) {
+        if (weight.data()) f(weight, gradient);
+      },
+      w, static_cast<Layer::weights_type&>(g));
 }
 
 // The gradient summed over the ranks, in place (through a host copy where the View is in device memory).
@@ -144,12 +155,12 @@ void train(int argc, char** argv) {
     loss *= double(inv_tokens);
 
     // The overlapped backward accumulates (+=) into grads: zero them first. Then sum over the ranks and step.
-    for_each_parameter(weights, grads, [](auto&, auto& g) {
+    for_each_weight(weights, grads, [](auto&, auto& g) {
       if (g.data()) Kokkos::deep_copy(g, T(0));
     });
     student.backward(Space(), forward, dy, grads);
     Kokkos::fence();
-    for_each_parameter(weights, grads, [&](auto& w, auto& g) {
+    for_each_weight(weights, grads, [&](auto& w, auto& g) {
       all_reduce_sum(g, MPI_COMM_WORLD);
       sgd_update(w, g, lr);
     });

@@ -5,35 +5,70 @@ The parameters are ordinary torch Parameters; the C++ layer sees their storage (
 and is rebuilt, collectively, whenever a parameter's storage changes (``param.data = ...``, ``module.double()``;
 ``load_state_dict`` and optimizers write in place and keep it). The forward wraps x's storage the same way and
 returns y over the layer's own output memory (no copy in or out). Backward runs mlacp's overlapped backward and
-writes the gradients straight into fresh torch tensors.
+writes the gradients straight into fresh torch tensors. A parameter (or x) whose storage, dtype or shape changed
+between a forward and its backward (``module.half()``, ``p.data = ...``, resharding) is refused by that backward, on
+every rank, before the C++ layer reads the old storage. The module's ``config`` is read-only (the C++ layer copied it).
+
+The parameters, their shapes and flags come from the C++ library's parameter table (``parameter_table``).
 """
+import collections
 import math
 
 import torch
 
 from . import _mlacp
 
-# MLA_SPEC's weights, in the order the module registers them (and the state_dict lists them).
-PARAMETER_NAMES = ("w_q", "b_q", "w_kva", "g_kv", "w_kvb", "b_kvb", "w_o", "b_o")
-BIAS_NAMES = ("b_q", "b_kvb", "b_o")
+
+class ParameterRow(collections.namedtuple("ParameterRow", "name shape present flag kind gradient")):
+    """One row of mlacp's parameter table (mlacp/mla/parameter_table.hpp) for a configuration: ``name`` (attribute,
+    state_dict key), ``shape``, ``present`` (whether the configuration has it: biases only with config.bias),
+    ``flag`` (the MlaRequiresGrad field of its gradient), ``kind`` ('weight', 'bias' or 'norm_gain') and
+    ``gradient`` (its gradient's value type: 'weight', the weight's dtype)."""
+
+
+def parameter_table(config):
+    """The C++ library's parameter table for ``config``: a ParameterRow per parameter, in registration order."""
+    return [ParameterRow(*row) for row in _mlacp.parameter_table(config)]
+
+
+# MLA_SPEC's weights, in the order the module registers them (and the state_dict lists them): the C++ table's.
+PARAMETER_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()))
+BIAS_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()) if row.kind == "bias")
 _LAYERS = {torch.float32: _mlacp.Layer_float32, torch.float64: _mlacp.Layer_float64}
 
 
 def parameter_shapes(config):
-    """{name: shape} of MLA_SPEC's weights for ``config`` (biases only with config.bias)."""
-    H, D, R = config.heads, config.hidden, config.latent
-    qk, kv = config.nope + config.rope, config.nope + config.vdim
-    shapes = {
-        "w_q": (H * qk, D),
-        "b_q": (H * qk,),
-        "w_kva": (R + config.rope, D),
-        "g_kv": (R,),
-        "w_kvb": (H * kv, R),
-        "b_kvb": (H * kv,),
-        "w_o": (D, H * config.vdim),
-        "b_o": (D,),
-    }
-    return {n: s for n, s in shapes.items() if config.bias or n not in BIAS_NAMES}
+    """{name: shape} of MLA_SPEC's weights for ``config`` (those it has: biases only with config.bias)."""
+    return {row.name: row.shape for row in parameter_table(config) if row.present}
+
+
+def _gradient_dtype(row, weight_dtype):
+    """The dtype the C++ backward writes ``row``'s gradient in, for weights of ``weight_dtype``."""
+    if row.gradient == "weight":
+        return weight_dtype
+    raise _mlacp.InvalidArgument(f"mlacp: gradient type {row.gradient!r} of {row.name} is not known to this package")
+
+
+class FrozenConfig(_mlacp.MlaConfig):
+    """A module's configuration, read-only: the C++ layer copied it at construction, so a changed field would be
+    ignored. Reads like an mlacp.MlaConfig (and is one, for the library's functions); ``mlacp.MlaConfig(frozen)`` or
+    ``copy.copy`` gives a mutable copy for a new module."""
+
+    def __init__(self, config):
+        super().__init__(config)
+
+    @property
+    def cu_seqlens(self):
+        return tuple(_mlacp.MlaConfig.cu_seqlens.__get__(self))
+
+    def __setattr__(self, name, value):
+        hint = (" (to change the packing per batch, pass cu_seqlens= to forward)" if name == "cu_seqlens" else
+                " (build a new MlaAttention from a changed copy, mlacp.MlaConfig(module.config))")
+        raise AttributeError(f"mlacp.MlaAttention: config.{name} cannot be assigned: the configuration is fixed at "
+                             f"construction{hint}")
+
+    def __delattr__(self, name):
+        self.__setattr__(name, None)
 
 
 def _tensor_error(where, name, t, dtype, ndim):
@@ -67,10 +102,44 @@ class _MlaFunction(torch.autograd.Function):
         pending, y = layer.forward(x.data_ptr(), tuple(x.shape), flags)
         y = torch.from_numpy(y)
         if any(ctx.needs_input_grad[1:]):
-            ctx.pending, ctx.layer, ctx.flags, ctx.mesh = pending, layer, flags, module.mesh
-            ctx.names = module._names
+            ctx.pending, ctx.layer, ctx.flags = pending, layer, flags
+            ctx.names, ctx.mesh = module._names, module.mesh
+            ctx.rows = {row.name: row for row in parameter_table(module._config)}
             ctx.save_for_backward(x, *params)  # kept alive (the layer reads them) and guarded against in-place edits
+            # What the C++ layer and this forward run over: ``p.data = ...`` and ``module.half()`` swap a Parameter's
+            # storage without touching the saved Parameter's version, so backward compares against these (detached
+            # aliases, which also keep the old storage alive: the check below never sees a reused address).
+            ctx.storage = tuple(t.detach() for t in (x, *params))
         return y
+
+    @staticmethod
+    def _storage_error(ctx, x, params):
+        """Why the backward cannot run over ``x`` and ``params`` ('' when it can): any of them changed storage,
+        dtype or shape since the forward (the C++ layer reads the storage the forward saw), or a gradient would not
+        have the table's gradient dtype."""
+        where = "mlacp.MlaAttention.backward"
+        names = ("x",) + tuple(f"parameter {n}" for n in ctx.names)
+        for name, now, then in zip(names, (x, *params), ctx.storage):
+            if now.dtype != then.dtype:
+                what = f"its dtype changed from {then.dtype} to {now.dtype}"
+            elif tuple(now.shape) != tuple(then.shape):
+                what = f"its shape changed from {list(then.shape)} to {list(now.shape)}"
+            elif now.data_ptr() != then.data_ptr():
+                what = (f"its storage was replaced (data_ptr {then.data_ptr():#x} -> {now.data_ptr():#x}, e.g. "
+                        f"p.data = ... or resharding)")
+            else:
+                continue
+            return (f"{where}: {name} changed between forward and backward: {what}; the layer ran the forward over "
+                    f"the old storage and its backward would read it and write gradients of the old dtype. Change "
+                    f"parameters (module.half(), .double(), .to(), p.data = ...) before the forward, or run the "
+                    f"forward again")
+        layer_dtype = ctx.storage[0].dtype
+        for name, p in zip(ctx.names, params):
+            want = _gradient_dtype(ctx.rows[name], layer_dtype)
+            if p.dtype != want:
+                return (f"{where}: gradient {name} would have dtype {p.dtype}; the layer writes it as {want} (the "
+                        f"parameter table's gradient type {ctx.rows[name].gradient!r})")
+        return ""
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -86,9 +155,15 @@ class _MlaFunction(torch.autograd.Function):
             ctx.mesh.report_failure(error)  # no agreement: the others' waits raise CommunicationError naming this rank
         if error:
             raise _mlacp.UsageError(error)
+        # Before anything reads the saved storage or writes a gradient: every rank agrees on the verdict.
+        ctx.mesh.agree("mlacp.MlaAttention.backward", _MlaFunction._storage_error(ctx, x, params))
         dy = dy.contiguous()
         needs = ctx.needs_input_grad[2:]
-        grads = [torch.zeros_like(p) if need else None for p, need in zip(params, needs)]
+        layer_dtype = ctx.storage[0].dtype
+        grads = [
+            torch.zeros(p.shape, dtype=_gradient_dtype(ctx.rows[n], layer_dtype)) if need else None
+            for n, p, need in zip(ctx.names, params, needs)
+        ]
         dx = torch.zeros_like(x) if ctx.needs_input_grad[1] else None
         views = {n: (g.data_ptr(), tuple(g.shape)) for n, g in zip(ctx.names, grads) if g is not None}
         pending, ctx.pending = ctx.pending, None
@@ -109,6 +184,7 @@ class MlaAttention(torch.nn.Module):
     Arguments: ``config`` an mlacp.MlaConfig (seq is the global S), ``mesh`` an mlacp.Mesh, ``dtype`` torch.float32
     or torch.float64, ``seed`` (every rank draws the same weights from it: nn.Linear's uniform(+-1/sqrt(in)) for the
     weights and biases, ones for g_kv), ``bias`` (overrides config.bias when given). Construction is collective.
+    ``module.config`` is a read-only copy (the C++ layer's configuration is fixed at construction).
 
     Weight gradients are this rank's partial sums (MLA_SPEC); ``mlacp.all_reduce_grads(module)`` sums them over the
     mesh. Errors (wrong shape, dtype, device, a non-contiguous tensor) are raised as mlacp.InvalidArgument (a
@@ -130,30 +206,40 @@ class MlaAttention(torch.nn.Module):
         if dtype not in _LAYERS:
             error = f"mlacp.MlaAttention: dtype {dtype}; expected torch.float32 or torch.float64"
         mesh.agree("mlacp.MlaAttention", error, [("dtype (bytes per value)", _dtype_code(dtype)), ("seed", seed)])
-        self.config = config
+        self._config = FrozenConfig(config)
         self.mesh = mesh
         if config.error(mesh.size):
             _LAYERS[dtype](config, mesh, {})  # the library's message, raised on every rank
             raise _mlacp.InvalidArgument(f"mlacp.MlaAttention: {config.error(mesh.size)}")
-        shapes = parameter_shapes(config)
+        rows = [row for row in parameter_table(config) if row.present]
+        shapes = {row.name: row.shape for row in rows}
         generator = torch.Generator().manual_seed(seed)
-        for name in PARAMETER_NAMES:
-            if name not in shapes:
-                continue
-            shape = shapes[name]
-            if name == "g_kv":
-                value = torch.ones(shape, dtype=torch.float64)
+        for row in rows:
+            if row.kind == "norm_gain":
+                value = torch.ones(row.shape, dtype=torch.float64)
             else:
-                fan_in = shapes["w" + name[1:]][1] if name.startswith("b_") else shape[1]
+                # nn.Linear's: a bias takes the fan-in of its weight (b_q: w_q's).
+                fan_in = shapes["w" + row.name[1:]][1] if row.kind == "bias" else row.shape[1]
                 bound = 1.0 / math.sqrt(fan_in)
-                value = torch.empty(shape, dtype=torch.float64).uniform_(-bound, bound, generator=generator)
-            self.register_parameter(name, torch.nn.Parameter(value.to(dtype)))
-        self._names = tuple(n for n in PARAMETER_NAMES if n in shapes)
+                value = torch.empty(row.shape, dtype=torch.float64).uniform_(-bound, bound, generator=generator)
+            self.register_parameter(row.name, torch.nn.Parameter(value.to(dtype)))
+        self._flags = tuple(row.flag for row in rows)
+        self._names = tuple(row.name for row in rows)
         self._layer = None
         self._storage = None
         # Collective: the library checks the configuration (and these weights) on every rank now, not at the first
         # forward.
         self._layer_for(tuple(getattr(self, n) for n in self._names))
+
+    @property
+    def config(self):
+        """The configuration, read-only (assigning a field raises): the C++ layer copied it at construction."""
+        return self._config
+
+    @config.setter
+    def config(self, value):
+        raise AttributeError("mlacp.MlaAttention: config cannot be assigned: the configuration is fixed at "
+                             "construction (build a new MlaAttention for another configuration)")
 
     @property
     def local_seq(self):
@@ -179,7 +265,7 @@ class MlaAttention(torch.nn.Module):
             layer_type = _LAYERS[params[0].dtype]
             views = {n: (p.data_ptr(), tuple(p.shape)) for n, p in zip(self._names, params)}
             self._layer = None
-            self._layer = layer_type(self.config, self.mesh, views)
+            self._layer = layer_type(self._config, self.mesh, views)
             self._storage = storage
         return self._layer
 
@@ -188,9 +274,9 @@ class MlaAttention(torch.nn.Module):
         rebuilt), then returns the C++ layer and the gradient flags."""
         where = "mlacp.MlaAttention.forward"
         dtype = params[0].dtype
-        error = "" if dtype in _LAYERS else (f"{where}: parameter w_q has dtype {dtype}; expected torch.float32 or "
-                                             f"torch.float64")
-        shapes = parameter_shapes(self.config)
+        error = "" if dtype in _LAYERS else (f"{where}: parameter {self._names[0]} has dtype {dtype}; expected "
+                                             f"torch.float32 or torch.float64")
+        shapes = parameter_shapes(self._config)
         for name, p in zip(self._names, params):
             error = error or _tensor_error(where, f"parameter {name}", p, dtype, len(shapes[name]))
         error = error or _tensor_error(where, "x", x, dtype, 3)
@@ -200,6 +286,6 @@ class MlaAttention(torch.nn.Module):
         layer = self._layer_for(params)
         flags = _mlacp.MlaRequiresGrad.none()
         flags.x = bool(needs_grad[0])
-        for name, need in zip(self._names, needs_grad[1:]):
-            setattr(flags, name, bool(need))
+        for flag, need in zip(self._flags, needs_grad[1:]):
+            setattr(flags, flag, bool(need))
         return layer, flags

@@ -2,6 +2,7 @@
 // MlaConfig (the same field names as the C++ struct), MlaStrategy and MlaRequiresGrad.
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
+#include <mlacp/mla/weights.hpp>
 
 #include <pybind11/stl.h>
 
@@ -92,18 +93,39 @@ void bind_config(py::module_& m) {
       .def("__copy__", [](const MlaConfig& c) { return c; })
       .def("__deepcopy__", [](const MlaConfig& c, const py::dict&) { return c; });
 
-  py::class_<MlaRequiresGrad>(m, "MlaRequiresGrad", "Which inputs, weights and biases need a gradient.")
-      .def(py::init<>())
-      .def_readwrite("x", &MlaRequiresGrad::x)
-      .def_readwrite("w_q", &MlaRequiresGrad::w_q)
-      .def_readwrite("b_q", &MlaRequiresGrad::b_q)
-      .def_readwrite("w_kva", &MlaRequiresGrad::w_kva)
-      .def_readwrite("g_kv", &MlaRequiresGrad::g_kv)
-      .def_readwrite("w_kvb", &MlaRequiresGrad::w_kvb)
-      .def_readwrite("b_kvb", &MlaRequiresGrad::b_kvb)
-      .def_readwrite("w_o", &MlaRequiresGrad::w_o)
-      .def_readwrite("b_o", &MlaRequiresGrad::b_o)
-      .def_static("none", &MlaRequiresGrad::none);
+  // x's flag, then one per entry of the parameter table (parameter_table.hpp), by the entry's name.
+  auto requires_grad =
+      py::class_<MlaRequiresGrad>(m, "MlaRequiresGrad", "Which inputs, weights and biases need a gradient.")
+          .def(py::init<>())
+          .def_readwrite("x", &MlaRequiresGrad::x)
+          .def_static("none", &MlaRequiresGrad::none);
+  for (const ParameterInfo& info : parameter_table()) {
+    bool MlaRequiresGrad::*flag = info.flag;
+    requires_grad.def_property(
+        info.name, [flag](const MlaRequiresGrad& r) { return r.*flag; },
+        [flag](MlaRequiresGrad& r, bool value) { r.*flag = value; });
+  }
+
+  m.def(
+      "parameter_table",
+      [](const MlaConfig& c) {
+        py::list rows;
+        for (const ParameterInfo& info : parameter_table()) {
+          const ParameterShape shape = info.shape(c);
+          py::tuple extents(static_cast<std::size_t>(info.rank));
+          for (int d = 0; d < info.rank; ++d) extents[static_cast<std::size_t>(d)] = shape[static_cast<std::size_t>(d)];
+          const char* kind = info.kind == ParameterKind::weight ? "weight"
+                             : info.kind == ParameterKind::bias ? "bias"
+                                                                : "norm_gain";
+          const char* gradient = info.gradient == GradientType::weight_value_type ? "weight" : "?";
+          rows.append(py::make_tuple(info.name, extents, info.present(c), info.name, kind, gradient));
+        }
+        return rows;
+      },
+      py::arg("config"),
+      "The parameter table (mlacp/mla/parameter_table.hpp) for a configuration: one (name, shape, present, flag, "
+      "kind, gradient) per parameter, in registration order; flag names the MlaRequiresGrad field, kind is 'weight', "
+      "'bias' or 'norm_gain', gradient the gradient's value type ('weight': the weight's dtype).");
 }
 
 }  // namespace mlacp::python

@@ -48,23 +48,18 @@ ViewType wrap(std::uintptr_t address, const Shape& shape, const std::string& nam
     return ViewType(data, n(0), n(1), n(2));
 }
 
-/// The parameters (or gradients) named in `tensors` ({"w_q": (data_ptr, shape), ...}); names left out stay empty.
+/// The parameters (or gradients) named in `tensors` ({"w_q": (data_ptr, shape), ...}, names from the parameter
+/// table); names left out stay empty.
 template <class Params>
 void wrap_parameters(const py::dict& tensors, const char* what, Params& p) {
-  auto take = [&](const char* name, auto& view) {
-    using view_type = std::remove_reference_t<decltype(view)>;
-    if (!tensors.contains(name)) return;
-    const auto [address, shape] = tensors[name].template cast<std::pair<std::uintptr_t, Shape>>();
-    view = wrap<view_type>(address, shape, std::string(what) + " " + name);
-  };
-  take("w_q", p.w_q);
-  take("b_q", p.b_q);
-  take("w_kva", p.w_kva);
-  take("g_kv", p.g_kv);
-  take("w_kvb", p.w_kvb);
-  take("b_kvb", p.b_kvb);
-  take("w_o", p.w_o);
-  take("b_o", p.b_o);
+  for_each_parameter(
+      [&](const ParameterInfo& info, auto& view) {
+        using view_type = std::remove_reference_t<decltype(view)>;
+        if (!tensors.contains(info.name)) return;
+        const auto [address, shape] = tensors[info.name].template cast<std::pair<std::uintptr_t, Shape>>();
+        view = wrap<view_type>(address, shape, std::string(what) + " " + info.name);
+      },
+      p);
 }
 
 template <class T>

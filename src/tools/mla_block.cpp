@@ -313,12 +313,13 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   if (need_full) {
     got.emplace_back("y", gather_tokens(to_host(y), c.batch, c.hidden, layer.seq_partition(), mesh));
     got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, c.hidden, layer.seq_partition(), mesh));
-    const std::vector<std::pair<std::string, std::vector<double>>> local_weight_grads = {
-        {"dw_q", to_host(grads.w_q)},   {"db_q", to_host(grads.b_q)},     {"dw_kva", to_host(grads.w_kva)},
-        {"dg_kv", to_host(grads.g_kv)}, {"dw_kvb", to_host(grads.w_kvb)}, {"db_kvb", to_host(grads.b_kvb)},
-        {"dw_o", to_host(grads.w_o)},   {"db_o", to_host(grads.b_o)}};
-    for (const auto& [name, values] : local_weight_grads)
-      if (!values.empty()) got.emplace_back(name, sum_to_root(values, mesh));
+    // Weight gradients in the parameter table's order (parameter_table.hpp): "d" + name, those the layer has.
+    mlacp::for_each_parameter(
+        [&](const mlacp::ParameterInfo& info, const auto& gradient) {
+          const std::vector<double> values = to_host(gradient);
+          if (!values.empty()) got.emplace_back(std::string("d") + info.name, sum_to_root(values, mesh));
+        },
+        grads);
   }
 
   int verdict = 0;
@@ -343,12 +344,10 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
       mlacp::MlaAttention<T> reference(c, weights, self);
       auto ref_forward = reference.forward(space, x_full);
       const auto ref = reference.backward(space, ref_forward, dy_full);
-      const std::map<std::string, std::vector<double>> want = {
-          {"y", to_host(ref_forward.output())}, {"dx", to_host(ref.dx)},
-          {"dw_q", to_host(ref.w_q)},           {"db_q", to_host(ref.b_q)},
-          {"dw_kva", to_host(ref.w_kva)},       {"dg_kv", to_host(ref.g_kv)},
-          {"dw_kvb", to_host(ref.w_kvb)},       {"db_kvb", to_host(ref.b_kvb)},
-          {"dw_o", to_host(ref.w_o)},           {"db_o", to_host(ref.b_o)}};
+      std::map<std::string, std::vector<double>> want = {{"y", to_host(ref_forward.output())}, {"dx", to_host(ref.dx)}};
+      mlacp::for_each_parameter([&](const mlacp::ParameterInfo& info,
+                                    const auto& gradient) { want[std::string("d") + info.name] = to_host(gradient); },
+                                ref);
       std::cout << "  relative error vs single-rank full-sequence reference (tolerance " << tolerance << "):\n";
       worst = 0;
       for (const auto& [name, values] : got) {
@@ -378,15 +377,12 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
         for (unsigned d = 0; d < static_cast<unsigned>(std::decay_t<decltype(v)>::rank); ++d) e.push_back(v.extent(d));
         return e;
       };
-      const std::vector<std::pair<std::string, std::pair<std::vector<double>, std::vector<std::size_t>>>> params = {
-          {"w_q", {to_host(weights.w_q), shape(weights.w_q)}},
-          {"b_q", {to_host(weights.b_q), shape(weights.b_q)}},
-          {"w_kva", {to_host(weights.w_kva), shape(weights.w_kva)}},
-          {"g_kv", {to_host(weights.g_kv), shape(weights.g_kv)}},
-          {"w_kvb", {to_host(weights.w_kvb), shape(weights.w_kvb)}},
-          {"b_kvb", {to_host(weights.b_kvb), shape(weights.b_kvb)}},
-          {"w_o", {to_host(weights.w_o), shape(weights.w_o)}},
-          {"b_o", {to_host(weights.b_o), shape(weights.b_o)}}};
+      std::vector<std::pair<std::string, std::pair<std::vector<double>, std::vector<std::size_t>>>> params;
+      mlacp::for_each_parameter(
+          [&](const mlacp::ParameterInfo& info, const auto& weight) {
+            params.emplace_back(info.name, std::make_pair(to_host(weight), shape(weight)));
+          },
+          weights);
       std::map<std::string, std::vector<std::size_t>> shapes = {{"y", {B, S, D}}, {"dx", {B, S, D}}};
       for (const auto& [name, p] : params) {
         if (p.first.empty()) continue;

@@ -60,8 +60,10 @@ struct MlaConfig {
 /// packing of MlaAttention::forward both check with it.
 std::string cu_seqlens_error(const std::vector<std::int64_t>& cu_seqlens, int seq, const char* who);
 
-/// Which inputs, weights and biases need a gradient. A false flag skips that GEMM, and when nothing upstream of a
-/// collective needs a gradient, its inverse collective is not launched at all (nothing waits for it either).
+/// Which inputs, weights and biases need a gradient: x's flag, then one per entry of the parameter table
+/// (parameter_table.hpp: its `flag` member pointer, named as the parameter). A false flag skips that GEMM, and when
+/// nothing upstream of a collective needs a gradient, its inverse collective is not launched at all (nothing waits for
+/// it either).
 struct MlaRequiresGrad {
   bool x = true;
   bool w_q = true;
@@ -73,6 +75,8 @@ struct MlaRequiresGrad {
   bool w_o = true;
   bool b_o = true;
 
+  /// Every flag false. (One initialiser per flag: a flag added without one fails -Wmissing-field-initializers, and
+  /// a static_assert in weights.hpp ties the flags to the parameter table.)
   static MlaRequiresGrad none() { return {false, false, false, false, false, false, false, false, false}; }
 };
 

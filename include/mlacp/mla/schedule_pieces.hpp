@@ -154,32 +154,25 @@ class SchedulePieces {
   /// a message naming the first that does not; "" when all fit. Empty Views are allocated later where needed.
   std::string gradients_error(const gradients_type& g) const {
     const MlaConfig& c = *config_;
-    const auto H = static_cast<std::size_t>(c.heads), D = static_cast<std::size_t>(c.hidden);
-    const auto qk = static_cast<std::size_t>(c.qk_dim()), kv = static_cast<std::size_t>(c.nope + c.vdim);
-    const auto R = static_cast<std::size_t>(c.latent), dr = static_cast<std::size_t>(c.rope);
-    const auto dv = static_cast<std::size_t>(c.vdim);
     std::string error;
-    // The View's extents against `expected` (its rank's std::array), in attention_core.hpp's shape notation.
-    auto check = [&](const char* name, const auto& view, const auto& expected) {
-      if (!error.empty() || view.data() == nullptr) return;
-      auto got = expected;
-      for (std::size_t d = 0; d < got.size(); ++d) got[d] = view.extent(d);
-      if (got == expected) return;
-      error = std::string("mlacp::MlaAttention::backward: gradient ") + name + " has shape " + extents_string(got) +
-              "; expected " + extents_string(expected) + " on rank " + std::to_string(mesh_->rank());
+    auto mismatch = [&](const char* name, const std::string& got, const std::string& expected) {
+      error = std::string("mlacp::MlaAttention::backward: gradient ") + name + " has shape " + got + "; expected " +
+              expected + " on rank " + std::to_string(mesh_->rank());
     };
-    using shape1 = std::array<std::size_t, 1>;
-    using shape2 = std::array<std::size_t, 2>;
-    check("w_q", g.w_q, shape2{H * qk, D});
-    check("b_q", g.b_q, shape1{H * qk});
-    check("w_kva", g.w_kva, shape2{R + dr, D});
-    check("g_kv", g.g_kv, shape1{R});
-    check("w_kvb", g.w_kvb, shape2{H * kv, R});
-    check("b_kvb", g.b_kvb, shape1{H * kv});
-    check("w_o", g.w_o, shape2{D, H * dv});
-    check("b_o", g.b_o, shape1{D});
-    check("dx", g.dx,
-          std::array<std::size_t, 3>{static_cast<std::size_t>(c.batch), static_cast<std::size_t>(local_seq()), D});
+    // The parameters' gradients, with the table's shapes (parameter_table.hpp).
+    for_each_parameter(
+        [&](const ParameterInfo& info, const auto& view) {
+          if (!error.empty() || view.data() == nullptr) return;
+          const ParameterShape expected = info.shape(c), got = shape_of(view);
+          if (got != expected) mismatch(info.name, got.str(), expected.str());
+        },
+        static_cast<const MlaParameters<T, memory_space>&>(g));
+    if (error.empty() && g.dx.data() != nullptr) {
+      const std::array<std::size_t, 3> expected{
+          static_cast<std::size_t>(c.batch), static_cast<std::size_t>(local_seq()), static_cast<std::size_t>(c.hidden)};
+      const std::array<std::size_t, 3> got{g.dx.extent(0), g.dx.extent(1), g.dx.extent(2)};
+      if (got != expected) mismatch("dx", extents_string(got), extents_string(expected));
+    }
     return error;
   }
 
@@ -208,8 +201,8 @@ class SchedulePieces {
         error = std::string("mlacp::MlaAttention::") + where + ": " + name + " holds " + std::to_string(bad) +
                 " non-finite value(s) (NaN or Inf) on rank " + std::to_string(mesh_->rank()) + " (finite check on)";
     }
-    const int flags = r.x | r.w_q << 1 | r.b_q << 2 | r.w_kva << 3 | r.g_kv << 4 | r.w_kvb << 5 | r.b_kvb << 6 |
-                      r.w_o << 7 | r.b_o << 8;
+    // Bit 0: x, bit i + 1: the parameter table's entry i (parameter_table.hpp).
+    const std::int64_t flags = flag_word(r);
     agree_or_throw(*mesh_, std::string("mlacp::MlaAttention::") + where, error,
                    with_extra(extra, {{std::string(name) + ".extent(0)", static_cast<std::int64_t>(t.extent(0))},
                                       // The token extents differ across ranks on an uneven split: agreed as the excess
@@ -227,28 +220,16 @@ class SchedulePieces {
   /// ones (checked with every rank before anything ran, gradients_error) are used as they are.
   void allocate_missing(gradients_type& g, const MlaRequiresGrad& r) const {
     const MlaConfig& c = *config_;
-    const auto H = static_cast<std::size_t>(c.heads), D = static_cast<std::size_t>(c.hidden);
-    const auto qk = static_cast<std::size_t>(c.qk_dim()), kv = static_cast<std::size_t>(c.nope + c.vdim);
-    const auto R = static_cast<std::size_t>(c.latent), dr = static_cast<std::size_t>(c.rope);
-    const auto dv = static_cast<std::size_t>(c.vdim);
-    auto matrix = [&](auto& view, const char* name, std::size_t rows, std::size_t cols, bool needed) {
-      using view_type = std::remove_reference_t<decltype(view)>;
-      if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, rows, cols);
-    };
-    auto vector = [&](auto& view, const char* name, std::size_t n, bool needed) {
-      using view_type = std::remove_reference_t<decltype(view)>;
-      if (needed && view.data() == nullptr) view = view_type(std::string("mlacp::grad ") + name, n);
-    };
-    matrix(g.w_q, "w_q", H * qk, D, r.w_q);
-    matrix(g.w_kva, "w_kva", R + dr, D, r.w_kva);
-    vector(g.g_kv, "g_kv", R, r.g_kv);
-    matrix(g.w_kvb, "w_kvb", H * kv, R, r.w_kvb);
-    matrix(g.w_o, "w_o", D, H * dv, r.w_o);
-    vector(g.b_q, "b_q", H * qk, r.b_q && c.bias);
-    vector(g.b_kvb, "b_kvb", H * kv, r.b_kvb && c.bias);
-    vector(g.b_o, "b_o", D, r.b_o && c.bias);
+    for_each_parameter(
+        [&](const ParameterInfo& info, auto& view) {
+          if (r.*(info.flag) && info.present(c) && view.data() == nullptr)
+            view = allocate_view<std::remove_reference_t<decltype(view)>>(std::string("mlacp::grad ") + info.name,
+                                                                          info.shape(c));
+        },
+        static_cast<MlaParameters<T, memory_space>&>(g));
     if (r.x && g.dx.data() == nullptr)
-      g.dx = tensor3("mlacp::dx", static_cast<std::size_t>(c.batch), static_cast<std::size_t>(local_seq()), D);
+      g.dx = tensor3("mlacp::dx", static_cast<std::size_t>(c.batch), static_cast<std::size_t>(local_seq()),
+                     static_cast<std::size_t>(c.hidden));
   }
 
   // ---- where the collectives write, and the rank's part of w_kvb ----

@@ -2,18 +2,55 @@
 // The parameters of an MLA block (MLA_SPEC "Weights", nn.Linear form: W is [out, in]) and their gradients.
 #pragma once
 
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
+#include <mlacp/mla/parameter_table.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <array>
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 namespace mlacp {
 
+namespace detail {
+
+/// A View of ViewType (rank 1 or 2) with `label` and `shape` (the table's, parameter_table.hpp), zero-initialised.
+template <class ViewType>
+ViewType allocate_view(const std::string& label, const ParameterShape& shape) {
+  if constexpr (compat::view_rank_v<ViewType> == 1)
+    return ViewType(label, shape[0]);
+  else
+    return ViewType(label, shape[0], shape[1]);
+}
+
+/// A View's extents as a ParameterShape (rank 1 or 2).
+template <class ViewType>
+ParameterShape shape_of(const ViewType& v) {
+  constexpr int rank = compat::view_rank_v<ViewType>;
+  static_assert(rank == 1 || rank == 2, "parameters are vectors or matrices");
+  if constexpr (rank == 1)
+    return {1, {v.extent(0), 0}};
+  else
+    return {2, {v.extent(0), v.extent(1)}};
+}
+
+}  // namespace detail
+
 /// Weights and biases, as Views in MemSpace. Views are reference-counted: a layer built from Views the caller keeps
-/// borrows them (the caller's updates are seen), and allocate() makes owned ones. Biases are empty without
-/// config.bias. The same struct type holds the gradients (MlaGradients).
+/// borrows them (the caller's updates to their values are seen), and allocate() makes owned ones. Biases are empty
+/// without config.bias. The same struct type holds the gradients (MlaGradients). The members are those of
+/// parameter_entries() (parameter_table.hpp), which says each one's shape, presence and gradient flag.
+///
+/// A layer holds the Views it was built with: assigning a new View to a member of the caller's copy (a new
+/// allocation, e.g. after resizing or resharding) is not seen by a layer built earlier, which keeps reading the old
+/// allocation (kept alive by its reference count). Build a new layer over the new Views.
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 struct MlaParameters {
   using matrix_type = detail::Matrix<T, MemSpace>;
@@ -28,26 +65,87 @@ struct MlaParameters {
   matrix_type w_o;    ///< [D, H*dv]
   vector_type b_o;    ///< [D]
 
-  /// Zero-initialised parameters of the shapes `config` asks for (biases only with config.bias).
-  static MlaParameters allocate(const MlaConfig& c, const std::string& prefix = "") {
-    MlaParameters p;
-    const auto H = static_cast<std::size_t>(c.heads);
-    const auto D = static_cast<std::size_t>(c.hidden);
-    const auto qk = static_cast<std::size_t>(c.qk_dim());
-    const auto kv = static_cast<std::size_t>(c.nope + c.vdim);
-    p.w_q = matrix_type(prefix + "w_q", H * qk, D);
-    p.w_kva = matrix_type(prefix + "w_kva", static_cast<std::size_t>(c.latent + c.rope), D);
-    p.g_kv = vector_type(prefix + "g_kv", static_cast<std::size_t>(c.latent));
-    p.w_kvb = matrix_type(prefix + "w_kvb", H * kv, static_cast<std::size_t>(c.latent));
-    p.w_o = matrix_type(prefix + "w_o", D, H * static_cast<std::size_t>(c.vdim));
-    if (c.bias) {
-      p.b_q = vector_type(prefix + "b_q", H * qk);
-      p.b_kvb = vector_type(prefix + "b_kvb", H * kv);
-      p.b_o = vector_type(prefix + "b_o", D);
-    }
-    return p;
-  }
+  /// Zero-initialised parameters of the shapes `config` asks for, those it has (parameter_table.hpp: biases only
+  /// with config.bias), labelled prefix + name.
+  static MlaParameters allocate(const MlaConfig& c, const std::string& prefix = "");
 };
+
+// ---- what derives from the parameter table (parameter_table.hpp) ----
+
+namespace detail {
+
+template <class Tuple, std::size_t... I>
+std::array<ParameterInfo, sizeof...(I)> infos_of(const Tuple& t, std::index_sequence<I...>) {
+  return {std::get<I>(t).info...};
+}
+
+}  // namespace detail
+
+/// The number of parameters in the table (present or not).
+inline constexpr std::size_t parameter_count =
+    std::tuple_size_v<decltype(parameter_entries<MlaParameters<double, Kokkos::HostSpace>>())>;
+
+/// The table's rows (names, shapes, presence, flags, gradient types), for code that needs no member: messages, the
+/// Python binding.
+inline const std::array<ParameterInfo, parameter_count>& parameter_table() {
+  static const auto rows = detail::infos_of(parameter_entries<MlaParameters<double, Kokkos::HostSpace>>(),
+                                            std::make_index_sequence<parameter_count>());
+  return rows;
+}
+
+// Every flag of MlaRequiresGrad is x's or a table entry's: a flag added without its entry (or the reverse) fails here.
+static_assert(sizeof(MlaRequiresGrad) == 1 + parameter_count && std::is_same_v<decltype(MlaRequiresGrad::x), bool>,
+              "MlaRequiresGrad must hold x's flag and one bool per entry of parameter_entries()");
+
+namespace detail {
+
+template <std::size_t I, class F, class P, class... Ps>
+void visit_parameter(F& f, P& p, Ps&... ps) {
+  // The row handed over is parameter_table()'s (one address per entry, for all Params types).
+  f(parameter_table()[I], p.*(std::get<I>(parameter_entries<std::remove_cv_t<P>>()).member),
+    ps.*(std::get<I>(parameter_entries<std::remove_cv_t<Ps>>()).member)...);
+}
+template <class F, std::size_t... I, class P, class... Ps>
+void for_each_parameter(F& f, std::index_sequence<I...>, P& p, Ps&... ps) {
+  (visit_parameter<I>(f, p, ps...), ...);
+}
+
+}  // namespace detail
+
+/// Calls f(info, p.member, ps.member...) for every entry of the table, in its order, present or not (check
+/// info.present(config) where it matters). `p` and `ps` are MlaParameters (of any value type and memory space, e.g. a
+/// layer's weights and their gradients, or a device set and its host copy), const or not.
+template <class F, class P, class... Ps>
+void for_each_parameter(F&& f, P& p, Ps&... ps) {
+  detail::for_each_parameter(f, std::make_index_sequence<parameter_count>(), p, ps...);
+}
+
+/// The gradient flags as one word (bit 0: x, bit i + 1: the table's entry i), for agreement across ranks.
+inline std::int64_t flag_word(const MlaRequiresGrad& r) {
+  std::int64_t word = r.x ? 1 : 0;
+  for (std::size_t i = 0; i < parameter_count; ++i)
+    if (r.*(parameter_table()[i].flag)) word |= std::int64_t{1} << (i + 1);
+  return word;
+}
+
+/// The table's entry called `name`, or nullptr.
+inline const ParameterInfo* find_parameter(const std::string& name) {
+  for (const auto& info : parameter_table())
+    if (name == info.name) return &info;
+  return nullptr;
+}
+
+template <class T, class MemSpace>
+MlaParameters<T, MemSpace> MlaParameters<T, MemSpace>::allocate(const MlaConfig& c, const std::string& prefix) {
+  MlaParameters p;
+  for_each_parameter(
+      [&](const ParameterInfo& info, auto& view) {
+        if (info.present(c))
+          view = detail::allocate_view<std::remove_reference_t<decltype(view)>>(prefix + info.name, info.shape(c));
+      },
+      p);
+  return p;
+}
 
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 using MlaWeights = MlaParameters<T, MemSpace>;
@@ -60,36 +158,35 @@ struct MlaGradients : MlaParameters<T, MemSpace> {
 
 namespace detail {
 
-/// "" if `weights` match `config`, else a message naming the first View whose shape differs from what is expected.
+/// "" if `weights` match `config` (every parameter the configuration has, allocated with the table's shape; none of
+/// those it does not have), else a message naming the first (in the table's order) that does not.
 template <class T, class MemSpace>
 std::string weights_error(const MlaConfig& c, const MlaParameters<T, MemSpace>& w, const char* what) {
-  const auto H = static_cast<std::size_t>(c.heads);
-  const std::size_t qk = static_cast<std::size_t>(c.qk_dim()), kv = static_cast<std::size_t>(c.nope + c.vdim);
-  const auto D = static_cast<std::size_t>(c.hidden), R = static_cast<std::size_t>(c.latent);
-  auto matrix = [&](const char* name, const auto& m, std::size_t rows, std::size_t cols) -> std::string {
-    if (m.extent(0) == rows && m.extent(1) == cols && (m.data() != nullptr || m.size() == 0)) return {};
-    return std::string("mlacp::MlaAttention: ") + what + " " + name + " has shape [" + std::to_string(m.extent(0)) +
-           ", " + std::to_string(m.extent(1)) + "]" + (m.data() == nullptr ? " (unallocated)" : "") + "; expected [" +
-           std::to_string(rows) + ", " + std::to_string(cols) + "] for " + c.describe();
-  };
-  auto vector = [&](const char* name, const auto& v, std::size_t n, bool present) -> std::string {
-    const bool has = v.data() != nullptr;
-    if (present && has && v.extent(0) == n) return {};
-    if (!present && !has) return {};
-    return std::string("mlacp::MlaAttention: ") + what + " " + name +
-           (has ? " has extent " + std::to_string(v.extent(0)) : std::string(" is missing")) + "; expected " +
-           (present ? "extent " + std::to_string(n) : std::string("none (bias = false)")) + " for " + c.describe();
-  };
   std::string e;
-  if (!(e = matrix("w_q", w.w_q, H * qk, D)).empty()) return e;
-  if (!(e = matrix("w_kva", w.w_kva, R + static_cast<std::size_t>(c.rope), D)).empty()) return e;
-  if (!(e = vector("g_kv", w.g_kv, R, true)).empty()) return e;
-  if (!(e = matrix("w_kvb", w.w_kvb, H * kv, R)).empty()) return e;
-  if (!(e = matrix("w_o", w.w_o, D, H * static_cast<std::size_t>(c.vdim))).empty()) return e;
-  if (!(e = vector("b_q", w.b_q, H * qk, c.bias)).empty()) return e;
-  if (!(e = vector("b_kvb", w.b_kvb, H * kv, c.bias)).empty()) return e;
-  if (!(e = vector("b_o", w.b_o, D, c.bias)).empty()) return e;
-  return {};
+  for_each_parameter(
+      [&](const ParameterInfo& info, const auto& v) {
+        if (!e.empty()) return;
+        const bool present = info.present(c), has = v.data() != nullptr;
+        const ParameterShape expected = info.shape(c), got = shape_of(v);
+        const std::string head = std::string("mlacp::MlaAttention: ") + what + " " + info.name;
+        if (!present) {
+          if (has)
+            e = head + " has " + (info.rank == 2 ? "shape " + got.str() : "extent " + std::to_string(got[0])) +
+                "; expected none (bias = false) for " + c.describe();
+          return;
+        }
+        if (info.rank == 1) {
+          if (has && got == expected) return;
+          e = head + (has ? " has extent " + std::to_string(got[0]) : std::string(" is missing")) +
+              "; expected extent " + std::to_string(expected[0]) + " for " + c.describe();
+          return;
+        }
+        if (got == expected && (has || v.size() == 0)) return;
+        e = head + " has shape " + got.str() + (has ? "" : " (unallocated)") + "; expected " + expected.str() +
+            " for " + c.describe();
+      },
+      w);
+  return e;
 }
 
 }  // namespace detail

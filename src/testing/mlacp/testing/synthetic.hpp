@@ -37,18 +37,29 @@ void fill(const ViewType& view, std::uint64_t seed, double scale, double offset 
   Kokkos::deep_copy(view, host);
 }
 
-/// Weights of `config`'s shapes, scaled like a default nn.Linear initialisation (gains near 1).
+/// Weights of `config`'s shapes, scaled like a default nn.Linear initialisation (gains near 1): the table's entry i
+/// (parameter_table.hpp) from seed + i + 1, a weight uniform in +-1/sqrt(fan in), a bias in +-0.1, an RMSNorm gain in
+/// 1 +- 0.2.
 template <class T, class MemSpace>
 MlaWeights<T, MemSpace> weights(const MlaConfig& c, std::uint64_t seed) {
   auto w = MlaWeights<T, MemSpace>::allocate(c);
-  fill(w.w_q, seed + 1, 1.0 / std::sqrt(c.hidden));
-  fill(w.b_q, seed + 2, 0.1);
-  fill(w.w_kva, seed + 3, 1.0 / std::sqrt(c.hidden));
-  fill(w.g_kv, seed + 4, 0.2, 1.0);
-  fill(w.w_kvb, seed + 5, 1.0 / std::sqrt(c.latent));
-  fill(w.b_kvb, seed + 6, 0.1);
-  fill(w.w_o, seed + 7, 1.0 / std::sqrt(c.heads * c.vdim));
-  fill(w.b_o, seed + 8, 0.1);
+  std::uint64_t index = 0;
+  for_each_parameter(
+      [&](const ParameterInfo& info, const auto& view) {
+        const std::uint64_t entry_seed = seed + ++index;
+        switch (info.kind) {
+          case ParameterKind::weight:
+            fill(view, entry_seed, 1.0 / std::sqrt(static_cast<double>(info.shape(c)[1])));
+            break;
+          case ParameterKind::bias:
+            fill(view, entry_seed, 0.1);
+            break;
+          case ParameterKind::norm_gain:
+            fill(view, entry_seed, 0.2, 1.0);
+            break;
+        }
+      },
+      w);
   return w;
 }
 
