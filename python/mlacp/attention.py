@@ -92,16 +92,34 @@ def _dtype_code(dtype):
     return {torch.float32: 4, torch.float64: 8}.get(dtype, 0)
 
 
+def _offsets(cu_seqlens):
+    """(offsets as a list of ints or None, '' or why they cannot be offsets) for forward's ``cu_seqlens``."""
+    if cu_seqlens is None:
+        return None, ""
+    values = cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens
+    try:
+        if isinstance(values, (str, bytes)) or any(isinstance(v, (list, tuple)) for v in values):
+            raise TypeError
+        offsets = [int(v) for v in values]
+        if any(o != v for o, v in zip(offsets, values)):
+            raise TypeError
+    except (TypeError, ValueError):
+        return None, (f"mlacp.MlaAttention.forward: cu_seqlens is {cu_seqlens!r}; expected a flat sequence of integer "
+                      f"document offsets [0, e_1, ..., S]")
+    return offsets, ""
+
+
 class _MlaFunction(torch.autograd.Function):
     """y = MLA(x; parameters), with mlacp's backward. Which inputs need a gradient (ctx.needs_input_grad) becomes
     the layer's MlaRequiresGrad, so frozen parameters and an x without grad skip their GEMMs and collectives."""
 
     @staticmethod
-    def forward(ctx, module, x, *params):
-        layer, flags = module._prepare(x, params, ctx.needs_input_grad[1:])
-        pending, y = layer.forward(x.data_ptr(), tuple(x.shape), flags)
+    def forward(ctx, module, cu_seqlens, x, *params):
+        layer, flags = module._prepare(x, params, ctx.needs_input_grad[2:])
+        pending, y = layer.forward(x.data_ptr(), tuple(x.shape), flags, cu_seqlens)
         y = torch.from_numpy(y)
-        if any(ctx.needs_input_grad[1:]):
+        if any(ctx.needs_input_grad[2:]):
+            ctx.cu_seqlens = cu_seqlens
             ctx.pending, ctx.layer, ctx.flags = pending, layer, flags
             ctx.names, ctx.mesh = module._names, module.mesh
             ctx.rows = {row.name: row for row in parameter_table(module._config)}
@@ -158,22 +176,22 @@ class _MlaFunction(torch.autograd.Function):
         # Before anything reads the saved storage or writes a gradient: every rank agrees on the verdict.
         ctx.mesh.agree("mlacp.MlaAttention.backward", _MlaFunction._storage_error(ctx, x, params))
         dy = dy.contiguous()
-        needs = ctx.needs_input_grad[2:]
+        needs = ctx.needs_input_grad[3:]
         layer_dtype = ctx.storage[0].dtype
         grads = [
             torch.zeros(p.shape, dtype=_gradient_dtype(ctx.rows[n], layer_dtype)) if need else None
             for n, p, need in zip(ctx.names, params, needs)
         ]
-        dx = torch.zeros_like(x) if ctx.needs_input_grad[1] else None
+        dx = torch.zeros_like(x) if ctx.needs_input_grad[2] else None
         views = {n: (g.data_ptr(), tuple(g.shape)) for n, g in zip(ctx.names, grads) if g is not None}
         pending, ctx.pending = ctx.pending, None
         if pending is None:
             # A second backward through a retained graph (retain_graph=True, gradcheck): mlacp's forward state is
             # consumed by its backward, so the forward runs again on the same (version-checked) x and weights.
-            pending, _ = ctx.layer.forward(x.data_ptr(), tuple(x.shape), ctx.flags)
+            pending, _ = ctx.layer.forward(x.data_ptr(), tuple(x.shape), ctx.flags, ctx.cu_seqlens)
         pending.backward(dy.data_ptr(), tuple(dy.shape), views, 0 if dx is None else dx.data_ptr(),
                          tuple(x.shape))
-        return (None, dx, *grads)
+        return (None, None, dx, *grads)
 
 
 class MlaAttention(torch.nn.Module):
@@ -254,9 +272,15 @@ class MlaAttention(torch.nn.Module):
     def extra_repr(self):
         return f"{self.config.describe()}, P={self.mesh.size}, dtype={self.dtype}"
 
-    def forward(self, x):
+    def forward(self, x, cu_seqlens=None):
+        """y_local for x_local ``[B, s, D]``. ``cu_seqlens`` (optional): this batch's packed documents, the offsets
+        ``[0, e_1, ..., S]`` over the global sequence (a list, tuple, 1-D integer tensor or array), the same on every
+        rank, in place of the configuration's (which is fixed at construction); every call may pass another packing.
+        It is checked and agreed by every rank in the call's own agreement, and allocates nothing after the first
+        call while it has at most ``config.max_documents`` documents."""
         with self.mesh._entered("mlacp.MlaAttention.forward"):  # one thread at a time, the agreements included
-            return _MlaFunction.apply(self, x, *(getattr(self, n) for n in self._names))
+            offsets, self._offsets_error = _offsets(cu_seqlens)
+            return _MlaFunction.apply(self, offsets, x, *(getattr(self, n) for n in self._names))
 
     def _layer_for(self, params):
         """The C++ layer over ``params``' storage; a new one (collective) when the storage changed."""
@@ -280,6 +304,7 @@ class MlaAttention(torch.nn.Module):
         for name, p in zip(self._names, params):
             error = error or _tensor_error(where, f"parameter {name}", p, dtype, len(shapes[name]))
         error = error or _tensor_error(where, "x", x, dtype, 3)
+        error = error or getattr(self, "_offsets_error", "")  # forward's cu_seqlens that are no offsets
         rebuild = tuple((p.data_ptr(), p.dtype) for p in params) != self._storage
         self.mesh.agree(where, error, [("dtype (bytes per value)", _dtype_code(dtype)),
                                        ("parameter storage replaced since the last call", int(rebuild))])

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mla/mla_attention.hpp>
@@ -105,16 +106,18 @@ class PendingForward {
   using tensor3 = typename Layer<T>::tensor3;
 
   /// x [B, s, D] at `x_address` -> the pending forward and y as a NumPy array over the layer's output View.
-  static std::pair<std::shared_ptr<PendingForward>, py::array> run(const std::shared_ptr<Layer<T>>& layer,
-                                                                   std::uintptr_t x_address, const Shape& x_shape,
-                                                                   const MlaRequiresGrad& flags) {
+  /// `cu_seqlens`: this call's packed documents (MlaAttention::forward's per-call packing; None: the configuration's).
+  static std::pair<std::shared_ptr<PendingForward>, py::array> run(
+      const std::shared_ptr<Layer<T>>& layer, std::uintptr_t x_address, const Shape& x_shape,
+      const MlaRequiresGrad& flags, const std::optional<std::vector<std::int64_t>>& cu_seqlens) {
     auto pending = std::make_shared<PendingForward>();
     pending->layer_ = layer;
     const auto x = wrap<tensor3>(x_address, x_shape, "x");
     {
       py::gil_scoped_release release;
       HostExecutionSpace space;
-      pending->forward_ = layer->layer().forward(space, x, flags);
+      pending->forward_ = cu_seqlens ? layer->layer().forward(space, x, flags, *cu_seqlens)
+                                     : layer->layer().forward(space, x, flags);
       space.fence();
     }
     const tensor3& y = pending->forward_.output();
@@ -171,7 +174,8 @@ void bind_layer(py::module_& m, const std::string& suffix) {
                                                   "mlacp.MlaAttention).")
       .def(py::init<const MlaConfig&, std::shared_ptr<Mesh>, const py::dict&>(), py::arg("config"), py::arg("mesh"),
            py::arg("weights"))
-      .def("forward", &PendingForward<T>::run, py::arg("x_address"), py::arg("x_shape"), py::arg("flags"))
+      .def("forward", &PendingForward<T>::run, py::arg("x_address"), py::arg("x_shape"), py::arg("flags"),
+           py::arg("cu_seqlens") = py::none())
       .def_property_readonly("local_seq", [](const Layer<T>& l) { return l.layer().local_seq(); })
       .def_property_readonly("local_heads", [](const Layer<T>& l) { return l.layer().local_heads(); })
       .def_property_readonly("forward_workspaces", [](const Layer<T>& l) { return l.layer().forward_workspaces(); })

@@ -208,3 +208,47 @@ def test_fewer_tokens_and_heads_than_ranks(comm, mesh, strategy, dtype):
             exact_zero = seq == 1 and n in ("w_q", "b_q")
             errors["d" + n] = float(p.grad.norm()) if exact_zero else relative_error(p.grad, grads_ref[n])
         assert max(errors.values()) <= tolerance(dtype), (seq, heads, errors)
+
+
+@pytest.mark.parametrize("strategy", ["latent", "expanded"])
+def test_per_call_packing_matches_reference(comm, mesh, strategy):
+    """layer(x, cu_seqlens=...): a packing per batch (the module's configuration is fixed), each against the reference
+    configured with that packing; two pending forwards of different packings whose backwards run after both."""
+    config = small_config(strategy=strategy, bias=True)
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=7)
+    generator = torch.Generator().manual_seed(13)
+    packings = [[0, 1, 11, 13, 16], torch.tensor([0, 8, 16]), None]
+    xs = [torch.randn(config.batch, config.seq, config.hidden, generator=generator, dtype=torch.float64)
+          for _ in packings]
+    dys = [torch.randn(x.shape, generator=generator, dtype=torch.float64) for x in xs]
+    x_locals = [shard(x, comm.rank, comm.size).requires_grad_() for x in xs]
+    ys = [layer(x, cu_seqlens=c) for x, c in zip(x_locals, packings)]  # all pending before any backward
+    for y, dy in zip(ys, dys):
+        y.backward(shard(dy, comm.rank, comm.size))
+    mlacp.all_reduce_grads(layer)
+    accumulated = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    for k, cu in enumerate(packings):
+        offsets = [] if cu is None else [int(v) for v in cu]
+        reference_config = small_config(strategy=strategy, bias=True, cu_seqlens=offsets)
+        y_ref, dx_ref, grads_ref = reference(reference_config, layer, xs[k], dys[k])
+        assert relative_error(gather(comm, ys[k].detach()), y_ref) <= tolerance(torch.float64), k
+        assert relative_error(gather(comm, x_locals[k].grad), dx_ref) <= tolerance(torch.float64), k
+        for n in accumulated:
+            accumulated[n] -= grads_ref[n]
+    # The weight gradients are the sum of the three references'.
+    for n, rest in accumulated.items():
+        assert rest.abs().max() <= 1e-9 * max(1.0, layer.get_parameter(n).grad.abs().max()), n
+    assert list(layer.config.cu_seqlens) == []  # the configuration is untouched
+
+
+def test_bad_per_call_packing_is_refused_on_every_rank(comm, mesh):
+    config = small_config()
+    layer = mlacp.MlaAttention(config, mesh, seed=7)
+    x = torch.zeros(config.batch, layer.local_seq, config.hidden)
+    bad = [0, 5, 5, 16] if comm.rank == comm.size - 1 else [0, 5, 16]
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        layer(x, cu_seqlens=bad)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        layer(x, cu_seqlens="0,16" if comm.rank == 0 else [0, 16])
+    y = layer(x, cu_seqlens=[0, 16])  # the mesh still works
+    assert y.shape == x.shape
