@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <vector>
 
 namespace mlacp::diagnostics {
 namespace {
@@ -62,7 +63,19 @@ void count_buffer_allocation(std::size_t bytes) noexcept {
   g_buffer_bytes.fetch_add(bytes);
 }
 void count_communicator(int delta) noexcept { g_communicators.fetch_add(delta); }
-void count_parked_handle() noexcept { g_parked.fetch_add(1); }
+void park_handle(void* state) noexcept {
+  // A list reachable from a global for the life of the process (deliberately never destroyed): the parked states stay
+  // reachable, so they are neither freed under a pending request nor reported as leaks.
+  static std::mutex mutex;
+  static auto* parked = new std::vector<void*>();
+  try {
+    const std::lock_guard<std::mutex> lock(mutex);
+    parked->push_back(state);
+  } catch (...) {
+    // Out of memory for the list's entry: the state is leaked unreachable instead, which is still safe.
+  }
+  g_parked.fetch_add(1);
+}
 
 void report_unwaited_handle(const std::string& name) noexcept {
   g_unwaited.fetch_add(1);

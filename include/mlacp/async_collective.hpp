@@ -145,8 +145,7 @@ class AsyncCollective {
         if (state_->transport->parked()) {
           // Its mesh is broken (a rank reported a failure) and the collective may never complete: the state, and the
           // buffers it keeps alive, are leaked on purpose instead of freed under a request MPI may still write.
-          diagnostics::detail::count_parked_handle();
-          (void)state_.release();
+          diagnostics::detail::park_handle(state_.release());
           return;
         }
       }

@@ -43,7 +43,10 @@ std::int64_t open_communicators();
 namespace detail {
 /// Counts one unwaited handle and reports it on stderr.
 void report_unwaited_handle(const std::string& name) noexcept;
-void count_parked_handle() noexcept;
+/// Counts one parked handle and keeps `state` (the handle's state, with the request and the buffers it keeps alive)
+/// reachable from a process-wide list for the life of the process: never freed, since MPI may still write its buffers,
+/// and never reported as a leak by leak checkers (the memory stays reachable).
+void park_handle(void* state) noexcept;
 void count_buffer_allocation(std::size_t bytes) noexcept;
 void count_communicator(int delta) noexcept;
 }  // namespace detail
