@@ -27,8 +27,8 @@ using Grads = Pieces::gradients_type;
 mlacp::MlaConfig sample(int P) { return mlacp::test::make_config(2, 2 * P + 1, 8, P + 1, 4, 2, 3, 5, true); }
 
 // The pieces over a configuration and its weights, with what they refer to kept alive.
-struct Setup {
-  explicit Setup(const mlacp::Mesh& m)
+struct PiecesSetup {
+  explicit PiecesSetup(const mlacp::Mesh& m)
       : config(sample(m.size())),
         weights(mlacp::test::make_weights<double, Mem>(config, 3)),
         pieces(config, weights, m, core, documents, scratch) {}
@@ -55,14 +55,14 @@ Tensor3 x_of(int tokens) { return Tensor3("x", 2, static_cast<std::size_t>(token
 
 TEST(SchedulePieces, CheckInputPassesAGoodInputOnEveryRank) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  Setup s(mesh);
+  PiecesSetup s(mesh);
   EXPECT_EQ(s.pieces.local_seq(), s.pieces.seq_partition().count(mesh.rank()));
   EXPECT_NO_THROW(s.pieces.check_input(Space(), "forward", "x", x_of(s.pieces.local_seq()), {}, "", ""));
 }
 
 TEST(SchedulePieces, CheckInputRaisesOneRanksBadShapeOnEveryRank) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  Setup s(mesh);
+  PiecesSetup s(mesh);
   const bool last = mesh.rank() == mesh.size() - 1;
   const Tensor3 x = x_of(s.pieces.local_seq() + (last ? 1 : 0));
   const std::string m =
@@ -73,7 +73,7 @@ TEST(SchedulePieces, CheckInputRaisesOneRanksBadShapeOnEveryRank) {
 
 TEST(SchedulePieces, CheckInputRaisesUsageFirstAndOtherErrorsAfterTheShape) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  Setup s(mesh);
+  PiecesSetup s(mesh);
   const Tensor3 x = x_of(s.pieces.local_seq());
   const std::string usage = mesh.rank() == 0 ? "misused on rank 0" : "";
   std::string m = message_of<mlacp::UsageError>(
@@ -87,7 +87,7 @@ TEST(SchedulePieces, CheckInputRaisesUsageFirstAndOtherErrorsAfterTheShape) {
 TEST(SchedulePieces, CheckInputAgreesOnTheFlagsAndTheExtraFields) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   if (mesh.size() == 1) GTEST_SKIP() << "needs two ranks to disagree";
-  Setup s(mesh);
+  PiecesSetup s(mesh);
   const Tensor3 x = x_of(s.pieces.local_seq());
   mlacp::MlaRequiresGrad flags;
   flags.w_kvb = mesh.rank() != 0;
@@ -102,7 +102,7 @@ TEST(SchedulePieces, CheckInputAgreesOnTheFlagsAndTheExtraFields) {
 
 TEST(SchedulePieces, GradientsErrorNamesTheFirstViewOfTheWrongShape) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  Setup s(mesh);
+  PiecesSetup s(mesh);
   Grads g;
   EXPECT_EQ(s.pieces.gradients_error(g), "");  // empty Views are allocated later
   const auto& c = s.config;
@@ -121,7 +121,7 @@ TEST(SchedulePieces, GradientsErrorNamesTheFirstViewOfTheWrongShape) {
 
 TEST(SchedulePieces, AllocateMissingAllocatesWhatTheFlagsNeedWithTheTableShapes) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  Setup s(mesh);
+  PiecesSetup s(mesh);
   Grads g;
   mlacp::MlaRequiresGrad flags = mlacp::MlaRequiresGrad::none();
   flags.w_kva = flags.b_o = flags.x = true;
@@ -155,7 +155,7 @@ TEST(SchedulePieces, HashOffsetsSeparatesLayouts) {
 
 TEST(SchedulePieces, RowsOfAreTheRanksHeadRows) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
-  Setup s(mesh);
+  PiecesSetup s(mesh);
   const auto width = static_cast<std::size_t>(s.config.nope + s.config.vdim);
   const auto first = static_cast<std::size_t>(s.pieces.head_partition().offset(mesh.rank()));
   const auto rows = s.pieces.rows_of(s.weights.w_kvb);
