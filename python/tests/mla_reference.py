@@ -118,7 +118,7 @@ def distributed_function(layer, comm):
     def f(x_full, *params):
         x_local = shard(Replicate.apply(comm, x_full), comm.rank, comm.size)
         params = [Replicate.apply(comm, p) for p in params]
-        y_local = mlacp.attention._MlaFunction.apply(layer, x_local, *params)
+        y_local = mlacp.attention._MlaFunction.apply(layer, None, x_local, *params)  # None: the configured packing
         return AllGather.apply(comm, y_local, 1)
 
     return f
