@@ -10,10 +10,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mla/mla_attention.hpp>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -116,8 +116,8 @@ class PendingForward {
     {
       py::gil_scoped_release release;
       HostExecutionSpace space;
-      pending->forward_ = cu_seqlens ? layer->layer().forward(space, x, flags, *cu_seqlens)
-                                     : layer->layer().forward(space, x, flags);
+      pending->forward_ =
+          cu_seqlens ? layer->layer().forward(space, x, flags, *cu_seqlens) : layer->layer().forward(space, x, flags);
       space.fence();
     }
     const tensor3& y = pending->forward_.output();
