@@ -119,6 +119,17 @@ RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& spa
   return table;
 }
 
+/// Points `table` (allocated for positions.extent(0) rows, e.g. by allocate_rope_table) at the explicit positions
+/// `positions` and fills it asynchronously on `space`: make_rope_table's positions form without the allocation, for a
+/// table rebuilt in place when the positions change (the table keeps a reference to `positions`).
+template <class ExecSpace, class MemSpace>
+void refill_rope_table(const ExecSpace& space, RopeTable<MemSpace>& table,
+                       const decltype(RopeTable<MemSpace>::positions)& positions) {
+  table.positions = positions;
+  table.explicit_positions = true;
+  rope_fill_table(space, table, table.positions, true);
+}
+
 /// Builds the table of the rank-local tokens at the explicit positions `positions` [tokens] (make_rope_positions),
 /// asynchronously on `space`; the table keeps a reference to `positions`.
 template <class ExecSpace, class PositionsView, std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
@@ -129,9 +140,7 @@ RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& spa
                 "mlacp RoPE: positions must hold std::int64_t");
   auto table = allocate_rope_table<typename ExecSpace::memory_space>(static_cast<std::int64_t>(positions.extent(0)),
                                                                      width, base);
-  table.positions = positions;
-  table.explicit_positions = true;
-  rope_fill_table(space, table, table.positions, true);
+  refill_rope_table(space, table, positions);
   return table;
 }
 
@@ -247,6 +256,40 @@ void rope_backward(const ExecSpace& space, const View4& x, int first_column, int
   detail::rope_at_offset("rope_backward", -1.0, space, x, first_column, width, position_offset, base);
 }
 
+namespace detail {
+/// make_rope_positions' checks: "" or the message naming the bad argument.
+inline std::string rope_positions_error(std::int64_t global_offset, std::int64_t local_count,
+                                        const DocumentLayout& documents) {
+  const std::string who = "mlacp::make_rope_positions: ";
+  if (global_offset < 0) return who + named("global_offset", global_offset) + ", expected >= 0";
+  if (local_count < 0) return who + named("local_count", local_count) + ", expected >= 0";
+  if (!documents.empty() && global_offset + local_count > documents.total())
+    return who + named("global_offset", global_offset) + " + " + named("local_count", local_count) +
+           " exceeds the document layout's S = " + std::to_string(documents.total()) +
+           ", expected the rank's tokens inside the packed sequence";
+  return "";
+}
+}  // namespace detail
+
+/// make_rope_positions (below) into a View the caller owns (`positions` [local_count], e.g. reused when the layout
+/// changes): the same positions, checks and messages, no allocation.
+template <class ExecSpace>
+void fill_rope_positions(const ExecSpace& space,
+                         const Kokkos::View<std::int64_t*, typename ExecSpace::memory_space>& positions,
+                         std::int64_t global_offset, const DocumentLayout& documents = DocumentLayout()) {
+  const auto local_count = static_cast<std::int64_t>(positions.extent(0));
+  const std::string error = detail::rope_positions_error(global_offset, local_count, documents);
+  if (!error.empty()) throw InvalidArgument(error);
+  const std::int64_t total = documents.empty() ? global_offset + local_count : documents.total();
+  const auto docs = documents.offsets_for<ExecSpace>(total, "make_rope_positions");
+  Kokkos::parallel_for(
+      "mlacp::rope_positions", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, local_count),
+      KOKKOS_LAMBDA(const std::int64_t t) {
+        const std::int64_t g = global_offset + t;
+        positions(t) = g - docs.start_of(g);
+      });
+}
+
 /// The RoPE positions of a rank's `local_count` tokens, global tokens [global_offset, global_offset + local_count) of a
 /// packed sequence: position(t) = g - documents.start_of(g) for g = global_offset + t, i.e. the position within the
 /// token's document (restarting at 0 at each document's start); with the empty layout, the global token index g.
@@ -258,24 +301,11 @@ template <class ExecSpace>
 Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> make_rope_positions(
     const ExecSpace& space, std::int64_t global_offset, std::int64_t local_count,
     const DocumentLayout& documents = DocumentLayout()) {
-  const std::string who = "mlacp::make_rope_positions: ";
-  if (global_offset < 0) throw InvalidArgument(who + detail::named("global_offset", global_offset) + ", expected >= 0");
-  if (local_count < 0) throw InvalidArgument(who + detail::named("local_count", local_count) + ", expected >= 0");
-  if (!documents.empty() && global_offset + local_count > documents.total())
-    throw InvalidArgument(who + detail::named("global_offset", global_offset) + " + " +
-                          detail::named("local_count", local_count) +
-                          " exceeds the document layout's S = " + std::to_string(documents.total()) +
-                          ", expected the rank's tokens inside the packed sequence");
+  const std::string error = detail::rope_positions_error(global_offset, local_count, documents);
+  if (!error.empty()) throw InvalidArgument(error);
   Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> positions(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope positions"), local_count);
-  const std::int64_t total = documents.empty() ? global_offset + local_count : documents.total();
-  const auto docs = documents.offsets_for<ExecSpace>(total, "make_rope_positions");
-  Kokkos::parallel_for(
-      "mlacp::rope_positions", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, local_count),
-      KOKKOS_LAMBDA(const std::int64_t t) {
-        const std::int64_t g = global_offset + t;
-        positions(t) = g - docs.start_of(g);
-      });
+  fill_rope_positions(space, positions, global_offset, documents);
   return positions;
 }
 

@@ -281,21 +281,11 @@ class SchedulePieces {
     if (!d.stale) return d.table;
     const auto s = static_cast<std::size_t>(local_seq());
     ensure(d.positions, "mlacp::rope positions", s);
-    const auto docs = d.layout.template offsets_for<ExecSpace>(d.layout.total(), "MlaAttention rope positions");
-    const auto positions = d.positions;
-    Kokkos::parallel_for(
-        "mlacp::rope_positions",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(s)),
-        KOKKOS_LAMBDA(const std::int64_t t) {
-          const std::int64_t g = offset + t;
-          positions(t) = g - docs.start_of(g);
-        });
+    fill_rope_positions(space, d.positions, offset, d.layout);
     if (!(d.table.cos.data() != nullptr && d.table.cos.extent(0) == s && d.table.width == width &&
           d.table.base == base))
       d.table = allocate_rope_table<memory_space>(static_cast<std::int64_t>(s), width, base);
-    d.table.positions = d.positions;
-    d.table.explicit_positions = true;
-    rope_fill_table(space, d.table, d.table.positions, true);
+    refill_rope_table(space, d.table, d.positions);
     d.stale = false;
     return d.table;
   }
