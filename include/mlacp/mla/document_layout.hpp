@@ -63,14 +63,9 @@ class DocumentLayout {
 
   /// From cu_seqlens over a packed sequence of `total` tokens. Throws mlacp::InvalidArgument naming the first bad
   /// entry unless cu_seqlens has at least 2 entries, c[0] = 0, c[n] = total and c is strictly increasing.
-  DocumentLayout(std::vector<std::int64_t> cu_seqlens, std::int64_t total)
-      : total_(total), host_offsets_(std::move(cu_seqlens)) {
-    validate(host_offsets_, total_);
-    if (host_offsets_.size() == 2) return;  // one document: the kernels' fast path (no offsets)
-    host_ = Kokkos::View<std::int64_t*, Kokkos::HostSpace>("mlacp::cu_seqlens (host)", host_offsets_.size());
-    for (std::size_t i = 0; i < host_offsets_.size(); ++i) host_(i) = host_offsets_[i];
-    device_ = Kokkos::create_mirror_view_and_copy(device_memory(), host_);
-    count_ = host_offsets_.size();
+  DocumentLayout(std::vector<std::int64_t> cu_seqlens, std::int64_t total) {
+    validate(cu_seqlens, total);
+    store(std::move(cu_seqlens), total, 0);
   }
 
   /// Makes this layout cu_seqlens over `total` tokens (empty cu_seqlens: the empty layout), reusing its offset Views:
@@ -90,21 +85,7 @@ class DocumentLayout {
     if (cu_seqlens == host_offsets_ && total == total_) return false;
     validate(cu_seqlens, total);
     Kokkos::fence();
-    host_offsets_.assign(cu_seqlens.begin(), cu_seqlens.end());
-    total_ = total;
-    count_ = 0;
-    if (cu_seqlens.size() == 2) return true;  // one document: no offsets
-    const std::size_t n = cu_seqlens.size();
-    if (host_.extent(0) < n) {
-      const std::size_t size = n > capacity ? n : capacity;
-      host_ = Kokkos::View<std::int64_t*, Kokkos::HostSpace>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::cu_seqlens (host)"), size);
-      device_ = Kokkos::create_mirror_view(device_memory(), host_);
-    }
-    for (std::size_t i = 0; i < n; ++i) host_(i) = cu_seqlens[i];
-    const auto used = std::make_pair(std::size_t(0), n);
-    Kokkos::deep_copy(Kokkos::subview(device_, used), Kokkos::subview(host_, used));
-    count_ = n;
+    store(cu_seqlens, total, capacity);
     return true;
   }
 
@@ -172,6 +153,25 @@ class DocumentLayout {
   }
 
  private:
+  // Takes validated offsets over `total` tokens into the host list and, for more than one document, the offset Views
+  // (reused when they hold enough, else allocated for max(offsets, capacity)).
+  void store(std::vector<std::int64_t> cu_seqlens, std::int64_t total, std::size_t capacity) {
+    host_offsets_ = std::move(cu_seqlens);
+    total_ = total;
+    count_ = 0;
+    const std::size_t n = host_offsets_.size();
+    if (n == 2) return;  // one document: the kernels' fast path (no offsets)
+    if (host_.extent(0) < n) {
+      host_ = Kokkos::View<std::int64_t*, Kokkos::HostSpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::cu_seqlens (host)"), n > capacity ? n : capacity);
+      device_ = Kokkos::create_mirror_view(device_memory(), host_);
+    }
+    for (std::size_t i = 0; i < n; ++i) host_(i) = host_offsets_[i];
+    const auto in_use = std::make_pair(std::size_t(0), n);
+    Kokkos::deep_copy(Kokkos::subview(device_, in_use), Kokkos::subview(host_, in_use));
+    count_ = n;
+  }
+
   // The offsets in use of a View that may hold more (assign reuses larger Views); empty when single().
   template <class ViewType>
   Kokkos::View<const std::int64_t*, typename ViewType::memory_space> used(const ViewType& v) const {
