@@ -63,17 +63,20 @@ void count_buffer_allocation(std::size_t bytes) noexcept {
   g_buffer_bytes.fetch_add(bytes);
 }
 void count_communicator(int delta) noexcept { g_communicators.fetch_add(delta); }
-void park_handle(void* state) noexcept {
-  // A list reachable from a global for the life of the process (deliberately never destroyed): the parked states stay
-  // reachable, so they are neither freed under a pending request nor reported as leaks.
+void keep_until_exit(void* memory) noexcept {
+  // A list reachable from a global for the life of the process (deliberately never destroyed): what it holds stays
+  // reachable, so it is neither freed while MPI may still use it nor reported as a leak.
   static std::mutex mutex;
-  static auto* parked = new std::vector<void*>();
+  static auto* kept = new std::vector<void*>();
   try {
     const std::lock_guard<std::mutex> lock(mutex);
-    parked->push_back(state);
+    kept->push_back(memory);
   } catch (...) {
-    // Out of memory for the list's entry: the state is leaked unreachable instead, which is still safe.
+    // Out of memory for the list's entry: the memory is leaked unreachable instead, which is still safe.
   }
+}
+void park_handle(void* state) noexcept {
+  keep_until_exit(state);
   g_parked.fetch_add(1);
 }
 

@@ -43,6 +43,10 @@ std::int64_t open_communicators();
 namespace detail {
 /// Counts one unwaited handle and reports it on stderr.
 void report_unwaited_handle(const std::string& name) noexcept;
+/// Keeps `memory` (never freed) reachable from a process-wide list for the life of the process: for memory MPI may
+/// still read or write after its owner is gone (a freed send request's buffer, a parked handle's state), which leak
+/// checkers then do not report.
+void keep_until_exit(void* memory) noexcept;
 /// Counts one parked handle and keeps `state` (the handle's state, with the request and the buffers it keeps alive)
 /// reachable from a process-wide list for the life of the process: never freed, since MPI may still write its buffers,
 /// and never reported as a leak by leak checkers (the memory stays reachable).

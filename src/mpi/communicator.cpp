@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mpi/communicator.hpp>
 
@@ -147,14 +148,7 @@ void FailureChannel::report(const std::string& what) noexcept {
     // One buffer for every peer, never freed: the sends are freed (MPI_Request_free) instead of waited, as a peer may
     // never look again; a report happens at most once per mesh.
     auto* message = new std::array<char, message_bytes>{};
-    {
-      // Kept reachable for the life of the process (a list that is never destroyed), so that leak checkers do not
-      // report the buffer MPI may still read after the mesh is gone.
-      static std::mutex kept_mutex;
-      static auto* kept = new std::vector<std::array<char, message_bytes>*>();
-      std::lock_guard<std::mutex> kept_lock(kept_mutex);
-      kept->push_back(message);
-    }
+    diagnostics::detail::keep_until_exit(message);  // MPI may read it after the mesh is gone
     std::strncpy(message->data(), what.c_str(), message_bytes - 1);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
