@@ -19,8 +19,8 @@
 //                                    [--path blas|team]
 #include <mpi.h>
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/attention_core.hpp>
-#include <mlacp/mla/flash_attention.hpp>
+#include <mlacp/mla/kernels/attention_core.hpp>
+#include <mlacp/mla/kernels/flash_attention.hpp>
 
 #include <algorithm>
 #include <cstdint>

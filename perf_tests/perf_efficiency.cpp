@@ -21,7 +21,7 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/linear.hpp>
+#include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/testing/synthetic.hpp>
 
 #include <ctime>

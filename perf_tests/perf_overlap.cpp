@@ -27,14 +27,14 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
-#include <mlacp/mla/input_a2a.hpp>
-#include <mlacp/mla/kv_layout.hpp>
-#include <mlacp/mla/latent_kv_linear.hpp>
-#include <mlacp/mla/linear.hpp>
-#include <mlacp/mla/output_projection.hpp>
-#include <mlacp/mla/rms_norm.hpp>
-#include <mlacp/mla/rope.hpp>
-#include <mlacp/mla/view_utils.hpp>
+#include <mlacp/mla/pieces/input_a2a.hpp>
+#include <mlacp/mla/kernels/detail/kv_layout.hpp>
+#include <mlacp/mla/pieces/latent_kv_linear.hpp>
+#include <mlacp/mla/kernels/detail/linear.hpp>
+#include <mlacp/mla/pieces/output_projection.hpp>
+#include <mlacp/mla/kernels/rms_norm.hpp>
+#include <mlacp/mla/kernels/rope.hpp>
+#include <mlacp/mla/kernels/view_utils.hpp>
 #include <mlacp/testing/synthetic.hpp>
 
 #include <atomic>

@@ -2,13 +2,13 @@
 // Tests of the naive host reference forward (src/testing): single token, causality, and agreement with the
 // library kernels composed by hand; packed documents (cu_seqlens): agreement with the kernels at per-document
 // positions and masking, and with the documents run one by one.
-#include "kernel_test_support.hpp"
+#include "kernels/kernel_test_support.hpp"
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
-#include <mlacp/mla/rms_norm.hpp>
-#include <mlacp/mla/rope.hpp>
-#include <mlacp/mla/view_utils.hpp>
+#include <mlacp/mla/kernels/rms_norm.hpp>
+#include <mlacp/mla/kernels/rope.hpp>
+#include <mlacp/mla/kernels/view_utils.hpp>
 #include <mlacp/testing/reference_forward.hpp>
 
 #include <cstdint>

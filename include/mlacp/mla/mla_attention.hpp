@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // The MLA attention layer under Ulysses context parallelism, with the backward-overlap schedule of
 // shared/reference/mla_backward_overlap.py re-created from its pieces (OutputProjection, InputA2APair,
-// LatentKVLinear). The numbers are MLA_SPEC's. The layer is the plan: it checks, owns the memory and dispatches once to
-// the schedule of its strategy (latent_schedule.hpp, expanded_schedule.hpp; what they share: schedule_pieces.hpp).
+// LatentKVLinear). The numbers are MLA_SPEC's. The layer is the plan: it checks (detail/input_checks.hpp) and
+// dispatches once to the schedule of its strategy (detail/latent_schedule.hpp, detail/expanded_schedule.hpp), which
+// owns its memory; what the schedules share is in detail/schedule_context.hpp and detail/shared_steps.hpp.
 #pragma once
 
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
-#include <mlacp/mla/expanded_schedule.hpp>
-#include <mlacp/mla/flash_attention.hpp>
-#include <mlacp/mla/latent_schedule.hpp>
-#include <mlacp/mla/mla_workspace.hpp>
-#include <mlacp/mla/schedule_pieces.hpp>
+#include <mlacp/mla/detail/expanded_schedule.hpp>
+#include <mlacp/mla/detail/input_checks.hpp>
+#include <mlacp/mla/detail/latent_schedule.hpp>
+#include <mlacp/mla/detail/schedule_context.hpp>
+#include <mlacp/mla/kernels/flash_attention.hpp>
 #include <mlacp/mla/weights.hpp>
 #include <mlacp/view_types.hpp>
 
@@ -42,13 +43,13 @@ namespace mlacp {
 /// lse [B,h,S]; the default is the tiled FlashAttentionCore; see attention_core.hpp for the interface a user-supplied
 /// core provides (CausalAttentionCore there is the simple reference core).
 ///
-/// Memory: the layer owns its activations and scratch per configuration (mla_workspace.hpp). A Forward borrows a
-/// per-forward workspace from the layer's pool and gives it back when backward consumes it or when it is destroyed;
-/// several Forwards may be pending at once (gradient accumulation). After the first iteration of a loop, forward and
-/// backward into caller-provided gradients allocate no View of the layer's. y stays valid for as long as the caller
-/// holds it and does not pin its workspace: a free workspace whose y is still held lets it go and writes a new one
-/// (so an eval loop that keeps its outputs holds one workspace, plus the outputs). A forward that needs no gradient
-/// (MlaRequiresGrad::none()) gives its workspace back before it returns. The layer keeps at most
+/// Memory: the layer's schedule owns its activations and scratch per configuration (detail/forward_workspace.hpp). A
+/// Forward borrows a per-forward workspace from the layer's pool and gives it back when backward consumes it or when it
+/// is destroyed; several Forwards may be pending at once (gradient accumulation). After the first iteration of a loop,
+/// forward and backward into caller-provided gradients allocate no View of the layer's. y stays valid for as long as
+/// the caller holds it and does not pin its workspace: a free workspace whose y is still held lets it go and writes a
+/// new one (so an eval loop that keeps its outputs holds one workspace, plus the outputs). A forward that needs no
+/// gradient (MlaRequiresGrad::none()) gives its workspace back before it returns. The layer keeps at most
 /// max_free_forward_workspaces() free workspaces (default 2); release_memory() drops them all, and
 /// forward_workspace_bytes() says what they hold. A layer is used from one host thread at a time.
 ///
@@ -122,7 +123,7 @@ class MlaAttention {
     bool backward_done_ = false;
     MlaRequiresGrad flags_;
     tensor3 y_, x_;
-    std::shared_ptr<detail::ForwardWorkspace<T, ExecSpace>> ws_;
+    std::shared_ptr<detail::ForwardWorkspace<T, ExecSpace>> ws_;  // the schedule's workspace type
   };
 
   /// Collective over the mesh (checks the configuration and weights on every rank). The mesh must outlive the layer;
@@ -134,7 +135,7 @@ class MlaAttention {
     if (error.empty()) error = documents_error(config_.cu_seqlens);
     // Every setting the core reads is read and checked here, with the rest of the configuration (never lazily inside
     // a schedule, where ranks that hold no head would not reach it and their peers would wait in a collective).
-    auto fields = pieces_.config_fields();
+    auto fields = detail::config_fields(config_);
     if constexpr (detail::core_resolves_settings_v<Core, ExecSpace>) {
       const std::string core_error = core_.template resolve<ExecSpace>();
       if (error.empty()) error = core_error;
@@ -160,25 +161,37 @@ class MlaAttention {
   const DocumentLayout& documents() const { return documents_; }
   /// How the S tokens and the H heads are split over the ranks: the first S mod P ranks hold ceil(S/P) tokens, the
   /// others floor(S/P) (heads: the same rule with H), contiguous in rank order (partition.hpp).
-  const Partition& seq_partition() const { return pieces_.seq_partition(); }
-  const Partition& head_partition() const { return pieces_.head_partition(); }
+  const Partition& seq_partition() const { return context_.seq_partition(); }
+  const Partition& head_partition() const { return context_.head_partition(); }
   /// This rank's tokens (x and dy are [B, local_seq(), D]), from global token seq_partition().offset(rank).
-  int local_seq() const { return pieces_.local_seq(); }
+  int local_seq() const { return context_.local_seq(); }
   /// This rank's heads in the attention, from global head head_partition().offset(rank).
-  int local_heads() const { return pieces_.local_heads(); }
+  int local_heads() const { return context_.local_heads(); }
 
   /// Per-forward workspaces the layer owns, and how many of them a pending Forward holds (a held output holds none).
-  std::size_t forward_workspaces() const { return memory_.pool.size(); }
-  std::size_t forward_workspaces_in_use() const { return memory_.pool.in_use(); }
+  std::size_t forward_workspaces() const {
+    return std::visit([](const auto& s) { return s.pool().size(); }, schedule_);
+  }
+  std::size_t forward_workspaces_in_use() const {
+    return std::visit([](const auto& s) { return s.pool().in_use(); }, schedule_);
+  }
   /// Bytes of the buffers the per-forward workspaces own (outputs the caller holds are the caller's).
-  std::size_t forward_workspace_bytes() const { return memory_.pool.bytes(); }
+  std::size_t forward_workspace_bytes() const {
+    return std::visit([](const auto& s) { return s.pool().bytes(); }, schedule_);
+  }
   /// How many free per-forward workspaces the layer keeps for reuse (default 2: forward, forward, backward, backward
   /// allocates nothing after its first iteration). More forwards pending at once still work; the workspaces beyond the
   /// bound are released once they are free again, so a loop that keeps more pending allocates every iteration.
-  std::size_t max_free_forward_workspaces() const { return memory_.pool.max_free(); }
-  void set_max_free_forward_workspaces(std::size_t n) { memory_.pool.set_max_free(n); }
+  std::size_t max_free_forward_workspaces() const {
+    return std::visit([](const auto& s) { return s.pool().max_free(); }, schedule_);
+  }
+  void set_max_free_forward_workspaces(std::size_t n) {
+    std::visit([n](const auto& s) { s.pool().set_max_free(n); }, schedule_);
+  }
   /// Releases every free per-forward workspace now (pending Forwards keep theirs); the next forward allocates again.
-  void release_memory() { memory_.pool.trim(0); }
+  void release_memory() {
+    std::visit([](const auto& s) { s.pool().trim(0); }, schedule_);
+  }
 
   /// x [B, s, D] (s = local_seq()) -> Forward (y and saved state). `requires_grad` says which gradients backward will
   /// produce; it must be the same on every rank. The documents are config().cu_seqlens.
@@ -196,24 +209,28 @@ class MlaAttention {
     const detail::EntryGuard entry(*mesh_, "mlacp::MlaAttention::forward");
     std::string documents_problem = cu_seqlens_error(cu_seqlens, config_.seq, "MlaAttention::forward");
     if (documents_problem.empty()) documents_problem = documents_error(cu_seqlens);
-    pieces_.check_input(space, "forward", "x", x, requires_grad, "", documents_problem,
+    detail::check_input(context_, space, "forward", "x", x, requires_grad, "", documents_problem,
                         {{"cu_seqlens.size()", static_cast<std::int64_t>(cu_seqlens.size())},
-                         {"cu_seqlens (FNV-1a hash of the offsets)", pieces_type::hash_offsets(cu_seqlens)}});
+                         {"cu_seqlens (FNV-1a hash of the offsets)", detail::hash_offsets(cu_seqlens)}});
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::forward");
       Forward f;
       f.owner_ = this;
       f.flags_ = requires_grad;
       f.x_ = x;
-      f.ws_ = memory_.pool.acquire();
-      auto& documents = f.ws_->documents;
-      if (documents.layout.assign(cu_seqlens, config_.seq, static_cast<std::size_t>(config_.max_documents) + 1))
-        documents.stale = true;
-      const pass_type pass{f.x_, f.flags_, *f.ws_};
-      f.y_ = std::visit([&](const auto& schedule) { return schedule.forward(space, pass); }, schedule_);
+      f.y_ = std::visit(
+          [&](const auto& schedule) {
+            auto ws = schedule.pool().acquire();
+            f.ws_ = ws;
+            auto& documents = ws->documents;
+            if (documents.layout.assign(cu_seqlens, config_.seq, static_cast<std::size_t>(config_.max_documents) + 1))
+              documents.stale = true;
+            return schedule.forward(space, {f.x_, f.flags_, *ws});
+          },
+          schedule_);
       // A forward whose backward computes nothing (no_grad, inference) gives its workspace back at once: the caller's y
       // keeps only itself, and the next forward reuses the workspace.
-      if (!needs_backward(requires_grad)) f.give_back();
+      if (!detail::needs_backward(requires_grad)) f.give_back();
       return f;
     } catch (const std::exception& e) {
       mesh_->report_failure("mlacp::MlaAttention::forward: " + std::string(e.what()));  // the others raise too
@@ -245,15 +262,21 @@ class MlaAttention {
           "mlacp::MlaAttention::backward: a second backward of the same forward (each Forward is consumed once)";
     // The caller's gradient Views are checked before the agreement too: a bad one on one rank raises the same error
     // on every rank, before any collective, instead of a hang or a write out of bounds.
-    pieces_.check_input(space, "backward", "dy", dy, f.flags_, state_error, pieces_.gradients_error(grads));
+    detail::check_input(context_, space, "backward", "dy", dy, f.flags_, state_error,
+                        detail::gradients_error(context_, grads));
     f.backward_done_ = true;
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::backward");
-      pieces_.allocate_missing(grads, f.flags_);
+      detail::allocate_missing(context_, grads, f.flags_);
       // Without a workspace (given back at forward: no gradient needed) the backward has nothing to compute or send.
+      // The workspace came from this layer's schedule (the owner check above), so it has the schedule's type.
       if (f.ws_) {
-        const pass_type pass{f.x_, f.flags_, *f.ws_};
-        std::visit([&](const auto& schedule) { schedule.backward(space, pass, dy, grads); }, schedule_);
+        std::visit(
+            [&](const auto& schedule) {
+              using W = typename std::decay_t<decltype(schedule)>::workspace_type;
+              schedule.backward(space, {f.x_, f.flags_, static_cast<W&>(*f.ws_)}, dy, grads);
+            },
+            schedule_);
       }
       f.give_back();
     } catch (const std::exception& e) {
@@ -263,13 +286,10 @@ class MlaAttention {
   }
 
  private:
-  using pieces_type = detail::SchedulePieces<T, ExecSpace, Core>;
-  using pass_type = detail::ForwardPass<T, ExecSpace>;
+  using context_type = detail::ScheduleContext<T, ExecSpace, Core>;
   /// The strategy's schedule, chosen once at construction.
   using schedule_type =
       std::variant<detail::LatentSchedule<T, ExecSpace, Core>, detail::ExpandedSchedule<T, ExecSpace, Core>>;
-
-  static bool needs_backward(const MlaRequiresGrad& r) { return detail::needs_attention(r) || r.w_o || r.b_o; }
 
   // Packed documents for a core that takes no DocumentLayout ("" when the core takes one, or for one document).
   static std::string documents_error(const std::vector<std::int64_t>& cu_seqlens) {
@@ -280,26 +300,18 @@ class MlaAttention {
   }
 
   schedule_type make_schedule() const {
-    if (config_.strategy == MlaStrategy::latent) return detail::LatentSchedule<T, ExecSpace, Core>(pieces_);
-    return detail::ExpandedSchedule<T, ExecSpace, Core>(pieces_);
+    if (config_.strategy == MlaStrategy::latent) return detail::LatentSchedule<T, ExecSpace, Core>(context_);
+    return detail::ExpandedSchedule<T, ExecSpace, Core>(context_);
   }
 
-  // The layer's memory (mla_workspace.hpp): mutable because forward/backward are const operations of the layer whose
-  // buffers are a cache of this configuration, as an FFT plan's are.
-  struct Memory {
-    detail::ForwardWorkspacePool<T, ExecSpace> pool;
-    detail::LayerScratch<T, ExecSpace> scratch;
-  };
-
-  // Declaration order is construction order: the pieces refer to the settings and the scratch, the schedule to the
-  // pieces (the layer is not movable, so these references stay valid).
+  // Declaration order is construction order: the context refers to the settings, the schedule (which owns the memory)
+  // to the context (the layer is not movable, so these references stay valid).
   MlaConfig config_;
   weights_type weights_;
   const Mesh* mesh_;
   Core core_;
   DocumentLayout documents_;
-  mutable Memory memory_;
-  pieces_type pieces_{config_, weights_, *mesh_, core_, documents_, memory_.scratch};
+  context_type context_{config_, weights_, *mesh_, core_, documents_};
   schedule_type schedule_ = make_schedule();
 };
 

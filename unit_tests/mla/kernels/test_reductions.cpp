@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
-#include <mlacp/mla/reductions.hpp>
+#include <mlacp/mla/kernels/reductions.hpp>
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/attention_core.hpp>
+#include <mlacp/mla/kernels/attention_core.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -6,7 +6,7 @@
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/view_utils.hpp>
+#include <mlacp/mla/kernels/view_utils.hpp>
 
 #include <cstdint>
 #include <stdexcept>

@@ -4,8 +4,9 @@
 #pragma once
 
 #include <mlacp/error.hpp>
-#include <mlacp/mla/kv_layout.hpp>
-#include <mlacp/mla/linear.hpp>
+#include <mlacp/mla/kernels/detail/kv_layout.hpp>
+#include <mlacp/mla/kernels/detail/linear.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/partition.hpp>
 #include <mlacp/reduce_scatter.hpp>
 #include <mlacp/view_types.hpp>
@@ -55,7 +56,7 @@ class LatentKVLinear {
     detail::copy_columns(space, gathered, 0, latent_, 0, R);
     if (kpe_out.data() != nullptr) detail::copy_columns(space, gathered, R, kpe_out, 0, dr);
     {
-      detail::ComputePhase<ExecSpace> phase(space, "w_kvb fprop");
+      detail::ComputePhase<ExecSpace> phase(space, names::w_kvb_fprop);
       detail::linear_forward(space, detail::as_matrix(latent_, B * S, R), w_sel, b_sel,
                              detail::as_matrix(kv_out, B * S, static_cast<std::int64_t>(w_sel.extent(0))));
     }
@@ -97,23 +98,24 @@ class LatentKVLinear {
       if (grad_payload.data() == nullptr)
         grad_payload = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
       {
-        detail::ComputePhase<ExecSpace> phase(space, "w_kvb dgrad");
+        detail::ComputePhase<ExecSpace> phase(space, names::w_kvb_dgrad);
         if (grad_latent.data() == nullptr)
           grad_latent = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d latent"), B, S, R);
         detail::linear_dgrad(space, g2, w_sel_, T(0), detail::as_matrix(grad_latent, B * S, R));
         detail::join_columns(space, grad_latent, grad_shared, grad_payload);
       }
-      reduce_ = seq_ == nullptr
-                    ? launch_reduce_scatter(space, grad_payload, 1, *mesh_, "latent reduce-scatter", reduced)
-                    : launch_reduce_scatter(space, grad_payload, 1, *seq_, *mesh_, "latent reduce-scatter", reduced);
+      reduce_ =
+          seq_ == nullptr
+              ? launch_reduce_scatter(space, grad_payload, 1, *mesh_, names::latent_reduce_scatter, reduced)
+              : launch_reduce_scatter(space, grad_payload, 1, *seq_, *mesh_, names::latent_reduce_scatter, reduced);
     }
     if (!overlap && reduce_.launched()) result_ = reduce_.wait();
     if (dw_sel.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, "w_kvb wgrad");
+      detail::ComputePhase<ExecSpace> phase(space, names::w_kvb_wgrad);
       detail::linear_wgrad(space, g2, detail::as_matrix(latent_, B * S, R), dw_sel);
     }
     if (db_sel.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, "b_kvb grad");
+      detail::ComputePhase<ExecSpace> phase(space, names::b_kvb_grad);
       detail::bias_grad(space, g2, db_sel);
     }
     latent_ = tensor3();

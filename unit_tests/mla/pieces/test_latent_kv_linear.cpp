@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/event_recorder.hpp>
-#include <mlacp/mla/latent_kv_linear.hpp>
+#include <mlacp/mla/pieces/latent_kv_linear.hpp>
 
 #include <cmath>
 #include <cstdint>

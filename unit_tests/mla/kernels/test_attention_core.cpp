@@ -9,9 +9,9 @@
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
-#include <mlacp/mla/attention_core.hpp>
-#include <mlacp/mla/flash_attention.hpp>
-#include <mlacp/mla/softmax_exp.hpp>
+#include <mlacp/mla/kernels/attention_core.hpp>
+#include <mlacp/mla/kernels/flash_attention.hpp>
+#include <mlacp/mla/kernels/detail/softmax_exp.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -18,8 +18,8 @@
 
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/flash_attention_rows.hpp>
-#include <mlacp/mla/flash_attention_scratch.hpp>
+#include <mlacp/mla/kernels/detail/flash_attention_rows.hpp>
+#include <mlacp/mla/kernels/detail/flash_attention_scratch.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <algorithm>

@@ -5,6 +5,7 @@
 
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/partition.hpp>
 #include <mlacp/view_types.hpp>
 
@@ -35,9 +36,9 @@ class InputA2APair {
     require_mesh();
     if (forward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': forward launched twice");
     needs_send_grad_ = needs_send_grad;
-    forward_ = seq_ == nullptr
-                   ? launch_all_to_all(space, token_local, 1, 2, *mesh_, name_ + " a2a", into)
-                   : launch_all_to_all(space, token_local, 1, 2, *seq_, *heads_, *mesh_, name_ + " a2a", into);
+    forward_ = seq_ == nullptr ? launch_all_to_all(space, token_local, 1, 2, *mesh_, names::forward_a2a(name_), into)
+                               : launch_all_to_all(space, token_local, 1, 2, *seq_, *heads_, *mesh_,
+                                                   names::forward_a2a(name_), into);
   }
 
   /// Waits for the forward all-to-all (exactly once) and returns the head-local tensor [B, S, h, d].
@@ -63,11 +64,11 @@ class InputA2APair {
     const tensor5 view(head_local_grad.data(), 1, head_local_grad.extent(0), head_local_grad.extent(1),
                        head_local_grad.extent(2), head_local_grad.extent(3));
     // Uneven heads: rank blocks of different head counts cannot stack; the heads (dim 3) are gathered into one block.
-    backward_ = seq_ == nullptr ? launch_all_to_all(space, view, 0, 2, *mesh_, "d" + name_ + " a2a", into)
+    backward_ = seq_ == nullptr ? launch_all_to_all(space, view, 0, 2, *mesh_, names::backward_a2a(name_), into)
                 : heads_->uniform()
                     ? launch_all_to_all(space, view, 0, 2, Partition(mesh_->size(), mesh_->size()), *seq_, *mesh_,
-                                        "d" + name_ + " a2a", into)
-                    : launch_all_to_all(space, view, 3, 2, *heads_, *seq_, *mesh_, "d" + name_ + " a2a", into);
+                                        names::backward_a2a(name_), into)
+                    : launch_all_to_all(space, view, 3, 2, *heads_, *seq_, *mesh_, names::backward_a2a(name_), into);
   }
 
   /// The token-local gradient as the P head blocks [P, B, s, h, d] received from the ranks (block r holds heads
@@ -99,7 +100,7 @@ class InputA2APair {
     block.outer = static_cast<std::int64_t>(B * s);
     block.mid = static_cast<std::int64_t>(h);
     block.inner = static_cast<std::int64_t>(d);
-    detail::unpack_blocks(space, blocks.data(), local.data(), block, parts, "d" + name_ + " a2a unpack");
+    detail::unpack_blocks(space, blocks.data(), local.data(), block, parts, names::backward_a2a(name_) + " unpack");
     return local;
   }
 

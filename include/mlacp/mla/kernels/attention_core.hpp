@@ -34,7 +34,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/document_layout.hpp>
-#include <mlacp/mla/view_utils.hpp>
+#include <mlacp/mla/kernels/view_utils.hpp>
 
 #include <array>
 #include <cstddef>

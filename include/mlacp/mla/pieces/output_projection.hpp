@@ -5,7 +5,8 @@
 
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/linear.hpp>
+#include <mlacp/mla/kernels/detail/linear.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/partition.hpp>
 #include <mlacp/view_types.hpp>
 
@@ -43,8 +44,8 @@ class OutputProjection {
                        const Mesh& mesh, const Partition* seq, const Partition* heads, tensor3 y_out,
                        const tensor4& local_out) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
-    auto local = (seq == nullptr ? launch_all_to_all(space, attention_output, 2, 1, mesh, "O a2a", local_out)
-                                 : launch_all_to_all(space, attention_output, 2, 1, *heads, *seq, mesh, "O a2a",
+    auto local = (seq == nullptr ? launch_all_to_all(space, attention_output, 2, 1, mesh, names::o_a2a, local_out)
+                                 : launch_all_to_all(space, attention_output, 2, 1, *heads, *seq, mesh, names::o_a2a,
                                                      local_out))
                      .wait();  // [B, s, H, dv]
     const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
@@ -53,7 +54,7 @@ class OutputProjection {
                     ? y_out
                     : tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y"), B, s, w_o.extent(0));
     {
-      detail::ComputePhase<ExecSpace> phase(space, "w_o fprop");
+      detail::ComputePhase<ExecSpace> phase(space, names::w_o_fprop);
       detail::linear_forward(space, detail::as_matrix(local, B * s, Hdv), w_o, b_o,
                              detail::as_matrix(y, B * s, static_cast<std::int64_t>(w_o.extent(0))));
     }
@@ -96,7 +97,7 @@ class OutputProjection {
       if (blocks.data() == nullptr)
         blocks = tensor5(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO blocks"), P, B, s, h, dv);
       {
-        detail::ComputePhase<ExecSpace> phase(space, "w_o dgrad");
+        detail::ComputePhase<ExecSpace> phase(space, names::w_o_dgrad);
         for (std::int64_t j = 0; j < P; ++j) {
           const auto columns =
               std::make_pair(static_cast<std::size_t>(j * h * dv), static_cast<std::size_t>((j + 1) * h * dv));
@@ -106,19 +107,19 @@ class OutputProjection {
                                                                                   static_cast<std::size_t>(h * dv)));
         }
       }
-      grad_a2a = seq_ == nullptr ? launch_all_to_all(space, blocks, 2, 0, *mesh_, "dO a2a", received)
+      grad_a2a = seq_ == nullptr ? launch_all_to_all(space, blocks, 2, 0, *mesh_, names::do_a2a, received)
                  : even ? launch_all_to_all(space, blocks, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()), *mesh_,
-                                            "dO a2a", received)
-                        : launch_all_to_all(space, blocks, 2, 3, *seq_, *heads_, *mesh_, "dO a2a", received);
+                                            names::do_a2a, received)
+                        : launch_all_to_all(space, blocks, 2, 3, *seq_, *heads_, *mesh_, names::do_a2a, received);
     }
     tensor5 result;
     if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
     if (dw_o.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, "w_o wgrad");
+      detail::ComputePhase<ExecSpace> phase(space, names::w_o_wgrad);
       detail::linear_wgrad(space, dy2, detail::as_matrix(local_output_, B * s, H * dv), dw_o);
     }
     if (db_o.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, "b_o grad");
+      detail::ComputePhase<ExecSpace> phase(space, names::b_o_grad);
       detail::bias_grad(space, dy2, db_o);
     }
     local_output_ = tensor4();  // released: the saved operand is not needed any more

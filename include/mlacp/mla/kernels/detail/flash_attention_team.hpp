@@ -14,8 +14,8 @@
 #include <KokkosBatched_Gemm_Decl.hpp>
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/flash_attention_rows.hpp>
-#include <mlacp/mla/flash_attention_scratch.hpp>
+#include <mlacp/mla/kernels/detail/flash_attention_rows.hpp>
+#include <mlacp/mla/kernels/detail/flash_attention_scratch.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
-#include <mlacp/mla/kv_layout.hpp>
+#include <mlacp/mla/kernels/detail/kv_layout.hpp>
 
 namespace {
 

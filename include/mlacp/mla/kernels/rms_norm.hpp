@@ -11,8 +11,8 @@
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/reductions.hpp>
-#include <mlacp/mla/view_utils.hpp>
+#include <mlacp/mla/kernels/reductions.hpp>
+#include <mlacp/mla/kernels/view_utils.hpp>
 
 #include <cstdint>
 #include <stdexcept>

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
-#include <mlacp/mla/rope.hpp>
-#include <mlacp/mla/view_utils.hpp>
+#include <mlacp/mla/kernels/rope.hpp>
+#include <mlacp/mla/kernels/view_utils.hpp>
 
 #include <cstdint>
 #include <string>

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
-#include <mlacp/mla/rms_norm.hpp>
+#include <mlacp/mla/kernels/rms_norm.hpp>
 
 namespace {
 

@@ -3,7 +3,7 @@
 // matrices, through the panelled GEMM of panelled_gemm.hpp (progress of in-flight collectives between panels).
 #pragma once
 
-#include <mlacp/mla/reductions.hpp>
+#include <mlacp/mla/kernels/reductions.hpp>
 #include <mlacp/panelled_gemm.hpp>
 
 #include <Kokkos_Core.hpp>

@@ -9,7 +9,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/softmax_exp.hpp>
+#include <mlacp/mla/kernels/detail/softmax_exp.hpp>
 
 #include <cstdint>
 #include <utility>

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// What every part of an MLA schedule reads: the layer's settings (configuration, weights, mesh, attention core, the
+// configuration's packed documents), how tokens and heads are split over the ranks, where collectives write, the
+// rank's rows of w_kvb, the RoPE table of a pass and the attention core's call. It owns no per-call memory: each
+// schedule owns its own (forward_workspace.hpp).
+#pragma once
+
+#include <mlacp/mesh.hpp>
+#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/detail/forward_workspace.hpp>
+#include <mlacp/mla/document_layout.hpp>
+#include <mlacp/mla/kernels/rope.hpp>
+#include <mlacp/mla/weights.hpp>
+#include <mlacp/partition.hpp>
+#include <mlacp/view_types.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace mlacp::detail {
+
+/// Which gradients of the pass need which part of the backward.
+inline bool needs_q(const MlaRequiresGrad& r) { return r.x || r.w_q || r.b_q; }
+inline bool needs_payload(const MlaRequiresGrad& r) { return r.x || r.w_kva || r.g_kv; }
+inline bool needs_kv(const MlaRequiresGrad& r) { return needs_payload(r) || r.w_kvb || r.b_kvb; }
+inline bool needs_attention(const MlaRequiresGrad& r) { return needs_q(r) || needs_kv(r); }
+/// Whether a backward computes anything at all (the output projection's gradients included).
+inline bool needs_backward(const MlaRequiresGrad& r) { return needs_attention(r) || r.w_o || r.b_o; }
+
+/// Whether Core's forward takes a trailing DocumentLayout (packed documents) after (space, q, k, v, o, lse).
+template <class Core, class ExecSpace, class Tensor4View, class Tensor3View, class = void>
+struct core_takes_documents : std::false_type {};
+template <class Core, class ExecSpace, class Tensor4View, class Tensor3View>
+struct core_takes_documents<
+    Core, ExecSpace, Tensor4View, Tensor3View,
+    std::void_t<decltype(std::declval<const Core&>().forward(
+        std::declval<const ExecSpace&>(), std::declval<const Tensor4View&>(), std::declval<const Tensor4View&>(),
+        std::declval<const Tensor4View&>(), std::declval<const Tensor4View&>(), std::declval<const Tensor3View&>(),
+        std::declval<const DocumentLayout&>()))>> : std::true_type {};
+template <class Core, class ExecSpace, class Tensor4View, class Tensor3View>
+inline constexpr bool core_takes_documents_v = core_takes_documents<Core, ExecSpace, Tensor4View, Tensor3View>::value;
+
+/// The layer's settings as its schedules read them. It refers to what the layer owns (the layer is not movable, so
+/// the references stay valid); the one-document RoPE table is a cache of this configuration, built on first use.
+template <class T, class ExecSpace, class Core>
+class ScheduleContext {
+ public:
+  using execution_space = ExecSpace;
+  using memory_space = typename ExecSpace::memory_space;
+  using value_type = T;
+  using tensor3 = Tensor3<T, memory_space>;
+  using tensor4 = Tensor4<T, memory_space>;
+  using tensor5 = Tensor5<T, memory_space>;
+  using matrix_rows = Matrix<T, memory_space, Unmanaged>;
+  using vector_part = Vector<T, memory_space, Unmanaged>;
+  using weights_type = MlaWeights<T, memory_space>;
+  using gradients_type = MlaGradients<T, memory_space>;
+  using pass_type = ForwardPass<T, ExecSpace>;
+
+  ScheduleContext(const MlaConfig& config, const weights_type& weights, const Mesh& mesh, const Core& core,
+                  const DocumentLayout& documents)
+      : config_(&config),
+        weights_(&weights),
+        mesh_(&mesh),
+        core_(&core),
+        documents_(&documents),
+        seq_part_(split(config.seq, mesh.size())),
+        head_part_(split(config.heads, mesh.size())) {}
+
+  const MlaConfig& config() const { return *config_; }
+  const weights_type& weights() const { return *weights_; }
+  const Mesh& mesh() const { return *mesh_; }
+  /// The packed documents of config().cu_seqlens, the same on every rank; empty: one document.
+  const DocumentLayout& documents() const { return *documents_; }
+  /// How the tokens and the heads are split over the ranks (Partition's rule: the first S mod P ranks hold one token
+  /// more, the first H mod P ranks one head more).
+  const Partition& seq_partition() const { return seq_part_; }
+  const Partition& head_partition() const { return head_part_; }
+  int local_seq() const { return static_cast<int>(seq_part_.count(mesh_->rank())); }
+  int local_heads() const { return static_cast<int>(head_part_.count(mesh_->rank())); }
+
+  // ---- where the collectives write, and the rank's part of w_kvb ----
+
+  /// A collective's destination in the layer's memory (allocated once); empty at P == 1, where a collective returns
+  /// its input and writes nothing.
+  template <class ViewType, class... Extents>
+  ViewType into(ViewType& slot, const char* label, Extents... n) const {
+    return mesh_->size() > 1 ? ensure(slot, label, n...) : ViewType();
+  }
+  /// Head blocks of d columns as an inverse all-to-all receives them, or as the dO all-to-all sends them: the P blocks
+  /// [P, B, s, h, d] of an even head split, or one block of all heads [1, B, s, H, d] when the heads are split
+  /// unevenly (InputA2APair::launch_backward, OutputProjection::backward). `into`: empty at P == 1.
+  tensor5 blocks_into(tensor5& slot, const char* label, int d) const {
+    if (head_part_.uniform()) return into(slot, label, mesh_->size(), config_->batch, local_seq(), local_heads(), d);
+    return into(slot, label, 1, config_->batch, local_seq(), config_->heads, d);
+  }
+  tensor5 blocks(tensor5& slot, const char* label, int d) const {
+    if (head_part_.uniform()) return ensure(slot, label, mesh_->size(), config_->batch, local_seq(), local_heads(), d);
+    return ensure(slot, label, 1, config_->batch, local_seq(), config_->heads, d);
+  }
+
+  /// The rank's head rows of w_kvb (and of its gradient): rows [o*(dn+dv), (o+h)*(dn+dv)) with o the rank's first head
+  /// and h its head count (head_partition()).
+  template <class M>
+  matrix_rows rows_of(const M& m) const {
+    if (m.data() == nullptr) return matrix_rows();
+    const auto [begin, end] = selected_rows();
+    return matrix_rows(m.data() + begin * m.extent(1), end - begin, m.extent(1));
+  }
+  template <class V>
+  vector_part part_of(const V& v) const {
+    if (v.data() == nullptr) return vector_part();
+    const auto [begin, end] = selected_rows();
+    return vector_part(v.data() + begin, end - begin);
+  }
+
+  /// The RoPE table of this rank's token positions in the pass's documents, read by every rotation of q, k_pe and
+  /// their gradients. One document: the global token indices [o, o + s) (o, s: the rank's seq_partition() offset and
+  /// count), one table for the layer built on first use. Packed documents: the position within each token's document,
+  /// restarting at 0 at its start, kept with the pass's documents; rebuilt in place (no allocation after the
+  /// workspace's first) when the pass brought another layout than the workspace's last.
+  const RopeTable<memory_space>& rope_table(const ExecSpace& space, ForwardDocuments<memory_space>& d) const {
+    const std::int64_t offset = seq_part_.offset(mesh_->rank());
+    const int width = config_->rope;
+    const double base = config_->rope_base;
+    if (d.layout.single()) {
+      if (!one_document_rope_.matches(local_seq(), offset, width, base))
+        one_document_rope_ = make_rope_table(space, local_seq(), offset, width, base);
+      return one_document_rope_;
+    }
+    if (!d.stale) return d.table;
+    const auto s = static_cast<std::size_t>(local_seq());
+    ensure(d.positions, "mlacp::rope positions", s);
+    fill_rope_positions(space, d.positions, offset, d.layout);
+    if (!(d.table.cos.data() != nullptr && d.table.cos.extent(0) == s && d.table.width == width &&
+          d.table.base == base))
+      d.table = allocate_rope_table<memory_space>(static_cast<std::int64_t>(s), width, base);
+    refill_rope_table(space, d.table, d.positions);
+    d.stale = false;
+    return d.table;
+  }
+  const RopeTable<memory_space>& rope_table(const ExecSpace& space, const pass_type& p) const {
+    return rope_table(space, p.w.documents);
+  }
+
+  /// The attention core with the pass's document layout; a core that takes no layout (see attention_core.hpp) is only
+  /// called with one document (the layer refuses packed documents for it, at construction and per call).
+  template <class... Args>
+  void core_forward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
+    if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>)
+      core_->forward(space, args..., p.w.documents.layout);
+    else
+      core_->forward(space, args...);
+  }
+  template <class... Args>
+  void core_backward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
+    if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>)
+      core_->backward(space, args..., p.w.documents.layout);
+    else
+      core_->backward(space, args...);
+  }
+
+ private:
+  std::pair<std::size_t, std::size_t> selected_rows() const {
+    const auto width = static_cast<std::size_t>(config_->nope + config_->vdim);
+    const auto first = static_cast<std::size_t>(head_part_.offset(mesh_->rank()));
+    return {first * width, (first + static_cast<std::size_t>(local_heads())) * width};
+  }
+
+  // A Partition of a configuration's extent; one that is not positive gets a placeholder (the configuration error
+  // names it before anything runs).
+  static Partition split(int total, int parts) { return Partition(total > 0 ? total : 0, parts > 0 ? parts : 1); }
+
+  const MlaConfig* config_;
+  const weights_type* weights_;
+  const Mesh* mesh_;
+  const Core* core_;
+  const DocumentLayout* documents_;
+  Partition seq_part_;
+  Partition head_part_;
+  mutable RopeTable<memory_space> one_document_rope_;
+};
+
+}  // namespace mlacp::detail

@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The compute steps both MLA schedules run (latent_schedule.hpp, expanded_schedule.hpp): the q projection, the kv_a
+// projection with its RMSNorm, attention + output projection, the output and attention backward, the Q branch's
+// backward and the kv_a projection's backward. Each takes the schedule's context, the pass and (where it needs one)
+// the schedule's scratch; where a result goes is the schedule's to say (its own layout: the payload of the latent
+// strategy, c and k_pe of the expanded one), so no step switches on the strategy.
+#pragma once
+
+#include <mlacp/mla/detail/forward_workspace.hpp>
+#include <mlacp/mla/detail/schedule_context.hpp>
+#include <mlacp/mla/kernels/detail/linear.hpp>
+#include <mlacp/mla/kernels/rms_norm.hpp>
+#include <mlacp/mla/kernels/rope.hpp>
+#include <mlacp/mla/kernels/view_utils.hpp>
+#include <mlacp/mla/names.hpp>
+#include <mlacp/panelled_gemm.hpp>
+
+#include <cstdint>
+#include <utility>
+
+namespace mlacp::detail {
+
+// ---- forward ----
+
+/// q = RoPE(x w_q^T + b_q) [B, s, H, dqk], in the workspace.
+template <class Context>
+typename Context::tensor4 project_q(const Context& ctx, const typename Context::execution_space& space,
+                                    const typename Context::pass_type& p) {
+  const MlaConfig& c = ctx.config();
+  const int B = c.batch, s = ctx.local_seq(), D = c.hidden, H = c.heads, dqk = c.qk_dim();
+  const auto& q = ensure(p.w.q_local, "mlacp::q", B, s, H, dqk);
+  ComputePhase<typename Context::execution_space> phase(space, names::w_q_fprop);
+  const auto& w = ctx.weights();
+  linear_forward(space, as_matrix(p.x, B * s, D), w.w_q, w.b_q, as_matrix(q, B * s, H * dqk));
+  rope_forward(space, q, c.nope, q, c.nope, ctx.rope_table(space, p));
+  return q;
+}
+
+/// kv_a = x w_kva^T [B, s, R+dr] (saved for the RMSNorm backward), and RMSNorm of its latent columns into columns
+/// [0, R) of `latent_out` [B, s, >= R], where the schedule uses it. Returns kv_a: the schedule rotates its shared key
+/// (columns [R, R+dr)) into its own layout.
+template <class Context>
+const typename Context::tensor3& project_kv_a(const Context& ctx, const typename Context::execution_space& space,
+                                              const typename Context::pass_type& p,
+                                              const typename Context::tensor3& latent_out) {
+  const MlaConfig& c = ctx.config();
+  const int B = c.batch, s = ctx.local_seq(), D = c.hidden, R = c.latent, dr = c.rope;
+  ComputePhase<typename Context::execution_space> phase(space, names::w_kva_fprop);
+  const auto& kv_a = ensure(p.w.kv_a, "mlacp::kv_a", B, s, R + dr);
+  const auto& w = ctx.weights();
+  linear_forward(space, as_matrix(p.x, B * s, D), w.w_kva, typename Context::vector_part(),
+                 as_matrix(kv_a, B * s, R + dr));
+  rms_norm_forward(space, kv_a, w.g_kv, latent_out, ensure(p.w.rstd, "mlacp::rstd", B * s), c.rms_eps);
+  return kv_a;
+}
+
+/// The attention core on the saved head-local q, k, v, then the output projection (its all-to-all and w_o): y.
+template <class Context>
+typename Context::tensor3 attend_and_project(const Context& ctx, const typename Context::execution_space& space,
+                                             const typename Context::pass_type& p) {
+  const MlaConfig& c = ctx.config();
+  const int B = c.batch, S = c.seq, s = ctx.local_seq(), h = ctx.local_heads();
+  auto& w = p.w;
+  ensure(w.o, "mlacp::o", B, S, h, c.vdim);
+  ensure(w.lse, "mlacp::lse", B, h, S);
+  {
+    ComputePhase<typename Context::execution_space> phase(space, names::attention_fprop);
+    ctx.core_forward(space, p, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
+  }
+  return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
+                            ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
+                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim));
+}
+
+// ---- backward ----
+
+/// The attention core's gradients of the head-local q, k, v [B, S, h, *]: dq when the Q branch needs it, dk and dv
+/// when the KV path needs them (empty otherwise).
+template <class Tensor4View>
+struct AttentionGradients {
+  Tensor4View dq, dk, dv;
+};
+
+/// The output projection's backward (dO all-to-all overlapped with the w_o wgrad), then the attention backward on
+/// head-local data into the scratch. False when nothing upstream of the attention needs a gradient (then nothing more
+/// runs and `out` stays empty).
+template <class Context, class Scratch>
+bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const typename Context::execution_space& space,
+                                   const typename Context::pass_type& p, const typename Context::tensor3& dy,
+                                   typename Context::gradients_type& g,
+                                   AttentionGradients<typename Context::tensor4>& out) {
+  using tensor5 = typename Context::tensor5;
+  const MlaConfig& c = ctx.config();
+  const MlaRequiresGrad& r = p.flags;
+  const int B = c.batch, S = c.seq, h = ctx.local_heads();
+  auto& w = p.w;
+  const bool attention = needs_attention(r);
+  auto d_o = w.out_proj.backward(
+      space, dy, attention, r.w_o ? g.w_o : decltype(g.w_o)(), r.b_o && c.bias ? g.b_o : decltype(g.b_o)(), c.overlap,
+      attention ? ctx.blocks(scratch.d_o_blocks, "mlacp::dO blocks", c.vdim) : tensor5(),
+      attention ? ctx.into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, c.vdim) : tensor5());
+  if (!attention) return false;
+  // The core overwrites its gradients: the scratch needs no zeroing.
+  if (needs_q(r)) out.dq = ensure(scratch.dq, "mlacp::dq", B, S, h, c.qk_dim());
+  if (needs_kv(r)) {
+    out.dk = ensure(scratch.dk, "mlacp::dk", B, S, h, c.qk_dim());
+    out.dv = ensure(scratch.dv, "mlacp::dv", B, S, h, c.vdim);
+  }
+  ComputePhase<typename Context::execution_space> phase(space, names::attention_bprop);
+  ctx.core_backward(space, p, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, out.dq, out.dk, out.dv);
+  return true;
+}
+
+/// The token-local dq as the head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads
+/// [r*h, (r+1)*h); one block [1, B, s, H, dqk] when the heads are split unevenly) -> w_q / b_q gradients and dx += dq
+/// w_q, one GEMM per block on w_q's rows of its heads (no unpack).
+template <class Context>
+void q_branch_backward(const Context& ctx, const typename Context::execution_space& space,
+                       const typename Context::pass_type& p, const typename Context::tensor5& dq_blocks,
+                       typename Context::gradients_type& g) {
+  using T = typename Context::value_type;
+  const MlaConfig& c = ctx.config();
+  const int B = c.batch, s = ctx.local_seq(), D = c.hidden, dqk = c.qk_dim();
+  const auto parts = static_cast<std::int64_t>(dq_blocks.extent(0)), h = static_cast<std::int64_t>(dq_blocks.extent(3));
+  const std::int64_t rows = static_cast<std::int64_t>(B) * s, width = h * dqk;
+  ComputePhase<typename Context::execution_space> phase(space, names::q_backward);
+  // RoPE acts per token and head: the blocks are P*B batches of [s, h, dqk] with the same positions.
+  const typename Context::tensor4 blocks(dq_blocks.data(), parts * B, s, h, dqk);
+  rope_backward(space, blocks, c.nope, blocks, c.nope, ctx.rope_table(space, p));
+  const auto x2 = as_matrix(p.x, rows, D);
+  for (std::int64_t r = 0; r < parts; ++r) {
+    const typename Context::matrix_rows block(dq_blocks.data() + r * rows * width, static_cast<std::size_t>(rows),
+                                              static_cast<std::size_t>(width));
+    const auto heads = std::make_pair(static_cast<std::size_t>(r * width), static_cast<std::size_t>((r + 1) * width));
+    if (p.flags.w_q) linear_wgrad(space, block, x2, Kokkos::subview(g.w_q, heads, Kokkos::ALL()));
+    if (p.flags.b_q && c.bias) bias_grad(space, block, Kokkos::subview(g.b_q, heads));
+    if (p.flags.x)
+      linear_dgrad(space, block, Kokkos::subview(ctx.weights().w_q, heads, Kokkos::ALL()), T(1),
+                   as_matrix(g.dx, rows, D));
+  }
+}
+
+/// The kv_a projection's gradient buffer d(kv_a) [B, s, R+dr] in the scratch: the schedule writes the shared key's
+/// gradient (the RoPE transpose) into its last dr columns, then kv_a_backward its first R and the rest.
+template <class Context, class Scratch>
+const typename Context::tensor3& d_kv_a(const Context& ctx, Scratch& scratch) {
+  const MlaConfig& c = ctx.config();
+  return ensure(scratch.d_kv_a, "mlacp::d kv_a", c.batch, ctx.local_seq(), c.latent + c.rope);
+}
+
+/// The RMSNorm backward of the latent's gradient (columns [0, R) of `d_latent` [B, s, >= R]) into d(kv_a)'s first R
+/// columns and g_kv's gradient, then w_kva's gradient and dx += d(kv_a) w_kva over all of d(kv_a) (its shared key
+/// columns written by the schedule before).
+template <class Context>
+void kv_a_backward(const Context& ctx, const typename Context::execution_space& space,
+                   const typename Context::pass_type& p, const typename Context::tensor3& d_latent,
+                   const typename Context::tensor3& d_kv_a, typename Context::gradients_type& g) {
+  using T = typename Context::value_type;
+  const MlaConfig& c = ctx.config();
+  const int B = c.batch, s = ctx.local_seq(), D = c.hidden, R = c.latent, dr = c.rope;
+  rms_norm_backward(space, p.w.kv_a, ctx.weights().g_kv, p.w.rstd, d_latent, d_kv_a,
+                    p.flags.g_kv ? g.g_kv : decltype(g.g_kv)());
+  const auto da2 = as_matrix(d_kv_a, B * s, R + dr);
+  if (p.flags.w_kva) linear_wgrad(space, da2, as_matrix(p.x, B * s, D), g.w_kva);
+  if (p.flags.x) linear_dgrad(space, da2, ctx.weights().w_kva, T(1), as_matrix(g.dx, B * s, D));
+}
+
+}  // namespace mlacp::detail
