@@ -14,6 +14,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/mla_attention.hpp>
+#include <mlacp/mla/names.hpp>
 
 #include <cstdlib>
 #include <fstream>
@@ -109,13 +110,13 @@ TEST(Trace, LayerStepHasOneProcessPerRankAComputeTrackAndATrackPerCollectiveInFl
   run_layer_step(mesh);
   const auto list = mlacp::events::snapshot();
   mlacp::events::enable(was_enabled);
-  ASSERT_GE(mlacp::events::find(list, EventKind::launch, "dQ a2a"), 0);
+  ASSERT_GE(mlacp::events::find(list, EventKind::launch, mlacp::names::dq_a2a), 0);
   for (std::size_t i = 1; i < list.size(); ++i) ASSERT_LE(list[i - 1].clock_ns, list[i].clock_ns) << i;
 
   const std::string json = mlacp::events::chrome_trace(list, mesh.rank());
   EXPECT_TRUE(contains(json, "\"args\": {\"name\": \"rank " + std::to_string(mesh.rank()) + "\"}"));
   EXPECT_TRUE(contains(json, "\"cat\": \"compute\", \"name\": \"w_o wgrad\""));
-  for (const char* name : {"dO a2a", "dQ a2a", "dK a2a", "dV a2a"})
+  for (const char* name : {mlacp::names::do_a2a, mlacp::names::dq_a2a, mlacp::names::dk_a2a, mlacp::names::dv_a2a})
     EXPECT_TRUE(contains(json, std::string("\"cat\": \"collective\", \"name\": \"") + name + "\"")) << name;
   EXPECT_TRUE(contains(json, "collective in flight #3")) << json;
 
@@ -146,7 +147,7 @@ TEST(TraceEnvironment, MlacpTraceRecordsFromTheStart) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   EXPECT_EQ(mlacp::events::trace_rank(), mlacp::test::world_rank());
   run_layer_step(mesh);
-  EXPECT_GE(mlacp::events::find(mlacp::events::snapshot(), EventKind::wait_end, "dO a2a"), 0);
+  EXPECT_GE(mlacp::events::find(mlacp::events::snapshot(), EventKind::wait_end, mlacp::names::do_a2a), 0);
 }
 
 // ---- Kokkos Tools ---------------------------------------------------------------------------------------------------
@@ -227,7 +228,8 @@ TEST(KokkosTools, EveryCollectiveOfALayerStepIsVisible) {
     run_layer_step(mesh);
     log = tool_log();
   }
-  for (const char* name : {"Q a2a", "K a2a", "V a2a", "O a2a", "dO a2a", "dQ a2a", "dK a2a", "dV a2a"}) {
+  for (const char* name : {mlacp::names::q_a2a, mlacp::names::k_a2a, mlacp::names::v_a2a, mlacp::names::o_a2a,
+                           mlacp::names::do_a2a, mlacp::names::dq_a2a, mlacp::names::dk_a2a, mlacp::names::dv_a2a}) {
     const std::string n(name);
     const auto launch = position(log, "mark mlacp::launch " + n);
     const auto push = position(log, "push mlacp::wait " + n);

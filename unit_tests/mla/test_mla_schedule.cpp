@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/mla/mla_attention.hpp>
+#include <mlacp/mla/names.hpp>
 
 #include <sstream>
 #include <string>
@@ -63,35 +64,44 @@ Recorded record_backward(mlacp::MlaStrategy strategy, const mlacp::MlaRequiresGr
 
 TEST(MlaSchedule, LatentBackwardOverlapsEachCollectiveWithItsIndependentCompute) {
   const auto r = record_backward(mlacp::MlaStrategy::latent, {});
-  r.expect_overlap("dO a2a", "w_o wgrad");
-  r.expect_overlap("dQ a2a", "kv backward");
-  r.expect_overlap("latent reduce-scatter", "w_kvb wgrad");
+  r.expect_overlap(mlacp::names::do_a2a, mlacp::names::w_o_wgrad);
+  r.expect_overlap(mlacp::names::dq_a2a, mlacp::names::kv_backward);
+  r.expect_overlap(mlacp::names::latent_reduce_scatter, mlacp::names::w_kvb_wgrad);
   // dQ's wait comes before the Q projection's backward.
-  EXPECT_LT(r.at(EventKind::wait_end, "dQ a2a"), r.at(EventKind::compute_begin, "q backward")) << r.dump();
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::dq_a2a), r.at(EventKind::compute_begin, mlacp::names::q_backward))
+      << r.dump();
   // The reduce-scatter, launched after dQ (and behind it on a shared link), stays in flight through the Q branch's
   // backward and is waited last, right before the payload's backward that needs it.
-  r.expect_overlap("latent reduce-scatter", "q backward");
-  EXPECT_LT(r.at(EventKind::wait_end, "latent reduce-scatter"), r.at(EventKind::compute_begin, "payload backward"))
+  r.expect_overlap(mlacp::names::latent_reduce_scatter, mlacp::names::q_backward);
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::latent_reduce_scatter),
+            r.at(EventKind::compute_begin, mlacp::names::payload_backward))
       << r.dump();
 }
 
 TEST(MlaSchedule, ExpandedBackwardLaunchesAllInversesThenWaitsQFirst) {
   const auto r = record_backward(mlacp::MlaStrategy::expanded, {});
-  r.expect_overlap("dO a2a", "w_o wgrad");
-  for (const char* name : {"dQ a2a", "dK a2a", "dV a2a"})
-    EXPECT_LT(r.at(EventKind::launch, name), r.at(EventKind::compute_begin, "q backward")) << name << "\n" << r.dump();
-  r.expect_overlap("dK a2a", "q backward");
-  r.expect_overlap("dV a2a", "q backward");
-  EXPECT_LT(r.at(EventKind::wait_end, "dK a2a"), r.at(EventKind::compute_begin, "k backward")) << r.dump();
-  EXPECT_LT(r.at(EventKind::wait_end, "dV a2a"), r.at(EventKind::compute_begin, "v backward")) << r.dump();
-  EXPECT_LT(r.at(EventKind::compute_end, "k backward"), r.at(EventKind::wait_begin, "dV a2a")) << r.dump();
+  r.expect_overlap(mlacp::names::do_a2a, mlacp::names::w_o_wgrad);
+  for (const char* name : {mlacp::names::dq_a2a, mlacp::names::dk_a2a, mlacp::names::dv_a2a})
+    EXPECT_LT(r.at(EventKind::launch, name), r.at(EventKind::compute_begin, mlacp::names::q_backward)) << name << "\n"
+                                                                                                       << r.dump();
+  r.expect_overlap(mlacp::names::dk_a2a, mlacp::names::q_backward);
+  r.expect_overlap(mlacp::names::dv_a2a, mlacp::names::q_backward);
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::dk_a2a), r.at(EventKind::compute_begin, mlacp::names::k_backward))
+      << r.dump();
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::dv_a2a), r.at(EventKind::compute_begin, mlacp::names::v_backward))
+      << r.dump();
+  EXPECT_LT(r.at(EventKind::compute_end, mlacp::names::k_backward), r.at(EventKind::wait_begin, mlacp::names::dv_a2a))
+      << r.dump();
 }
 
 TEST(MlaSchedule, BlockingBaselineWaitsEachCollectiveBeforeTheCompute) {
   const auto r = record_backward(mlacp::MlaStrategy::latent, {}, false);
-  EXPECT_LT(r.at(EventKind::wait_end, "dO a2a"), r.at(EventKind::compute_begin, "w_o wgrad")) << r.dump();
-  EXPECT_LT(r.at(EventKind::wait_end, "dQ a2a"), r.at(EventKind::compute_begin, "kv backward")) << r.dump();
-  EXPECT_LT(r.at(EventKind::wait_end, "latent reduce-scatter"), r.at(EventKind::compute_begin, "w_kvb wgrad"))
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::do_a2a), r.at(EventKind::compute_begin, mlacp::names::w_o_wgrad))
+      << r.dump();
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::dq_a2a), r.at(EventKind::compute_begin, mlacp::names::kv_backward))
+      << r.dump();
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::latent_reduce_scatter),
+            r.at(EventKind::compute_begin, mlacp::names::w_kvb_wgrad))
       << r.dump();
 }
 
@@ -107,29 +117,29 @@ TEST(MlaSchedule, SkippedGradientsLaunchNothing) {
         EXPECT_NE(e.kind, EventKind::launch) << e.name << "\n" << r.dump();
       }
     }
-    EXPECT_FALSE(r.has(EventKind::compute_begin, "attention bprop")) << r.dump();
-    EXPECT_TRUE(r.has(EventKind::compute_begin, "w_o wgrad")) << r.dump();
+    EXPECT_FALSE(r.has(EventKind::compute_begin, mlacp::names::attention_bprop)) << r.dump();
+    EXPECT_TRUE(r.has(EventKind::compute_begin, mlacp::names::w_o_wgrad)) << r.dump();
 
     // No gradient for x, w_q, b_q: the dQ inverse is never launched (nor waited).
     auto no_q = mlacp::MlaRequiresGrad{};
     no_q.x = no_q.w_q = no_q.b_q = false;
     r = record_backward(strategy, no_q);
-    EXPECT_FALSE(r.has(EventKind::launch, "dQ a2a")) << r.dump();
-    EXPECT_FALSE(r.has(EventKind::wait_begin, "dQ a2a")) << r.dump();
-    EXPECT_TRUE(r.has(EventKind::launch, "dO a2a")) << r.dump();
+    EXPECT_FALSE(r.has(EventKind::launch, mlacp::names::dq_a2a)) << r.dump();
+    EXPECT_FALSE(r.has(EventKind::wait_begin, mlacp::names::dq_a2a)) << r.dump();
+    EXPECT_TRUE(r.has(EventKind::launch, mlacp::names::do_a2a)) << r.dump();
 
     // Frozen w_o/b_o: no w_o wgrad.
     auto frozen_o = mlacp::MlaRequiresGrad{};
     frozen_o.w_o = frozen_o.b_o = false;
     r = record_backward(strategy, frozen_o);
-    EXPECT_FALSE(r.has(EventKind::compute_begin, "w_o wgrad")) << r.dump();
+    EXPECT_FALSE(r.has(EventKind::compute_begin, mlacp::names::w_o_wgrad)) << r.dump();
   }
   // Latent: no gradient for x, w_kva, g_kv: the reduce-scatter is skipped, the w_kvb wgrad still runs.
   auto no_payload = mlacp::MlaRequiresGrad{};
   no_payload.x = no_payload.w_kva = no_payload.g_kv = false;
   const auto r = record_backward(mlacp::MlaStrategy::latent, no_payload);
-  EXPECT_FALSE(r.has(EventKind::launch, "latent reduce-scatter")) << r.dump();
-  EXPECT_TRUE(r.has(EventKind::compute_begin, "w_kvb wgrad")) << r.dump();
+  EXPECT_FALSE(r.has(EventKind::launch, mlacp::names::latent_reduce_scatter)) << r.dump();
+  EXPECT_TRUE(r.has(EventKind::compute_begin, mlacp::names::w_kvb_wgrad)) << r.dump();
 }
 
 // ---- misuse -------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/mla/mla_attention.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/progress.hpp>
 
 #include <algorithm>
@@ -22,8 +23,16 @@ using Mem = Space::memory_space;
 
 // The labels of the collectives' own results (a collective without a destination allocates its result under its
 // name). The layer gives every collective a destination in its memory, so a steady iteration allocates none of these.
-const std::set<std::string> collective_results = {"Q a2a",  "K a2a",  "V a2a",  "O a2a",  "payload all-gather",
-                                                  "dO a2a", "dQ a2a", "dK a2a", "dV a2a", "latent reduce-scatter"};
+const std::set<std::string> collective_results = {mlacp::names::q_a2a,
+                                                  mlacp::names::k_a2a,
+                                                  mlacp::names::v_a2a,
+                                                  mlacp::names::o_a2a,
+                                                  mlacp::names::payload_all_gather,
+                                                  mlacp::names::do_a2a,
+                                                  mlacp::names::dq_a2a,
+                                                  mlacp::names::dk_a2a,
+                                                  mlacp::names::dv_a2a,
+                                                  mlacp::names::latent_reduce_scatter};
 
 struct Counted {
   std::uint64_t first = 0;  // View allocations of the warm-up iteration (the counter sees the layer's allocations)

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/event_recorder.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/mla/pieces/latent_kv_linear.hpp>
 
 #include <cmath>
@@ -109,7 +110,8 @@ TEST(LatentKVLinear, NoPayloadGradientLaunchesNothingAndWaitsForNothing) {
   const auto payload = linear.wait_backward();
   mlacp::events::enable(false);
   EXPECT_EQ(payload.data(), nullptr);
-  EXPECT_LT(mlacp::events::find(mlacp::events::snapshot(), mlacp::EventKind::launch, "latent reduce-scatter"), 0);
+  EXPECT_LT(
+      mlacp::events::find(mlacp::events::snapshot(), mlacp::EventKind::launch, mlacp::names::latent_reduce_scatter), 0);
   double sum = 0;
   for (const double v : host_values(dw)) sum += std::abs(v);
   EXPECT_GT(sum, 0.0) << "dw_sel is still computed";
