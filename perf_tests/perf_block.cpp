@@ -35,6 +35,7 @@
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/mla_attention.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/testing/synthetic.hpp>
 
 #include <cstdint>
@@ -272,8 +273,9 @@ Packing measure_packing(const mlacp::MlaConfig& base, const mlacp::Mesh& mesh, i
   for (const auto& e : mlacp::events::snapshot())
     if (e.kind == mlacp::EventKind::launch) result.collectives.push_back(e.name);
   mlacp::events::enable(false);
-  const std::vector<std::string> expected{"Q a2a",  "payload all-gather",   "O a2a", "dO a2a",
-                                          "dQ a2a", "latent reduce-scatter"};
+  namespace names = mlacp::names;
+  const std::vector<std::string> expected{names::q_a2a,  names::payload_all_gather,   names::o_a2a, names::do_a2a,
+                                          names::dq_a2a, names::latent_reduce_scatter};
   std::vector<std::string> seen = result.collectives, wanted = expected;
   std::sort(seen.begin(), seen.end());
   std::sort(wanted.begin(), wanted.end());

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <mlacp/error.hpp>
 #include <mlacp/event_recorder.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/panelled_gemm.hpp>
 #include <mlacp/version.hpp>
 #include <mlacp/watchdog.hpp>
@@ -88,6 +89,39 @@ void bind_runtime(py::module_& m) {
       },
       "The events recorded so far, in order, as (kind, name, seconds) with kind one of launch, wait_begin, wait_end, "
       "compute_begin, compute_end.");
+
+  // The names the recorded events carry (mla/names.hpp), so that Python code looks for the same strings.
+  auto names =
+      m.def_submodule("names", "The collective and compute-phase names the MLA layer records (mla/names.hpp).");
+  for (const auto& [attribute, value] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"q_a2a", mlacp::names::q_a2a},
+           {"k_a2a", mlacp::names::k_a2a},
+           {"v_a2a", mlacp::names::v_a2a},
+           {"dq_a2a", mlacp::names::dq_a2a},
+           {"dk_a2a", mlacp::names::dk_a2a},
+           {"dv_a2a", mlacp::names::dv_a2a},
+           {"o_a2a", mlacp::names::o_a2a},
+           {"do_a2a", mlacp::names::do_a2a},
+           {"payload_all_gather", mlacp::names::payload_all_gather},
+           {"latent_reduce_scatter", mlacp::names::latent_reduce_scatter},
+           {"w_q_fprop", mlacp::names::w_q_fprop},
+           {"w_kva_fprop", mlacp::names::w_kva_fprop},
+           {"w_kvb_fprop", mlacp::names::w_kvb_fprop},
+           {"attention_fprop", mlacp::names::attention_fprop},
+           {"w_o_fprop", mlacp::names::w_o_fprop},
+           {"w_o_dgrad", mlacp::names::w_o_dgrad},
+           {"w_o_wgrad", mlacp::names::w_o_wgrad},
+           {"b_o_grad", mlacp::names::b_o_grad},
+           {"attention_bprop", mlacp::names::attention_bprop},
+           {"kv_backward", mlacp::names::kv_backward},
+           {"w_kvb_dgrad", mlacp::names::w_kvb_dgrad},
+           {"w_kvb_wgrad", mlacp::names::w_kvb_wgrad},
+           {"b_kvb_grad", mlacp::names::b_kvb_grad},
+           {"q_backward", mlacp::names::q_backward},
+           {"k_backward", mlacp::names::k_backward},
+           {"v_backward", mlacp::names::v_backward},
+           {"payload_backward", mlacp::names::payload_backward}})
+    names.attr(attribute) = value;
 }
 
 }  // namespace mlacp::python

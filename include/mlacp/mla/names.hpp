@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // The names the MLA layer gives its collectives and compute phases: what an EventRecorder records, what Kokkos Tools
 // show as regions, what perf_tests report and what the tests look for. One place, so that a renamed phase cannot
-// leave a test or a report looking for the old name.
+// leave a test or a report looking for the old name (Python: mlacp.names, the same constants).
 #pragma once
 
 #include <string>
