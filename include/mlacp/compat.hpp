@@ -6,6 +6,7 @@
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
+#include <mlacp/bfloat16.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +23,28 @@
 #endif
 
 namespace mlacp::compat {
+
+/// mlacp's bfloat16 value type (bfloat16.hpp): Kokkos' bhalf_t where it is a native 2-byte type (Kokkos 4.x on
+/// CUDA/HIP/SYCL: KOKKOS_BHALF_T_IS_FLOAT is false), mlacp::bfloat16 elsewhere (host builds, where bhalf_t is float,
+/// and Kokkos 3.4, which has no bhalf_t). Two bytes either way.
+#if defined(KOKKOS_BHALF_T_IS_FLOAT) && !KOKKOS_BHALF_T_IS_FLOAT
+using bf16 = Kokkos::Experimental::bhalf_t;
+#else
+using bf16 = mlacp::bfloat16;
+#endif
+static_assert(sizeof(bf16) == 2, "mlacp's bf16 is two bytes on every build");
+}  // namespace mlacp::compat
+
+namespace mlacp {
+/// The bf16 value type of this build (compat::bf16).
+using bf16 = compat::bf16;
+}  // namespace mlacp
+
+namespace mlacp::compat {
+
+/// Widening and rounding between bf16 and float, for both kinds of bf16.
+KOKKOS_INLINE_FUNCTION float to_float(const bf16& v) { return static_cast<float>(v); }
+KOKKOS_INLINE_FUNCTION bf16 to_bf16(float v) { return static_cast<bf16>(v); }
 
 /// Number of dimensions of a View type, as an int, in a constant expression. (`View::rank` is an enum in 3.4 and an
 /// integral_constant in 4.x; both convert.)
