@@ -27,14 +27,15 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
-#include <mlacp/mla/pieces/input_a2a.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
-#include <mlacp/mla/pieces/latent_kv_linear.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
-#include <mlacp/mla/pieces/output_projection.hpp>
 #include <mlacp/mla/kernels/rms_norm.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
 #include <mlacp/mla/kernels/view_utils.hpp>
+#include <mlacp/mla/names.hpp>
+#include <mlacp/mla/pieces/input_a2a.hpp>
+#include <mlacp/mla/pieces/latent_kv_linear.hpp>
+#include <mlacp/mla/pieces/output_projection.hpp>
 #include <mlacp/testing/synthetic.hpp>
 
 #include <atomic>
@@ -270,8 +271,8 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
             mlacp::testing::synthetic::fill(st->dy, 12, 1.0);
             mlacp::testing::synthetic::fill(st->w_o, 13, 0.1);
             Pair p;
-            p.compute_name = "w_o wgrad";
-            p.comm_name = "dO a2a";
+            p.compute_name = mlacp::names::w_o_wgrad;
+            p.comm_name = mlacp::names::do_a2a;
             p.panel_rows = s;
             p.prepare = [space, st, &mesh]() {
               st->invocation.emplace();
@@ -283,10 +284,11 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
             };
             p.collective = [space, st, &mesh, P]() {
               // As OutputProjection::backward launches it: heads gathered from the P blocks, or scattered (uneven).
-              (st->split.even_heads() ? mlacp::launch_all_to_all(space, st->blocks, 2, 0, st->split.seq,
-                                                                 mlacp::Partition(P, P), mesh, "dO a2a", st->received)
-                                      : mlacp::launch_all_to_all(space, st->blocks, 2, 3, st->split.seq,
-                                                                 st->split.heads, mesh, "dO a2a", st->received))
+              (st->split.even_heads()
+                   ? mlacp::launch_all_to_all(space, st->blocks, 2, 0, st->split.seq, mlacp::Partition(P, P), mesh,
+                                              mlacp::names::do_a2a, st->received)
+                   : mlacp::launch_all_to_all(space, st->blocks, 2, 3, st->split.seq, st->split.heads, mesh,
+                                              mlacp::names::do_a2a, st->received))
                   .wait();
             };
             p.piece = [space, st](bool overlap) {
@@ -522,8 +524,8 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
             mlacp::testing::synthetic::fill(st->kvl.grad_shared, 33, 1.0);
             mlacp::testing::synthetic::fill(st->kvl.w_rows, 34, 0.1);
             Pair p;
-            p.compute_name = "w_kvb wgrad";
-            p.comm_name = "latent reduce-scatter";
+            p.compute_name = mlacp::names::w_kvb_wgrad;
+            p.comm_name = mlacp::names::latent_reduce_scatter;
             p.panel_rows = S;
             p.prepare = [space, st, &mesh]() {
               st->invocation.emplace();
@@ -535,8 +537,8 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
                                        true, st->kvl.grad_payload, st->kvl.grad_latent, st->kvl.reduced);
             };
             p.collective = [space, st, &mesh]() {
-              mlacp::launch_reduce_scatter(space, st->kvl.grad_payload, 1, st->split.seq, mesh, "latent reduce-scatter",
-                                           st->kvl.reduced)
+              mlacp::launch_reduce_scatter(space, st->kvl.grad_payload, 1, st->split.seq, mesh,
+                                           mlacp::names::latent_reduce_scatter, st->kvl.reduced)
                   .wait();
             };
             p.piece = [space, st](bool overlap) {
