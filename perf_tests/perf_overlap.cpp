@@ -3,10 +3,11 @@
 // mlacp-perf-overlap: one benchmark per overlap pair of the MLA backward, each run through the library piece that
 // the layer (mla_attention.hpp) runs it with:
 //   (1) the dO all-to-all with the w_o weight gradient: OutputProjection::backward;
-//   (2) the dQ inverse all-to-all with the KV backward (latent strategy): InputA2APair::launch_backward, the KV path's
-//       backward up to the dQ wait as the layer composes it (disassemble_kv_grad, LatentKVLinear::launch_backward:
-//       w_kvb dgrad, its own latent reduce-scatter launched, w_kvb wgrad), InputA2APair::wait_backward_blocks; the
-//       reduce-scatter's wait and the payload backward follow untimed;
+//   (2) the dQ inverse all-to-all with the KV backward (latent strategy): the library's own latent schedule
+//       (LatentSchedule over a ScheduleContext, with a synthetic O(n) attention core), its backward run as its named
+//       steps (LatentSchedule::Backward): launch_dq(), kv() (disassemble_kv_grad, LatentKVLinear::launch_backward:
+//       w_kvb dgrad, its own latent reduce-scatter launched, w_kvb wgrad), wait_dq(); forward and attention() run
+//       untimed before, q_branch() and payload() (the reduce-scatter's wait, the payload backward) untimed after;
 //   (3) the latent reduce-scatter with the w_kvb weight gradient: LatentKVLinear::backward.
 // For each, in one run: the compute alone (the piece without its collective), the collective alone (the library call
 // the piece launches, same arguments), the piece overlapped (overlap on: launch, compute through the library's
@@ -27,19 +28,21 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
-#include <mlacp/mla/pieces/input_a2a.hpp>
-#include <mlacp/mla/kernels/detail/kv_layout.hpp>
+#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/detail/input_checks.hpp>
+#include <mlacp/mla/detail/latent_schedule.hpp>
+#include <mlacp/mla/detail/schedule_context.hpp>
+#include <mlacp/mla/document_layout.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/mla/pieces/latent_kv_linear.hpp>
-#include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/pieces/output_projection.hpp>
-#include <mlacp/mla/kernels/rms_norm.hpp>
-#include <mlacp/mla/kernels/rope.hpp>
-#include <mlacp/mla/kernels/view_utils.hpp>
+#include <mlacp/mla/weights.hpp>
 #include <mlacp/testing/synthetic.hpp>
 
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "perf_common.hpp"
@@ -58,7 +61,6 @@ using Vector = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
 using Waiter = std::function<void()>;
 using OutputProjection = mlacp::OutputProjection<T, Space>;
 using LatentKVLinear = mlacp::LatentKVLinear<T, Space>;
-using InputA2APair = mlacp::InputA2APair<T, Space>;
 using WeightRows = LatentKVLinear::weight_rows;
 using BiasPart = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
@@ -121,6 +123,42 @@ ViewType destination(const mlacp::Mesh& mesh, const char* label, Extents... n) {
   return mesh.size() > 1 ? ViewType(std::string(label), static_cast<std::size_t>(n)...) : ViewType();
 }
 
+// dst = scale * src over dst's extents (rank 4, any layout), asynchronously on `space`; nothing when dst is empty (a
+// gradient that is not needed). (A free function: a device lambda may not be defined in a private member.)
+template <class ExecSpace, class Src, class Dst>
+void scaled_copy(const ExecSpace& space, const Src& src, const Dst& dst, double scale, const char* label) {
+  if (dst.data() == nullptr || dst.size() == 0) return;
+  using value = typename Dst::non_const_value_type;
+  const value a = static_cast<value>(scale);
+  using policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Kokkos::IndexType<std::int64_t>>;
+  const auto e = [&](int d) { return static_cast<std::int64_t>(dst.extent(d)); };
+  Kokkos::parallel_for(
+      label, policy(space, {0, 0, 0, 0}, {e(0), e(1), e(2), e(3)}),
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j, const std::int64_t l, const std::int64_t m) {
+        dst(i, j, l, m) = a * static_cast<value>(src(i, j, l, m));
+      });
+}
+
+// The attention core of the dQ pair (LatentSchedule's Core parameter, the interface of attention_core.hpp without a
+// DocumentLayout: one document): deterministic outputs of the right shapes in O(n) per call, o = v, lse = 0,
+// dq = q / 2, dk = k / 2, dv = dO. Synthetic on purpose: the pair measures the dQ all-to-all against the KV path's
+// backward, and the core runs only in its untimed prepare (the schedule's forward and attention() step), where the
+// causal core's O(S^2) at S = 8192 would cost more than every timed body of the pair together.
+struct SyntheticCore {
+  template <class ExecSpace, class Q, class K, class V, class O, class Lse>
+  void forward(const ExecSpace& space, const Q&, const K&, const V& v, const O& o, const Lse& lse) const {
+    scaled_copy(space, v, o, 1.0, "mlacp-perf-overlap: synthetic o");
+    if (lse.data() != nullptr) Kokkos::deep_copy(space, lse, typename Lse::non_const_value_type(0));
+  }
+  template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+  void backward(const ExecSpace& space, const Q& q, const K& k, const V&, const O&, const Lse&, const DO& d_o,
+                const DQ& dq, const DK& dk, const DV& dv) const {
+    scaled_copy(space, q, dq, 0.5, "mlacp-perf-overlap: synthetic dq");
+    scaled_copy(space, k, dk, 0.5, "mlacp-perf-overlap: synthetic dk");
+    scaled_copy(space, d_o, dv, 1.0, "mlacp-perf-overlap: synthetic dv");
+  }
+};
+
 // How a pair's tokens and heads are split over the ranks, as the layer splits them (MlaAttention's seq_partition and
 // head_partition): even, S and H divisible by P; uneven, S = P*k + P-1 and H = P*h + P-1, so that the first P-1
 // ranks hold one token and one head more than the last (at P == 1 both are even).
@@ -150,7 +188,7 @@ std::string spec_name(const std::string& name, bool uneven, std::int64_t S, std:
   return name + " [uneven S=" + std::to_string(S) + (H < 0 ? "" : " H=" + std::to_string(H)) + "]";
 }
 
-// The latent KV linear's operands as the layer's workspace holds them (pairs 2 and 3): the gathered payload, the rank's
+// The latent KV linear's operands as the layer's workspace holds them (pair 3): the gathered payload, the rank's
 // head rows of w_kvb and of its gradient [width, R], the forward's outputs and the backward's scratch.
 struct LatentKVOperands {
   Tensor3 gathered;                   // [1, S, R+dr]: the forward's input
@@ -181,7 +219,7 @@ struct Pair {
   // Untimed: a fresh invocation of the piece (its forward), so that the next backward may run (each runs once).
   std::function<void()> prepare;
   // Untimed, after a timed body that ran the compute (alone or in the piece): what the layer runs after the pair
-  // (optional; the dQ pair ends its latent reduce-scatter here).
+  // (optional; the dQ pair runs the rest of the schedule's backward here, its latent reduce-scatter's wait included).
   std::function<void()> finish;
   // The piece's compute without its collective (after prepare).
   std::function<void()> compute;
@@ -192,7 +230,7 @@ struct Pair {
   std::function<void(bool overlap)> piece;
   std::function<Waiter()> launch_raw;  // the same bytes, raw MPI on pre-packed buffers (RawRequest)
   std::function<JsonObject()> sizes;
-  std::function<JsonObject()> breakdown;  // optional: per-step times of the compute alone
+  std::function<JsonObject()> breakdown;  // optional: per-step times of one round, a fence after each step
   // optional: the compute, and the overlapped piece, with mlacp::progress() also called between the steps that do not
   // poll (a proposed library change)
   std::function<void()> compute_polled;
@@ -270,8 +308,8 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
             mlacp::testing::synthetic::fill(st->dy, 12, 1.0);
             mlacp::testing::synthetic::fill(st->w_o, 13, 0.1);
             Pair p;
-            p.compute_name = "w_o wgrad";
-            p.comm_name = "dO a2a";
+            p.compute_name = mlacp::names::w_o_wgrad;
+            p.comm_name = mlacp::names::do_a2a;
             p.panel_rows = s;
             p.prepare = [space, st, &mesh]() {
               st->invocation.emplace();
@@ -283,10 +321,11 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
             };
             p.collective = [space, st, &mesh, P]() {
               // As OutputProjection::backward launches it: heads gathered from the P blocks, or scattered (uneven).
-              (st->split.even_heads() ? mlacp::launch_all_to_all(space, st->blocks, 2, 0, st->split.seq,
-                                                                 mlacp::Partition(P, P), mesh, "dO a2a", st->received)
-                                      : mlacp::launch_all_to_all(space, st->blocks, 2, 3, st->split.seq,
-                                                                 st->split.heads, mesh, "dO a2a", st->received))
+              (st->split.even_heads()
+                   ? mlacp::launch_all_to_all(space, st->blocks, 2, 0, st->split.seq, mlacp::Partition(P, P), mesh,
+                                              mlacp::names::do_a2a, st->received)
+                   : mlacp::launch_all_to_all(space, st->blocks, 2, 3, st->split.seq, st->split.heads, mesh,
+                                              mlacp::names::do_a2a, st->received))
                   .wait();
             };
             p.piece = [space, st](bool overlap) {
@@ -313,11 +352,16 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
 }
 
 // (2) dQ inverse all-to-all (head-local -> token-local, InputA2APair "Q": received as the P head blocks
-// [P, 1, s, h, dqk] that the Q branch consumes without an unpack) with the KV backward of the latent strategy up to the
-// dQ wait, as LatentSchedule::backward composes it: disassemble dK/dV, LatentKVLinear::launch_backward (w_kvb dgrad,
-// the latent reduce-scatter launched, w_kvb wgrad while it is in flight). The layer then waits dQ, runs the Q branch's
-// backward while the reduce-scatter is still in flight, waits it and runs the payload backward (RoPE and RMSNorm
-// backward, w_kva wgrad and dgrad); here that tail runs untimed after each round (the pair's finish). The latent
+// [P, 1, s, h, dqk] that the Q branch consumes without an unpack) with the KV backward of the latent strategy, run by
+// the library's own schedule: a ScheduleContext and a LatentSchedule over an MlaConfig of the pair's shape, whose
+// backward steps (LatentSchedule::Backward) the pair calls in the order Backward::run() calls them. Untimed before
+// each round (prepare): the schedule's forward and the Backward's attention() step (the dO all-to-all beside the w_o
+// wgrad, the attention core's backward). Timed (piece): launch_dq() (the dQ all-to-all launched), kv() (disassemble
+// dK/dV, LatentKVLinear::launch_backward: w_kvb dgrad, the latent reduce-scatter launched, w_kvb wgrad while it is in
+// flight) and wait_dq(): after kv() with overlap on, right after the launch with overlap off. Untimed after each round
+// (finish): q_branch() (the Q branch's backward on dQ's head blocks, while the reduce-scatter is still in flight) and
+// payload() (the reduce-scatter waited, the payload's RoPE and RMSNorm backward, w_kva wgrad and dgrad). The compute
+// alone is kv(). The attention core is SyntheticCore (O(n) per call, not the causal attention). The latent
 // reduce-scatter shares the link with the dQ all-to-all in flight: R + dr = 40 makes it 31% of the dQ all-to-all's
 // bytes (DeepSeek-V3, R + dr = 576 against dQ's 192 H / P per token: 5% at P = 2, 19% at P = 8, 37% at P = 16). The
 // free dimension is dv: it scales the w_kvb GEMMs and moves neither collective.
@@ -325,178 +369,180 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
   const int P = mesh.size();
   const int dn = 8, dr = 8, dqk = dn + dr, R = 32, D = 512;
   const int S = rows + static_cast<int>(uneven_extra(uneven, P)), H = 8 * P + static_cast<int>(uneven_extra(uneven, P));
-  return {spec_name("dQ a2a + kv backward", uneven, S, H), 64, [&mesh, S, H, P, dn, dr, dqk, R, D](int dv) {
-            const Space space;
-            const Split split(S, H, mesh);
-            const int s = split.s(), h = split.h(), width = h * (dn + dv);
-            struct State {
-              State(Split sp, LatentKVOperands operands) : split(std::move(sp)), kvl(std::move(operands)) {}
-              Split split;
-              // The Q pair's forward operands and the attention backward's outputs.
-              Tensor4 q_token_local;  // [1, s, H, dqk]
-              Tensor4 q_heads;        // [1, S, h, dqk] (empty at P == 1)
-              Tensor4 dq, dk;         // [1, S, h, dqk]
-              Tensor4 dvv;            // [1, S, h, dv]
-              Tensor5 dq_blocks;      // [P, 1, s, h, dqk] ([1, 1, s, H, dqk] uneven heads; empty at P == 1)
-              LatentKVOperands kvl;   // the latent KV linear's operands (width = h*(dn+dv))
-              // The payload backward's operands.
-              Tensor3 kv_a, x, d_kv_a, dx;  // [1, s, R+dr], [1, s, D], [1, s, R+dr], [1, s, D]
-              Matrix w_kva, dw_kva;         // [R+dr, D]
-              Vector g_kv, dg_kv, rstd;     // [R], [R], [s]
-              mlacp::detail::RopeTable<Mem> rope;
-              std::optional<InputA2APair> q_pair;
-              std::optional<LatentKVLinear> latent_kv;
-            };
-            auto st = std::make_shared<State>(split, LatentKVOperands(mesh, S, s, width, R, dr));
-            st->q_token_local = Tensor4("q", 1, s, H, dqk);
-            st->q_heads = destination<Tensor4>(mesh, "q heads", 1, S, h, dqk);
-            st->dq = Tensor4("dq", 1, S, h, dqk);
-            st->dk = Tensor4("dk", 1, S, h, dqk);
-            st->dvv = Tensor4("dv", 1, S, h, dv);
-            st->dq_blocks = split.even_heads() ? destination<Tensor5>(mesh, "dQ blocks", P, 1, s, h, dqk)
-                                               : destination<Tensor5>(mesh, "dQ", 1, 1, s, H, dqk);
-            st->kv_a = Tensor3("kv_a", 1, s, R + dr);
-            st->x = Tensor3("x", 1, s, D);
-            st->d_kv_a = Tensor3("d kv_a", 1, s, R + dr);
-            st->dx = Tensor3("dx", 1, s, D);
-            st->w_kva = Matrix("w_kva", R + dr, D);
-            st->dw_kva = Matrix("dw_kva", R + dr, D);
-            st->g_kv = Vector("g_kv", R);
-            st->dg_kv = Vector("dg_kv", R);
-            st->rstd = Vector("rstd", s);
-            st->rope = mlacp::detail::make_rope_table(space, s, split.seq.offset(mesh.rank()), dr, 10000.0);
-            mlacp::testing::synthetic::fill(st->q_token_local, 20, 1.0);
-            mlacp::testing::synthetic::fill(st->dq, 21, 1.0);
-            mlacp::testing::synthetic::fill(st->dk, 22, 1.0);
-            mlacp::testing::synthetic::fill(st->dvv, 23, 1.0);
-            mlacp::testing::synthetic::fill(st->kvl.gathered, 24, 1.0);
-            mlacp::testing::synthetic::fill(st->kv_a, 25, 1.0);
-            mlacp::testing::synthetic::fill(st->x, 26, 1.0);
-            mlacp::testing::synthetic::fill(st->kvl.w_rows, 27, 0.1);
-            mlacp::testing::synthetic::fill(st->w_kva, 28, 0.1);
-            mlacp::testing::synthetic::fill(st->g_kv, 29, 0.2, 1.0);
-            mlacp::testing::synthetic::fill(st->rstd, 30, 0.1, 1.0);
-            // The KV path's backward up to the dQ wait, as LatentSchedule::backward runs it: disassemble dK/dV, then
-            // LatentKVLinear::launch_backward (w_kvb dgrad, the latent reduce-scatter launched, w_kvb wgrad while it
-            // is in flight); `mark` after each step. The reduce-scatter is still in flight when it returns.
-            auto kv_backward = [space, st, S, h, dn, dv](const std::function<void(const char*)>& mark) {
-              mlacp::detail::disassemble_kv_grad(
-                  space, st->dk, st->dvv, Tensor4(st->kvl.grad_kv.data(), 1, S, h, dn + dv), st->kvl.grad_shared, dn);
-              mark("disassemble_kv_grad (no poll)");
-              st->latent_kv->launch_backward(space, st->kvl.grad_kv, st->kvl.grad_shared, true, st->kvl.d_rows(),
-                                             BiasPart(), true, st->kvl.grad_payload, st->kvl.grad_latent,
-                                             st->kvl.reduced);
-              mark("LatentKVLinear::launch_backward (w_kvb dgrad, latent reduce-scatter launched, w_kvb wgrad)");
-            };
-            // What the layer runs after the dQ wait (and the Q branch's backward, which needs dQ): the reduce-scatter's
-            // wait and the payload backward of the local rows (RoPE and RMSNorm backward, w_kva wgrad and dgrad).
-            // Untimed (the pair's finish): it is outside the window that hides dQ, and it ends the reduce-scatter
-            // before the next round.
-            auto after_dq = [space, st, s, dr, R, D](const std::function<void(const char*)>& mark) {
-              const Tensor3 d_payload = st->latent_kv->wait_backward();
-              mark("latent reduce-scatter wait");
-              mlacp::rope_backward(space, mlacp::as_rank4(d_payload), R, mlacp::as_rank4(st->d_kv_a), R, st->rope);
-              mlacp::rms_norm_backward(space, st->kv_a, st->g_kv, st->rstd, d_payload, st->d_kv_a, st->dg_kv);
-              mark("rope + rms_norm backward (no poll)");
-              const auto da2 = mlacp::detail::as_matrix(st->d_kv_a, s, R + dr);
-              mlacp::detail::linear_wgrad(space, da2, mlacp::detail::as_matrix(st->x, s, D), st->dw_kva);
-              mark("w_kva wgrad (panelled)");
-              mlacp::detail::linear_dgrad(space, da2, st->w_kva, T(1), mlacp::detail::as_matrix(st->dx, s, D));
-              mark("w_kva dgrad (panelled)");
-            };
-            auto no_mark = [](const char*) {};
-            Pair p;
-            p.compute_name = "kv backward";
-            p.comm_name = "dQ a2a";
-            p.panel_rows = S;
-            p.finish = [after_dq, no_mark]() { after_dq(no_mark); };
-            p.prepare = [space, st, R, &mesh]() {
-              st->q_pair.emplace(mesh, "Q", st->split.seq, st->split.heads);
-              st->q_pair->launch_forward(space, st->q_token_local, true, st->q_heads);
-              st->q_pair->wait_forward();
-              st->latent_kv.emplace();
-              st->latent_kv->forward(space, st->kvl.gathered, st->kvl.rows(), BiasPart(), mesh, st->split.seq,
-                                     st->kvl.kv, Tensor3(), st->kvl.latent);
-            };
-            p.compute = [space, kv_backward, no_mark]() {
-              mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
-              kv_backward(no_mark);
-            };
-            p.collective = [space, st, &mesh, P]() {
-              // As InputA2APair::launch_backward launches it: the P head blocks gathered, or the heads (uneven).
-              const Tensor5 whole(st->dq.data(), 1, 1, st->dq.extent(1), st->dq.extent(2), st->dq.extent(3));
-              (st->split.even_heads() ? mlacp::launch_all_to_all(space, whole, 0, 2, mlacp::Partition(P, P),
-                                                                 st->split.seq, mesh, "dQ a2a", st->dq_blocks)
-                                      : mlacp::launch_all_to_all(space, whole, 3, 2, st->split.heads, st->split.seq,
-                                                                 mesh, "dQ a2a", st->dq_blocks))
-                  .wait();
-            };
-            p.piece = [space, st, kv_backward, no_mark](bool overlap) {
-              st->q_pair->launch_backward(space, st->dq, st->dq_blocks);
-              if (!overlap) st->q_pair->wait_backward_blocks();
-              {
-                mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
-                kv_backward(no_mark);
-              }
-              if (overlap) st->q_pair->wait_backward_blocks();
-            };
-            p.compute_polled = [space, kv_backward]() {
-              mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
-              kv_backward([](const char*) { mlacp::progress(); });
-            };
-            p.piece_polled = [space, st, kv_backward]() {
-              st->q_pair->launch_backward(space, st->dq, st->dq_blocks);
-              {
-                mlacp::detail::ComputePhase<Space> phase(space, "kv backward");
-                kv_backward([](const char*) { mlacp::progress(); });
-              }
-              st->q_pair->wait_backward_blocks();
-            };
-            p.breakdown = [space, st, kv_backward, after_dq, &mesh]() {
-              // One pass with a fence after each step, max over ranks: how long each stretch runs, and which of
-              // them never call mlacp::progress().
-              JsonObject o;
-              std::vector<std::pair<std::string, double>> steps;
-              st->latent_kv.emplace();
-              st->latent_kv->forward(space, st->kvl.gathered, st->kvl.rows(), BiasPart(), mesh, st->split.seq,
-                                     st->kvl.kv, Tensor3(), st->kvl.latent);
-              Kokkos::fence();
-              double last = now();
-              const auto step = [&](const char* name) {
-                space.fence();
-                const double t = now();
-                steps.emplace_back(name, t - last);
-                last = t;
-              };
-              kv_backward(step);
-              after_dq(step);
-              for (auto& [name, t] : steps) {
-                MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, mesh.comm());
-                o.num(name, t);
-              }
-              return o;
-            };
-            if (split.seq.uniform() && split.heads.uniform())
-              p.launch_raw = raw_launcher(st->dq.size(), mesh.comm(), P);
-            p.sizes = [=]() {
-              return split.json()
-                  .num("S", S)
-                  .num("s", s)
-                  .num("h", h)
-                  .num("H", H)
-                  .num("dn", dn)
-                  .num("dr", dr)
-                  .num("dv", dv)
-                  .num("R", R)
-                  .num("D", D)
-                  .num("comm_bytes_per_rank", 8.0 * S * h * dqk)
-                  .num("comm_bytes_leaving_rank", 8.0 * (S - s) * h * dqk)
-                  .num("latent_reduce_scatter_bytes_per_rank", 8.0 * S * (R + dr))
-                  .num("latent_reduce_scatter_over_dq_bytes", static_cast<double>(R + dr) / (h * dqk))
-                  .num("gemm_flops", 4.0 * S * width * R + 4.0 * s * (R + dr) * D);
-            };
-            return p;
-          }};
+  return {
+      spec_name("dQ a2a + kv backward", uneven, S, H), 64, [&mesh, S, H, P, dn, dr, dqk, R, D](int dv) {
+        const Space space;
+        const Split split(S, H, mesh);
+        const int s = split.s(), h = split.h(), width = h * (dn + dv);
+        mlacp::MlaConfig config;
+        config.batch = 1;
+        config.seq = S;
+        config.hidden = D;
+        config.heads = H;
+        config.nope = dn;
+        config.rope = dr;
+        config.vdim = dv;
+        config.latent = R;
+        config.bias = false;
+        config.strategy = mlacp::MlaStrategy::latent;
+        config.overlap = true;
+        const std::string config_error = config.error(P);
+        if (!config_error.empty()) throw std::invalid_argument("mlacp-perf-overlap: dQ pair: " + config_error);
+        using Schedule = mlacp::detail::LatentSchedule<T, Space, SyntheticCore>;
+        // What the layer owns (MlaAttention: configuration, weights, core, documents, then the context and the
+        // schedule that refer to them), the pass's input and output gradient, and the round's workspace and
+        // Backward. Not movable: the context refers to the members.
+        struct State {
+          State(const mlacp::MlaConfig& c, const mlacp::Mesh& m, Split sp)
+              : split(std::move(sp)),
+                config(c),
+                weights(mlacp::testing::synthetic::weights<T, Mem>(config, 20)),
+                ctx(config, weights, m, core, documents),
+                schedule(ctx) {}
+          State(const State&) = delete;
+          State& operator=(const State&) = delete;
+          Split split;
+          mlacp::MlaConfig config;
+          mlacp::MlaWeights<T, Mem> weights;
+          SyntheticCore core;
+          mlacp::DocumentLayout documents;  // empty: one document, as the layer's for a configuration without one
+          Schedule::context_type ctx;
+          Schedule schedule;
+          mlacp::MlaRequiresGrad flags;  // every gradient
+          Tensor3 x, dy;                 // [1, s, D]
+          mlacp::MlaGradients<T, Mem> grads;
+          // The round's forward workspace (from the schedule's pool) and its backward's steps.
+          std::shared_ptr<Schedule::workspace_type> ws;
+          std::optional<Schedule::Backward> backward;
+          bool dq_launched = false;
+          // The collective alone: its own dQ [1, S, h, dqk] and destination, of the shapes launch_dq() sends and
+          // receives into (as before the pair ran the schedule: the collective alone runs with no prepare, so no
+          // Backward and, before the first round, no dQ of the schedule's).
+          Tensor4 dq;
+          Tensor5 dq_blocks;  // [P, 1, s, h, dqk] ([1, 1, s, H, dqk] uneven heads; empty at P == 1)
+        };
+        auto st = std::make_shared<State>(config, mesh, split);
+        st->x = Tensor3("x", 1, s, D);
+        st->dy = Tensor3("dy", 1, s, D);
+        mlacp::testing::synthetic::fill(st->x, 26, 1.0);
+        mlacp::testing::synthetic::fill(st->dy, 21, 1.0);
+        mlacp::detail::allocate_missing(st->ctx, st->grads, st->flags);
+        st->dq = Tensor4("dq", 1, S, h, dqk);
+        st->dq_blocks = split.even_heads() ? destination<Tensor5>(mesh, "dQ blocks", P, 1, s, h, dqk)
+                                           : destination<Tensor5>(mesh, "dQ", 1, 1, s, H, dqk);
+        mlacp::testing::synthetic::fill(st->dq, 22, 1.0);
+        // The steps the rounds run between prepare and finish, each followed by `mark` (the breakdown's fence and
+        // clock, the polled variants' mlacp::progress()).
+        using Mark = std::function<void(const std::string&)>;
+        const std::string launch_step = std::string("launch_dq: ") + mlacp::names::dq_a2a + " launched";
+        const std::string kv_step = std::string("kv: ") + mlacp::names::kv_backward + " (disassemble_kv_grad, " +
+                                    mlacp::names::w_kvb_dgrad + ", " + mlacp::names::latent_reduce_scatter +
+                                    " launched, " + mlacp::names::w_kvb_wgrad + ")";
+        const std::string wait_step = std::string("wait_dq: ") + mlacp::names::dq_a2a + " wait";
+        const std::string q_step = std::string("q_branch: ") + mlacp::names::q_backward;
+        const std::string payload_step =
+            std::string("payload: ") + mlacp::names::latent_reduce_scatter + " wait, " + mlacp::names::payload_backward;
+        auto piece = [st, launch_step, kv_step, wait_step](bool overlap, const Mark& mark) {
+          st->backward->launch_dq();
+          st->dq_launched = true;
+          mark(launch_step);
+          if (!overlap) {
+            st->backward->wait_dq();
+            mark(wait_step);
+          }
+          st->backward->kv();
+          mark(kv_step);
+          if (overlap) {
+            st->backward->wait_dq();
+            mark(wait_step);
+          }
+        };
+        const Mark no_mark = [](const std::string&) {};
+        const Mark poll = [](const std::string&) { mlacp::progress(); };
+        Pair p;
+        p.compute_name = mlacp::names::kv_backward;
+        p.comm_name = mlacp::names::dq_a2a;
+        p.panel_rows = S;
+        p.prepare = [space, st]() {
+          st->ws = st->schedule.pool().acquire();
+          st->schedule.forward(space, {st->x, st->flags, *st->ws});
+          st->backward.emplace(st->schedule, space, Schedule::pass_type{st->x, st->flags, *st->ws}, st->dy, st->grads);
+          st->backward->attention();
+          st->dq_launched = false;
+        };
+        // The rest of the backward, then the workspace given back as the layer's Forward gives it back. A round
+        // that launched no dQ (the compute alone) has no Q branch to run: it would wait a dQ never sent.
+        auto finish = [st](const Mark& mark, const std::string& q_name, const std::string& payload_name) {
+          if (st->dq_launched) {
+            st->backward->q_branch();
+            mark(q_name);
+          }
+          st->backward->payload();
+          mark(payload_name);
+          st->backward.reset();
+          st->ws->release();
+          st->ws.reset();
+        };
+        p.finish = [finish, no_mark]() { finish(no_mark, "", ""); };
+        p.compute = [st]() { st->backward->kv(); };
+        p.collective = [space, st, &mesh, P]() {
+          // As InputA2APair::launch_backward launches it: the P head blocks gathered, or the heads (uneven).
+          const Tensor5 whole(st->dq.data(), 1, 1, st->dq.extent(1), st->dq.extent(2), st->dq.extent(3));
+          (st->split.even_heads() ? mlacp::launch_all_to_all(space, whole, 0, 2, mlacp::Partition(P, P), st->split.seq,
+                                                             mesh, mlacp::names::dq_a2a, st->dq_blocks)
+                                  : mlacp::launch_all_to_all(space, whole, 3, 2, st->split.heads, st->split.seq, mesh,
+                                                             mlacp::names::dq_a2a, st->dq_blocks))
+              .wait();
+        };
+        p.piece = [piece, no_mark](bool overlap) { piece(overlap, no_mark); };
+        // mlacp::progress() after each step (the library polls inside kv()'s panelled GEMMs only).
+        p.compute_polled = [st, poll, kv_step]() {
+          st->backward->kv();
+          poll(kv_step);
+        };
+        p.piece_polled = [piece, poll]() { piece(true, poll); };
+        p.breakdown = [space, st, &mesh, piece, finish, q_step, payload_step, pr = p.prepare]() {
+          // One overlapped round with a fence after each step, max over ranks: how long each step runs, and
+          // (with the dQ all-to-all in flight during kv()) what its wait still costs.
+          JsonObject o;
+          std::vector<std::pair<std::string, double>> steps;
+          pr();
+          Kokkos::fence();
+          double last = now();
+          const Mark step = [&](const std::string& name) {
+            space.fence();
+            const double t = now();
+            steps.emplace_back(name, t - last);
+            last = t;
+          };
+          piece(true, step);
+          finish(step, q_step, payload_step);
+          for (auto& [name, t] : steps) {
+            MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, mesh.comm());
+            o.num(name, t);
+          }
+          return o;
+        };
+        if (split.seq.uniform() && split.heads.uniform()) p.launch_raw = raw_launcher(st->dq.size(), mesh.comm(), P);
+        p.sizes = [=]() {
+          return split.json()
+              .num("S", S)
+              .num("s", s)
+              .num("h", h)
+              .num("H", H)
+              .num("dn", dn)
+              .num("dr", dr)
+              .num("dv", dv)
+              .num("R", R)
+              .num("D", D)
+              .num("comm_bytes_per_rank", 8.0 * S * h * dqk)
+              .num("comm_bytes_leaving_rank", 8.0 * (S - s) * h * dqk)
+              .num("latent_reduce_scatter_bytes_per_rank", 8.0 * S * (R + dr))
+              .num("latent_reduce_scatter_over_dq_bytes", static_cast<double>(R + dr) / (h * dqk))
+              .num("gemm_flops", 4.0 * S * width * R + 4.0 * s * (R + dr) * D);
+        };
+        return p;
+      }};
 }
 
 // (3) LatentKVLinear::backward: the w_kvb dgrad joined with the shared key's gradient into the payload gradient
@@ -522,8 +568,8 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
             mlacp::testing::synthetic::fill(st->kvl.grad_shared, 33, 1.0);
             mlacp::testing::synthetic::fill(st->kvl.w_rows, 34, 0.1);
             Pair p;
-            p.compute_name = "w_kvb wgrad";
-            p.comm_name = "latent reduce-scatter";
+            p.compute_name = mlacp::names::w_kvb_wgrad;
+            p.comm_name = mlacp::names::latent_reduce_scatter;
             p.panel_rows = S;
             p.prepare = [space, st, &mesh]() {
               st->invocation.emplace();
@@ -535,8 +581,8 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
                                        true, st->kvl.grad_payload, st->kvl.grad_latent, st->kvl.reduced);
             };
             p.collective = [space, st, &mesh]() {
-              mlacp::launch_reduce_scatter(space, st->kvl.grad_payload, 1, st->split.seq, mesh, "latent reduce-scatter",
-                                           st->kvl.reduced)
+              mlacp::launch_reduce_scatter(space, st->kvl.grad_payload, 1, st->split.seq, mesh,
+                                           mlacp::names::latent_reduce_scatter, st->kvl.reduced)
                   .wait();
             };
             p.piece = [space, st](bool overlap) {
