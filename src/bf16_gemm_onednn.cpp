@@ -28,6 +28,7 @@ Key key_of(const MatmulCall& call) {
 }
 
 struct Entry {
+  bool supported = false;  // false: oneDNN has no implementation for the call on this CPU (or under its ISA cap)
   dnnl::matmul primitive;
   dnnl::memory a, b, c;
   std::string impl;
@@ -57,10 +58,22 @@ struct MatmulCache {
       ops.append_sum(call.beta);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
-    Entry e{dnnl::matmul(pd), dnnl::memory(a_md, engine, DNNL_MEMORY_NONE),
-            dnnl::memory(b_md, engine, DNNL_MEMORY_NONE), dnnl::memory(c_md, engine, DNNL_MEMORY_NONE),
-            pd.impl_info_str()};
+    Entry e;
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+    } catch (const dnnl::error& err) {
+      // oneDNN 2.6 has no bf16 matmul below AVX512 (e.g. under ONEDNN_MAX_CPU_ISA=AVX2): remembered as unsupported,
+      // and the plan takes another backend for the call.
+      if (err.status != dnnl_unimplemented) throw;
+      return entries.emplace(key, std::move(e)).first->second;
+    }
+    e.supported = true;
+    e.primitive = dnnl::matmul(pd);
+    e.a = dnnl::memory(a_md, engine, DNNL_MEMORY_NONE);
+    e.b = dnnl::memory(b_md, engine, DNNL_MEMORY_NONE);
+    e.c = dnnl::memory(c_md, engine, DNNL_MEMORY_NONE);
+    e.impl = pd.impl_info_str();
     return entries.emplace(key, std::move(e)).first->second;
   }
 };
@@ -78,6 +91,7 @@ std::unique_ptr<MatmulCache, MatmulCacheDeleter> make_matmul_cache() {
 void matmul(MatmulCache& cache, const MatmulCall& call) {
   try {
     Entry& e = cache.entry(call);
+    if (!e.supported) throw std::logic_error("mlacp: oneDNN bf16 matmul called for a call it has no implementation of");
     e.a.set_data_handle(const_cast<void*>(call.a));
     e.b.set_data_handle(const_cast<void*>(call.b));
     e.c.set_data_handle(call.c);
@@ -88,9 +102,23 @@ void matmul(MatmulCache& cache, const MatmulCall& call) {
   }
 }
 
-std::string impl_info(MatmulCache& cache, const MatmulCall& call) { return cache.entry(call).impl; }
+bool supported(MatmulCache& cache, const MatmulCall& call) {
+  try {
+    return cache.entry(call).supported;
+  } catch (const dnnl::error& e) {
+    throw std::runtime_error(std::string("mlacp: oneDNN bf16 matmul could not be created: ") + e.what());
+  }
+}
 
-std::size_t primitives(const MatmulCache& cache) { return cache.entries.size(); }
+std::string impl_info(MatmulCache& cache, const MatmulCall& call) {
+  return supported(cache, call) ? cache.entry(call).impl : "";
+}
+
+std::size_t primitives(const MatmulCache& cache) {
+  std::size_t n = 0;
+  for (const auto& [key, e] : cache.entries) n += e.supported ? 1 : 0;
+  return n;
+}
 
 }  // namespace detail::onednn
 

@@ -6,7 +6,8 @@
 // - onednn: oneDNN's matmul primitive, bf16 x bf16 -> f32/bf16 (host execution spaces of builds with oneDNN,
 //   MLACP_HAVE_ONEDNN; inner stride 1). One primitive per call signature (transposes, extents, leading dimensions,
 //   alpha, beta, C's type), created on first use and kept in the plan. It uses the CPU's bf16 instructions
-//   (AVX512-BF16, AMX) where oneDNN finds them at run time.
+//   (AVX512-BF16, AMX) where oneDNN finds them at run time, emulates them on plain AVX512; below AVX512 (or under
+//   ONEDNN_MAX_CPU_ISA=AVX2) oneDNN 2.6 has no bf16 matmul at all, and the plan takes float_blas instead.
 // - float_blas: A and B widened to float into the plan's workspace (Kokkos kernels, device-ready), then the float
 //   GEMM of compat::gemm (the BLAS TPL on host, cuBLAS/rocBLAS where Kokkos Kernels has them). Works everywhere.
 // - kokkos_kernels: KokkosBlas::gemm on the bf16 Views themselves, where Kokkos Kernels supports the type: builds
@@ -18,9 +19,9 @@
 // into a scratch C of the plan's, so the caller's C is written once, by the winner) and keeps the fastest; the
 // environment variable MLACP_BF16_GEMM=auto|onednn|float_blas|kokkos_kernels read when the plan is made (or the
 // plan's constructor argument) forces one. A forced backend that this build or execution space lacks is refused when
-// the plan is made; one that cannot take a particular call (oneDNN with an inner stride other than 1) falls back to
-// float_blas for that call. Zero extents follow compat::gemm (no-op for an empty C; C = beta*C for k = 0), before any
-// backend.
+// the plan is made; one that cannot take a particular call (oneDNN with an inner stride other than 1, or on a CPU it
+// has no bf16 matmul for) falls back to float_blas for that call, and choices() records float_blas. Zero extents follow
+// compat::gemm (no-op for an empty C; C = beta*C for k = 0), before any backend.
 //
 // Note that auto's choice is the machine's timing: two runs (or two ranks) may pick different backends, whose sums run
 // in different orders (float either way); force a backend where bitwise reproducibility matters.
@@ -91,9 +92,14 @@ struct MatmulCacheDeleter {
   void operator()(MatmulCache* cache) const;
 };
 std::unique_ptr<MatmulCache, MatmulCacheDeleter> make_matmul_cache();
+/// Whether oneDNN has an implementation of the call on this CPU (under ONEDNN_MAX_CPU_ISA); creates the primitive
+/// (or remembers that there is none) on first use.
+bool supported(MatmulCache& cache, const MatmulCall& call);
+/// Runs the call (which must be supported), synchronously.
 void matmul(MatmulCache& cache, const MatmulCall& call);
 /// oneDNN's name of the implementation it picked for the call (e.g. "brg:avx512_core_bf16"); creates it if needed.
 std::string impl_info(MatmulCache& cache, const MatmulCall& call);
+/// Primitives created (supported calls) so far.
 std::size_t primitives(const MatmulCache& cache);
 }  // namespace onednn
 #endif
@@ -245,7 +251,7 @@ class Bf16GemmPlan {
                           float beta, const CView& c) {
 #if MLACP_HAVE_ONEDNN
     if constexpr (detail::host_space<ExecSpace>) {
-      if (!onednn_takes(trans_a, a, b, c)) return "";
+      if (!onednn_takes(trans_a, trans_b, alpha, a, b, beta, c)) return "";
       return detail::onednn::impl_info(onednn_cache(), onednn_call(trans_a, trans_b, alpha, a, b, beta, c));
     }
 #endif
@@ -305,12 +311,16 @@ class Bf16GemmPlan {
                         const BView& b, float beta, const CView& c) {
     Bf16GemmChoice choice;
     if (requested_ != Bf16GemmBackend::automatic) {
-      choice.backend = requested_;
+      // A forced oneDNN that cannot take the call is recorded as what runs instead.
+      choice.backend = requested_ == Bf16GemmBackend::onednn && !onednn_takes(trans_a, trans_b, alpha, a, b, beta, c)
+                           ? Bf16GemmBackend::float_blas
+                           : requested_;
       return choice;
     }
     std::vector<Bf16GemmBackend> candidates;
     for (const auto backend : available_backends())
-      if (backend != Bf16GemmBackend::onednn || onednn_takes(trans_a, a, b, c)) candidates.push_back(backend);
+      if (backend != Bf16GemmBackend::onednn || onednn_takes(trans_a, trans_b, alpha, a, b, beta, c))
+        candidates.push_back(backend);
     if (candidates.size() == 1) {
       choice.backend = candidates.front();
       return choice;
@@ -345,7 +355,7 @@ class Bf16GemmPlan {
     if (backend == Bf16GemmBackend::onednn) {
 #if MLACP_HAVE_ONEDNN
       if constexpr (detail::host_space<ExecSpace>) {
-        if (onednn_takes(trans_a, a, b, c)) {
+        if (onednn_takes(trans_a, trans_b, alpha, a, b, beta, c)) {
           compat::fence(space, "mlacp: before the oneDNN bf16 matmul");
           detail::onednn::matmul(onednn_cache(), onednn_call(trans_a, trans_b, alpha, a, b, beta, c));
           return;
@@ -417,10 +427,15 @@ class Bf16GemmPlan {
   }
 
 #if MLACP_HAVE_ONEDNN
+  /// oneDNN takes the call: host space, inner strides 1, and an implementation on this CPU (oneDNN 2.6 has no bf16
+  /// matmul below AVX512, e.g. under ONEDNN_MAX_CPU_ISA=AVX2).
   template <class AView, class BView, class CView>
-  static bool onednn_takes(const char*, const AView& a, const BView& b, const CView& c) {
-    return detail::host_space<ExecSpace> && detail::unit_inner_stride(a) && detail::unit_inner_stride(b) &&
-           detail::unit_inner_stride(c);
+  bool onednn_takes(const char* trans_a, const char* trans_b, float alpha, const AView& a, const BView& b, float beta,
+                    const CView& c) {
+    if (!(detail::host_space<ExecSpace> && detail::unit_inner_stride(a) && detail::unit_inner_stride(b) &&
+          detail::unit_inner_stride(c)))
+      return false;
+    return detail::onednn::supported(onednn_cache(), onednn_call(trans_a, trans_b, alpha, a, b, beta, c));
   }
   detail::onednn::MatmulCache& onednn_cache() {
     if (!onednn_) onednn_ = detail::onednn::make_matmul_cache();
@@ -450,7 +465,7 @@ class Bf16GemmPlan {
   std::unique_ptr<detail::onednn::MatmulCache, detail::onednn::MatmulCacheDeleter> onednn_;
 #else
   template <class AView, class BView, class CView>
-  static bool onednn_takes(const char*, const AView&, const BView&, const CView&) {
+  static bool onednn_takes(const char*, const char*, float, const AView&, const BView&, float, const CView&) {
     return false;
   }
 #endif
