@@ -26,6 +26,9 @@
 // Note that auto's choice is the machine's timing: two runs (or two ranks) may pick different backends, whose sums run
 // in different orders (float either way); force a backend where bitwise reproducibility matters.
 //
+// Threads: the BLAS TPL's own (OPENBLAS_NUM_THREADS) for float_blas; OpenMP's (OMP_NUM_THREADS) for oneDNN, whose
+// Debian build (2.6) runs on OpenMP: set it to the cores per rank, as for the BLAS.
+//
 // A plan is not thread-safe; each caller (the layer, a test) owns its own, like an FFT plan.
 #pragma once
 
