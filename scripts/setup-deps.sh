@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git clang-format
-  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
+  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev
   python3 python3-numpy python3-matplotlib

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+#include <mlacp/bf16_gemm.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/mpi/communicator.hpp>
 #include <mlacp/version.hpp>
@@ -15,7 +16,8 @@ void print_configuration(std::ostream& out) {
       << ", default execution space " << Kokkos::DefaultExecutionSpace::name() << "\n"
       << "  MPI: " << mpi::library_version() << "\n"
       << "  NCCL backend: " << (MLACP_HAVE_NCCL ? "yes" : "no")
-      << ", GPU-aware MPI: " << (MLACP_ENABLE_GPU_AWARE_MPI ? "yes" : "no") << "\n";
+      << ", GPU-aware MPI: " << (MLACP_ENABLE_GPU_AWARE_MPI ? "yes" : "no") << "\n"
+      << "  oneDNN bf16 GEMM: " << (MLACP_HAVE_ONEDNN ? "yes, ISA " + onednn_cpu_isa() : std::string("no")) << "\n";
 }
 
 }  // namespace mlacp
