@@ -5,6 +5,7 @@
 #include "mpi_test_harness.hpp"
 
 #include <gtest/gtest.h>
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/nccl/communicator.hpp>
@@ -21,6 +22,7 @@ namespace {
 TEST(NcclPlan, DatatypesMatchValueTypes) {
   EXPECT_EQ(mlacp::nccl::datatype<float>(), ncclFloat32);
   EXPECT_EQ(mlacp::nccl::datatype<double>(), ncclFloat64);
+  EXPECT_EQ(mlacp::nccl::datatype<mlacp::bf16>(), ncclBfloat16);
 }
 
 // The transport picks ncclAlltoAll or grouped send/recv from the headers' NCCL_VERSION_CODE; the library it runs with

@@ -34,11 +34,14 @@ namespace mlacp::nccl {
 
 template <class T>
 ncclDataType_t datatype() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "mlacp communicates float and double only");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>,
+                "mlacp communicates float, double and bf16 only");
   if constexpr (std::is_same_v<T, float>) {
     return ncclFloat32;
-  } else {
+  } else if constexpr (std::is_same_v<T, double>) {
     return ncclFloat64;
+  } else {
+    return ncclBfloat16;  // moved as is; its sums are taken in float (Transport::start)
   }
 }
 
@@ -172,6 +175,8 @@ namespace mlacp::detail {
 template <>
 struct TransportFor<Kokkos::Cuda> {
   static bool reduces_natively(const Mesh& mesh) { return mesh.has_nccl() || mpi::Transport::reduces_natively(mesh); }
+  /// NCCL sums itself (bf16 in float); without it, MPI's transport decides.
+  static bool sums_with_mpi(const Mesh& mesh) { return !mesh.has_nccl() && mpi::Transport::sums_with_mpi(mesh); }
   template <class T, class MemSpace>
   static StartedTransport start(const Kokkos::Cuda& space, const Mesh& mesh,
                                 const TransportRequest<T, MemSpace>& request) {
