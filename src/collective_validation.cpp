@@ -28,6 +28,18 @@ const char* collective_name(CollectiveKind kind) noexcept {
   return "mlacp collective";
 }
 
+const char* value_type_name(int value_size) noexcept {
+  switch (value_size) {
+    case 2:
+      return "bf16";
+    case 4:
+      return "float";
+    case 8:
+      return "double";
+  }
+  return "an unknown value type";
+}
+
 namespace {
 
 std::string extents_string(const std::array<std::int64_t, max_collective_rank>& extents, int rank) {
@@ -185,6 +197,11 @@ std::string collective_call_error(const CollectiveCall& call, int group_size, in
   if (!call.allocated)
     return std::string(collective_name(call.kind)) + ": the View of shape " + shape_string(call) +
            " is not allocated (data() is null)";
+  if (call.kind == CollectiveKind::reduce_scatter && call.sums_with_mpi && call.value_size == 2)
+    return std::string(collective_name(call.kind)) + ": the View of shape " + shape_string(call) +
+           " holds bf16, which the mpi reduce-scatter algorithm (MLACP_REDUCE_SCATTER=mpi or "
+           "ReduceScatterAlgorithm::mpi) cannot sum (MPI has no bf16 sum); expected pairwise (the default), which sums "
+           "bf16 in float, for bf16 reduce-scatters";
   std::string error;
   switch (call.kind) {
     case CollectiveKind::all_to_all:
@@ -248,7 +265,7 @@ AgreementFields agreement_fields(const CollectiveCall& call, int group_size) {
     const bool own_count = call.uneven && d == call.dim_a && call.kind != CollectiveKind::reduce_scatter;
     fields.emplace_back("extent(" + std::to_string(d) + ")", own_count ? 0 : call.extents[static_cast<std::size_t>(d)]);
   }
-  fields.emplace_back("the value size (sizeof float or double)", call.value_size);
+  fields.emplace_back("the value size in bytes (the value type: 4 float, 8 double, 2 bf16)", call.value_size);
   for (int b = 0; b < 2; ++b) {
     const auto& counts = b ? call.counts_b : call.counts_a;
     const std::string which = b == 0 || two ? partition_name(call, b) : "the second partition (none)";
@@ -271,8 +288,9 @@ std::string partitions_string(const CollectiveCall& call) {
 
 // What this rank passed, for the agreement's message: the shape, and the partitions of an uneven call.
 std::string call_context(const CollectiveCall& call) {
-  if (!call.uneven) return "shape " + shape_string(call);
-  return "shape " + shape_string(call) + partitions_string(call) + "; every rank must pass the same partitions";
+  const std::string passed = "shape " + shape_string(call) + " of " + value_type_name(call.value_size);
+  if (!call.uneven) return passed;
+  return passed + partitions_string(call) + "; every rank must pass the same partitions";
 }
 
 }  // namespace

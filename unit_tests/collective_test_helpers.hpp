@@ -20,7 +20,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mlacp::test::collectives {
@@ -96,12 +98,39 @@ Extents extents_of(const ViewType& v) {
   return e;
 }
 
-// Distinct values for every (rank, element), exact in float.
+// Distinct values for every (rank, element), exact in float. bf16 (8 significant bits): distinct bit patterns instead,
+// finite, nonzero, of both signs and of magnitudes from 2^-119 to 2^67 (rank r's element i: magnitude bits 0x0400 +
+// 0x1800 r + i, for up to 0x1800 elements a rank), so that a value in the wrong place is seen.
 template <class T>
 std::vector<T> local_values(const Extents& e, int rank) {
   std::vector<T> v(static_cast<std::size_t>(product(e)));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(rank * 100000 + static_cast<int>(i) + 1);
+  if constexpr (std::is_same_v<T, mlacp::bf16>) {
+    if (v.size() > 0x1800) throw std::invalid_argument("local_values<bf16>: at most 6144 elements a rank");
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const auto bits = static_cast<std::uint16_t>((i % 2 == 0 ? 0 : 0x8000) | (0x0400 + 0x1800 * rank + i));
+      std::memcpy(static_cast<void*>(&v[i]), &bits, sizeof bits);
+    }
+  } else {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(rank * 100000 + static_cast<int>(i) + 1);
+  }
   return v;
+}
+
+// The bits of bf16 values, to compare results exactly (-0 and +0 differ, as do NaN payloads).
+inline std::vector<std::uint16_t> bits_of(const std::vector<mlacp::bf16>& values) {
+  std::vector<std::uint16_t> bits(values.size());
+  if (!values.empty()) std::memcpy(bits.data(), values.data(), values.size() * sizeof(std::uint16_t));
+  return bits;
+}
+
+// What results are compared as: the values themselves, bf16 as bits.
+template <class T>
+auto exact(const std::vector<T>& values) {
+  if constexpr (std::is_same_v<T, mlacp::bf16>) {
+    return bits_of(values);
+  } else {
+    return values;
+  }
 }
 
 // Every rank's local tensor, gathered to every rank with plain MPI_Allgather.
@@ -154,7 +183,8 @@ void check_all_to_all_against_reference(const Extents& e) {
       expected_e[static_cast<std::size_t>(g)] *= mesh.size();
       expected_e[static_cast<std::size_t>(s)] /= mesh.size();
       EXPECT_EQ(extents_of(result), expected_e) << "gather " << g << " scatter " << s;
-      EXPECT_EQ(to_host(result), reference_all_to_all(all, e, g, s, me)) << "gather " << g << " scatter " << s;
+      EXPECT_EQ(exact(to_host(result)), exact(reference_all_to_all(all, e, g, s, me)))
+          << "gather " << g << " scatter " << s;
     }
   }
 }
@@ -250,7 +280,7 @@ void check_all_to_all_v(const Extents& base, int g, int s, const mlacp::Partitio
   if (with_into && mesh.size() > 1 && product(expected_e) > 0) {
     EXPECT_EQ(result.data(), into.data()) << where;
   }
-  EXPECT_EQ(to_host(result), reference_all_to_all_v(all, base, g, s, gather, scatter, me)) << where;
+  EXPECT_EQ(exact(to_host(result)), exact(reference_all_to_all_v(all, base, g, s, gather, scatter, me))) << where;
 }
 
 // The uneven all-gather and reduce-scatter along every dimension of a rank-3 and a rank-4 View, with and without a
@@ -285,7 +315,7 @@ void check_all_gather_and_reduce_scatter_v(const Extents& base, int dim, const m
     re[d] = part.count(r);
     expected[static_cast<std::size_t>(k)] = all[static_cast<std::size_t>(r)][static_cast<std::size_t>(ravel(idx, re))];
   }
-  EXPECT_EQ(to_host(gathered), expected) << "all_gather " << where;
+  EXPECT_EQ(exact(to_host(gathered)), exact(expected)) << "all_gather " << where;
 
   // Reduce-scatter: every rank passes total() rows and keeps its count(me) rows of the sum.
   const auto full_values = local_values<T>(ge, me);
@@ -297,15 +327,18 @@ void check_all_gather_and_reduce_scatter_v(const Extents& base, int dim, const m
   auto reduced =
       mlacp::launch_reduce_scatter(space, make_view<T, Rank>(ge, full_values), dim, part, mesh, "rs v", into_rs).wait();
   ASSERT_EQ(extents_of(reduced), se) << where;
+  // The sum in rank order, accumulated as the collective does (bf16: in float, rounded once).
+  using Acc = mlacp::compat::accumulation_t<T>;
   std::vector<T> sum(static_cast<std::size_t>(product(se)), T(0));
   for (std::int64_t k = 0; k < product(se); ++k) {
     Extents idx = unravel(k, se);
     idx[d] += part.offset(me);
+    Acc acc = Acc(0);
     for (int r = 0; r < p; ++r)
-      sum[static_cast<std::size_t>(k)] +=
-          full_all[static_cast<std::size_t>(r)][static_cast<std::size_t>(ravel(idx, ge))];
+      acc += static_cast<Acc>(full_all[static_cast<std::size_t>(r)][static_cast<std::size_t>(ravel(idx, ge))]);
+    sum[static_cast<std::size_t>(k)] = static_cast<T>(acc);
   }
-  EXPECT_EQ(to_host(reduced), sum) << "reduce_scatter " << where;
+  EXPECT_EQ(exact(to_host(reduced)), exact(sum)) << "reduce_scatter " << where;
 }
 
 /// The value types every collective test runs with.

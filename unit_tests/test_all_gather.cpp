@@ -69,4 +69,22 @@ TYPED_TEST(Collectives, UnevenAllGatherAndReduceScatterMatchReferences) {
   }
 }
 
+// bf16: the all-gather moves 2-byte elements exactly (distinct bit patterns), even (a uniform partition takes the even
+// path) and uneven, in place and packed, staged through the host; the reduce-scatter of the same helper sums in float
+// and rounds once (its own test: test_reduce_scatter).
+TEST(Bf16Collectives, AllGatherMovesBf16Exactly) {
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mlacp::Mesh staged(MPI_COMM_WORLD);
+  staged.set_host_staging(true);
+  auto parts = uneven_partitions(p);
+  parts.insert(parts.begin(), mlacp::Partition(2 * p, p));  // uniform: the even all-gather
+  for (std::size_t a = 0; a < parts.size(); ++a) {
+    for (int dim = 0; dim < 3; ++dim)
+      check_all_gather_and_reduce_scatter_v<mlacp::bf16, 3>({2, 3, 4}, dim, parts[a], a == 2 ? staged : mesh, a == 1);
+    check_all_gather_and_reduce_scatter_v<mlacp::bf16, 4>({2, 0, 3, 2}, 1, parts[a], staged, false);
+    check_all_gather_and_reduce_scatter_v<mlacp::bf16, 5>({1, 0, 2, 3, 2}, 1, parts[a], mesh, true);
+  }
+}
+
 }  // namespace

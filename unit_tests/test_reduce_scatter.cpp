@@ -92,4 +92,123 @@ TYPED_TEST(Collectives, UnevenReduceScatterIsTheAdjointOfUnevenAllGather) {
   }
 }
 
+// ---- bf16: summed in float (each block widened, added in rank order, rounded once), never by MPI. ----
+
+// Rank r's value at flat index i of its input: rank 0 contributes +-2^k, every other rank 2^-8 or 1.5 * 2^-8 of it
+// (all exact in bf16). In float the sum is rounded once; a bf16 accumulator would round 2^k (1 + 2^-8) back to 2^k (a
+// tie, to even) at every step, losing the small contributions: from P = 3 on the two differ.
+float bf16_contribution(int r, std::int64_t i) {
+  const float scale = std::ldexp(1.0f, static_cast<int>(i % 16) - 8) * (i % 4 == 3 ? -1.0f : 1.0f);
+  if (r == 0) return scale;
+  return scale * (i % 2 == 0 ? std::ldexp(1.0f, -8) : 3 * std::ldexp(1.0f, -9));
+}
+
+// Reduce-scatters rank-`Rank` inputs of extents `e` along `dim` (evenly, or by `part`), optionally into a
+// destination, and checks every value against the float sum rounded once; counts in `differs` the values where that
+// sum differs from a bf16-accumulated one.
+template <int Rank>
+void check_bf16_sums(const mlacp::Mesh& mesh, const Extents& e, int dim, const mlacp::Partition* part, bool with_into,
+                     std::int64_t& differs) {
+  using mlacp::bf16;
+  const int me = mesh.rank();
+  const int p = mesh.size();
+  const auto d = static_cast<std::size_t>(dim);
+  std::vector<bf16> values(static_cast<std::size_t>(product(e)));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = bf16(bf16_contribution(me, static_cast<std::int64_t>(i)));
+  auto x = make_view<bf16, Rank>(e, values);
+  Extents re = e;
+  re[d] = part != nullptr ? part->count(me) : e[d] / p;
+  const std::int64_t offset = part != nullptr ? part->offset(me) : me * re[d];
+  typename ViewOf<bf16, Rank>::type into;
+  if (with_into) into = make_view<bf16, Rank>(re, std::vector<bf16>(static_cast<std::size_t>(product(re))));
+  const auto space = Kokkos::DefaultExecutionSpace();
+  auto result = part != nullptr ? mlacp::launch_reduce_scatter(space, x, dim, *part, mesh, "bf16 rs", into).wait()
+                                : mlacp::launch_reduce_scatter(space, x, dim, mesh, "bf16 rs", into).wait();
+  const std::string where = "dim " + std::to_string(dim) + (part != nullptr ? " partition " + part->str() : "") +
+                            (with_into ? " into" : "") + (mesh.host_staging() ? " staged" : "");
+  ASSERT_EQ(extents_of(result), re) << where;
+  std::vector<bf16> expected(static_cast<std::size_t>(product(re)));
+  for (std::int64_t k = 0; k < product(re); ++k) {
+    Extents idx = unravel(k, re);
+    idx[d] += offset;
+    const std::int64_t i = ravel(idx, e);
+    float sum = 0.0f;
+    bf16 accumulated = bf16(bf16_contribution(0, i));
+    for (int r = 0; r < p; ++r) {
+      sum += bf16_contribution(r, i);
+      if (r > 0) accumulated = bf16(float(accumulated) + bf16_contribution(r, i));
+    }
+    expected[static_cast<std::size_t>(k)] = bf16(sum);
+    if (bits_of({bf16(sum)}) != bits_of({accumulated})) ++differs;
+  }
+  EXPECT_EQ(bits_of(to_host(result)), bits_of(expected)) << where;
+}
+
+TEST(Bf16Collectives, ReduceScatterSumsBf16InFloatAndRoundsOnce) {
+  const int p = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mlacp::Mesh staged(MPI_COMM_WORLD);
+  staged.set_host_staging(true);
+  std::int64_t differs = 0;
+  // Even: dim 0 (the blocks are the input itself, sent in place) and packed dims; with and without a destination.
+  for (int dim = 0; dim < 4; ++dim)
+    check_bf16_sums<4>(mesh, {2 * p, 3 * p, 2 * p, 5 * p}, dim, nullptr, dim == 1, differs);
+  check_bf16_sums<3>(staged, {2, 3 * p, 5}, 1, nullptr, false, differs);
+  // Uneven (and a uniform partition, which takes the even path).
+  auto parts = uneven_partitions(p);
+  parts.push_back(mlacp::Partition(2 * p, p));
+  for (std::size_t a = 0; a < parts.size(); ++a) {
+    const auto total = parts[a].total();
+    check_bf16_sums<3>(mesh, {2, total, 5}, 1, &parts[a], a == 0, differs);
+    check_bf16_sums<3>(a == 1 ? staged : mesh, {total, 3, 2}, 0, &parts[a], false, differs);
+    check_bf16_sums<5>(mesh, {1, total, 2, 3, 2}, 1, &parts[a], a == 2, differs);
+  }
+  // The values tell the two apart (else this test could not see a bf16 accumulator).
+  if (p >= 3) {
+    EXPECT_GT(differs, 0);
+  }
+}
+
+// MPI has no bf16 sum: the mpi algorithm (set on the mesh or by MLACP_REDUCE_SCATTER=mpi) is refused for bf16 on every
+// rank, checked or not, before anything is sent; the mesh still serves float reduce-scatters and bf16 moves.
+TEST(Bf16Collectives, MpiReduceScatterAlgorithmIsRefusedForBf16OnEveryRank) {
+  const int p = mlacp::test::world_size();
+  const auto space = Kokkos::DefaultExecutionSpace();
+  mlacp::Mesh library(MPI_COMM_WORLD);
+  library.set_reduce_scatter_algorithm(mlacp::ReduceScatterAlgorithm::mpi);
+  Kokkos::View<mlacp::bf16***, Kokkos::LayoutRight> x("x", 2, static_cast<std::size_t>(3 * p), 4);
+  const std::string refusal =
+      "holds bf16, which the mpi reduce-scatter algorithm (MLACP_REDUCE_SCATTER=mpi or ReduceScatterAlgorithm::mpi) "
+      "cannot sum (MPI has no bf16 sum); expected pairwise (the default), which sums bf16 in float";
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::launch_reduce_scatter(space, x, 1, library); },
+      "mlacp::launch_reduce_scatter: the View of shape [2, " + std::to_string(3 * p) + ", 4] " + refusal);
+  const auto part = uneven_partitions(p)[0];
+  Kokkos::View<mlacp::bf16***, Kokkos::LayoutRight> y("y", 2, static_cast<std::size_t>(part.total()), 4);
+  mlacp::test::expect_error<mlacp::InvalidArgument>([&] { mlacp::launch_reduce_scatter(space, y, 1, part, library); },
+                                                    refusal);
+  library.set_checked(false);
+  mlacp::test::expect_error<mlacp::InvalidArgument>([&] { mlacp::launch_reduce_scatter(space, x, 1, library); },
+                                                    refusal);
+  library.set_checked(true);
+  ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "mpi", 1), 0);
+  {
+    mlacp::Mesh from_environment(MPI_COMM_WORLD);
+    mlacp::test::expect_error<mlacp::InvalidArgument>(
+        [&] { mlacp::launch_reduce_scatter(space, x, 1, from_environment); }, refusal);
+  }
+  ASSERT_EQ(unsetenv("MLACP_REDUCE_SCATTER"), 0);
+  // The same mesh still sums float (by MPI) and moves bf16; the pairwise mesh sums bf16.
+  Kokkos::View<float***, Kokkos::LayoutRight> f("f", 2, static_cast<std::size_t>(3 * p), 4);
+  Kokkos::deep_copy(f, 1.0f);
+  EXPECT_EQ(to_host(mlacp::launch_reduce_scatter(space, f, 1, library).wait()),
+            std::vector<float>(static_cast<std::size_t>(2 * 3 * 4), static_cast<float>(p)));
+  Kokkos::deep_copy(x, mlacp::bf16(1.0f));
+  EXPECT_EQ(bits_of(to_host(mlacp::launch_all_gather(space, x, 1, library).wait())),
+            std::vector<std::uint16_t>(x.size() * static_cast<std::size_t>(p), 0x3f80));
+  mlacp::Mesh pairwise(MPI_COMM_WORLD);
+  EXPECT_EQ(bits_of(to_host(mlacp::launch_reduce_scatter(space, x, 1, pairwise).wait())),
+            std::vector<std::uint16_t>(x.size() / static_cast<std::size_t>(p), bits_of({mlacp::bf16(float(p))})[0]));
+}
+
 }  // namespace

@@ -56,14 +56,14 @@ AsyncCollective<collective_result_t<ViewType>> all_to_all_even(const ExecSpace& 
 /// P contiguous blocks, block j goes to rank j, and the received blocks are concatenated along `gather_dim` in rank
 /// order. On [B, S, H, d]: (1, 2) sends token-local to head-local, (2, 1) the inverse.
 ///
-/// `view`: rank 3..5, LayoutRight, float or double, accessible from `space`. Pack and unpack run as kernels on the
-/// instance `space`, which is fenced before MPI reads the send buffer; the result is ready in `space`'s order after
-/// wait(). Like an MPI send buffer, `view` must not be written until wait(): where its blocks are contiguous (nothing
-/// before `scatter_dim`, e.g. batch 1 with tokens scattered) MPI reads it directly, without a pack, and the handle
-/// keeps it alive; likewise, where the received blocks are the result's layout (nothing before `gather_dim`), MPI
-/// receives into the result without an unpack. P == 1 returns `view` itself (same allocation) without communication.
-/// Errors (InvalidArgument, before anything is sent): a dimension out of range, gather_dim == scatter_dim,
-/// extent(scatter_dim) not divisible by P, and, in checked mode, ranks passing different shapes.
+/// `view`: rank 3..5, LayoutRight, float, double or mlacp::bf16 (moved as 2-byte elements), accessible from `space`.
+/// Pack and unpack run as kernels on the instance `space`, which is fenced before MPI reads the send buffer; the result
+/// is ready in `space`'s order after wait(). Like an MPI send buffer, `view` must not be written until wait(): where
+/// its blocks are contiguous (nothing before `scatter_dim`, e.g. batch 1 with tokens scattered) MPI reads it directly,
+/// without a pack, and the handle keeps it alive; likewise, where the received blocks are the result's layout (nothing
+/// before `gather_dim`), MPI receives into the result without an unpack. P == 1 returns `view` itself (same allocation)
+/// without communication. Errors (InvalidArgument, before anything is sent): a dimension out of range, gather_dim ==
+/// scatter_dim, extent(scatter_dim) not divisible by P, and, in checked mode, ranks passing different shapes.
 ///
 /// `into` (optional): the destination of the result, a View of the result's shape (checked with the rest of the call)
 /// that the collective writes instead of allocating one, so that a loop that owns its buffers allocates nothing. It

@@ -46,6 +46,19 @@ namespace mlacp::compat {
 KOKKOS_INLINE_FUNCTION float to_float(const bf16& v) { return static_cast<float>(v); }
 KOKKOS_INLINE_FUNCTION bf16 to_bf16(float v) { return static_cast<bf16>(v); }
 
+/// The type in which sums of T are accumulated: float for bf16 (each value widened, the sum rounded once where it is
+/// stored), T itself for float and double.
+template <class T>
+struct accumulation {
+  using type = T;
+};
+template <>
+struct accumulation<bf16> {
+  using type = float;
+};
+template <class T>
+using accumulation_t = typename accumulation<T>::type;
+
 /// Number of dimensions of a View type, as an int, in a constant expression. (`View::rank` is an enum in 3.4 and an
 /// integral_constant in 4.x; both convert.)
 template <class ViewType>

@@ -77,9 +77,12 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
 /// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
 /// mesh's reduce_scatter_algorithm(): pairwise (default: the blocks exchanged with MPI_Ialltoallv, this rank's own
 /// not copied, then the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL,
-/// ncclReduceScatter. As for launch_all_to_all, `view` must not be written until wait() (where its blocks are
-/// contiguous MPI reads it directly). Requirements and errors as launch_all_to_all (extent(dim) must be divisible by
-/// P). P == 1 returns `view`. `into`: an optional destination of the result's shape, as for launch_all_to_all.
+/// ncclReduceScatter. bf16 is summed in float (pairwise: the blocks widened and added in rank order; NCCL: widened
+/// and reduced in ncclFloat32) and rounded once; MPI has no bf16 sum, so a bf16 View with the mpi algorithm raises
+/// InvalidArgument on every rank before anything is sent (at P == 1 too). As for launch_all_to_all, `view` must not be
+/// written until wait() (where its blocks are contiguous MPI reads it directly). Requirements and errors as
+/// launch_all_to_all (extent(dim) must be divisible by P). P == 1 returns `view`. `into`: an optional destination of
+/// the result's shape, as for launch_all_to_all.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
                                                                      int dim, const Mesh& mesh,
@@ -97,7 +100,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
 /// the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter with the partition's counts); over NCCL,
 /// one ncclReduce per root in a group. Nothing is padded. The partition needs mesh.size() parts and must be the
 /// same on every rank; the errors of launch_all_to_all's uneven form apply. A uniform partition takes the even path.
-/// P == 1 returns `view`; `into` as for launch_all_to_all.
+/// P == 1 returns `view`; `into` as for launch_all_to_all; bf16 as for the even form.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
                                                                      int dim, const Partition& part, const Mesh& mesh,

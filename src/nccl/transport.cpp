@@ -210,6 +210,11 @@ std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, co
                                                  CollectiveInfo info, const detail::PeerBlocks& send_blocks,
                                                  const detail::PeerBlocks& recv_blocks) {
   const std::string name = info.name;
+  // NCCL would add bf16 in bf16, rounding at every step: Transport::start sums bf16 in float (ncclFloat32) instead.
+  if (type == ncclBfloat16 && operation == detail::Operation::reduce_scatter_sum)
+    throw InvalidArgument("mlacp::nccl::launch '" + name +
+                          "': a reduce-scatter of ncclBfloat16 values; expected ncclFloat32 (bf16 is summed in float, "
+                          "widened by nccl::Transport::start)");
   const cudaStream_t stream = communicator.stream();
   const ncclComm_t comm = communicator.comm();
   const auto* in = static_cast<const char*>(send);

@@ -10,6 +10,7 @@
 #include <mlacp/nccl/transport.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -192,6 +193,24 @@ TEST(NcclLaunch, FailuresBeforeTheGroupPostNothingAndLeakNoEvent) {
                             [&](const std::string& s) { return s.rfind("create event", 0) == 0 && s != failing; }))
         << failing << ": every created event destroyed once";
   }
+}
+
+// bf16 is never summed by NCCL in bf16: a reduce-scatter of ncclBfloat16 is refused before anything is created or
+// posted (nccl::Transport::start hands NCCL float instead); bf16 moves are not refused by this check.
+TEST(NcclLaunch, Bf16ReduceScatterIsRefusedBeforeAnythingIsEnqueued) {
+  std::vector<std::string> log;
+  mlacp::Mesh mesh(MPI_COMM_SELF);
+  mlacp::nccl::Communicator communicator(mesh, fake_creation(log));
+  mlacp::CollectiveInfo info;
+  info.name = "bf16 rs";
+  std::uint16_t send[4] = {}, recv[4] = {};
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] {
+        mlacp::nccl::launch(mlacp::detail::Operation::reduce_scatter_sum, send, recv, 4, ncclBfloat16, 2, communicator,
+                            nullptr, info);
+      },
+      "mlacp::nccl::launch 'bf16 rs': a reduce-scatter of ncclBfloat16 values; expected ncclFloat32");
+  EXPECT_TRUE(log.empty()) << "nothing created, nothing aborted";
 }
 
 }  // namespace

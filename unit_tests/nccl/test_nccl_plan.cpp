@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The host-side parts of the NCCL backend (no GPU call): datatypes, the grouped send/recv plan, the library version
-// the compile-time choices rest on, the classification of a poll, the watched wait, and the agreed creation of a
-// communicator (with its NCCL and CUDA steps replaced, over MPI at 1, 2 and 4 ranks).
+// The host-side parts of the NCCL backend (no GPU call): datatypes (bf16 included), the grouped send/recv plan, the
+// library version the compile-time choices rest on, the classification of a poll, the watched wait, and the agreed
+// creation of a communicator (with its NCCL and CUDA steps replaced, over MPI at 1, 2 and 4 ranks).
 #include "mpi_test_harness.hpp"
 
 #include <gtest/gtest.h>
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/nccl/communicator.hpp>
@@ -21,6 +22,18 @@ namespace {
 TEST(NcclPlan, DatatypesMatchValueTypes) {
   EXPECT_EQ(mlacp::nccl::datatype<float>(), ncclFloat32);
   EXPECT_EQ(mlacp::nccl::datatype<double>(), ncclFloat64);
+  EXPECT_EQ(mlacp::nccl::datatype<mlacp::bf16>(), ncclBfloat16);
+}
+
+// The transport's body, bf16 reduce-scatter (widened, summed in ncclFloat32, rounded) included, instantiated with a
+// host instance: host-only builds compile-check what CUDA builds run (it is not called: no GPU here).
+TEST(NcclPlan, TransportBodyCompilesForEveryValueType) {
+  using Space = Kokkos::DefaultHostExecutionSpace;
+  using Memory = Kokkos::HostSpace;
+  [[maybe_unused]] auto* bf16_start = &mlacp::nccl::Transport::start_on_stream<Space, mlacp::bf16, Memory>;
+  [[maybe_unused]] auto* float_start = &mlacp::nccl::Transport::start_on_stream<Space, float, Memory>;
+  [[maybe_unused]] auto* double_start = &mlacp::nccl::Transport::start_on_stream<Space, double, Memory>;
+  EXPECT_NE(bf16_start, nullptr);
 }
 
 // The transport picks ncclAlltoAll or grouped send/recv from the headers' NCCL_VERSION_CODE; the library it runs with

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
 
 #include <cstdint>
 #include <string>
@@ -128,17 +129,29 @@ void unpack_blocks_v(const ExecSpace& space, const T* in, T* out, AroundDim a, c
 
 /// out[i] = the sum over r = 0..parts-1, in that order, of block r's value i, where block r is received[r*n + i] for
 /// r != self_index and own[i] for r == self_index (this rank's own block, read where it already is). The fixed order
-/// gives every rank's part of a reduce-scatter the same association whatever the MPI library.
+/// gives every rank's part of a reduce-scatter the same association whatever the MPI library. The sum is accumulated
+/// in compat::accumulation_t<T>: bf16 blocks are widened to float, added in float and rounded once, at the store (a
+/// bf16 accumulator would round after every addition); float and double add in their own type.
 template <class ExecSpace, class T>
 void sum_blocks(const ExecSpace& space, const T* received, const T* own, int self_index, T* out, std::int64_t n,
                 int parts, const std::string& label) {
+  using Acc = compat::accumulation_t<T>;
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
       KOKKOS_LAMBDA(const std::int64_t i) {
-        T sum = self_index == 0 ? own[i] : received[i];
-        for (int r = 1; r < parts; ++r) sum += r == self_index ? own[i] : received[r * n + i];
-        out[i] = sum;
+        Acc sum = static_cast<Acc>(self_index == 0 ? own[i] : received[i]);
+        for (int r = 1; r < parts; ++r) sum += static_cast<Acc>(r == self_index ? own[i] : received[r * n + i]);
+        out[i] = static_cast<T>(sum);
       });
+}
+
+/// out[i] = in[i] converted to To (a copy between value types: bf16 widened to float exactly, float rounded to bf16
+/// to nearest even), n values, on `space`.
+template <class ExecSpace, class From, class To>
+void convert_values(const ExecSpace& space, const From* in, To* out, std::int64_t n, const std::string& label) {
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t i) { out[i] = static_cast<To>(in[i]); });
 }
 
 }  // namespace mlacp::detail

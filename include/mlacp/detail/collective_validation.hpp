@@ -29,13 +29,16 @@ struct CollectiveCall {
   std::array<std::int64_t, max_collective_rank> extents;  ///< unused entries are 0
   int dim_a;                                              ///< all_to_all: gather_dim; all_gather / reduce_scatter: dim
   int dim_b;                                              ///< all_to_all: scatter_dim; otherwise -1
-  int value_size;                                         ///< sizeof the value type
+  int value_size;                                         ///< sizeof the value type: 4 float, 8 double, 2 bf16
   bool allocated;                                         ///< data() != nullptr or the View is empty
   /// A caller-provided destination of the result (`into`), when one was given: its extents (unused entries 0) and
   /// whether it is the input's own memory. Checked against the result's shape with the rest of the call.
   bool has_into = false;
   std::array<std::int64_t, max_collective_rank> into_extents{};
   bool into_aliases_input = false;
+  /// A reduce-scatter that the backend would have MPI sum (MPI_Ireduce_scatter*: ReduceScatterAlgorithm::mpi over
+  /// MPI), which a bf16 call cannot use (MPI has no bf16 sum): refused, naming the pairwise algorithm.
+  bool sums_with_mpi = false;
   /// Uneven (v) collectives, called with Partitions: `uneven` is set and counts_a / counts_b hold the partitions'
   /// counts (all_to_all: the gather partition of dim_a and the scatter partition of dim_b; all_gather and
   /// reduce_scatter: the partition of dim_a, counts_b empty). Even calls leave them empty.
@@ -70,6 +73,9 @@ void agree_on_success(const Mesh& mesh, const std::string& where, const std::str
 /// be passed are bounded here from the call alone, per message as the transport really passes them (the even path's
 /// P equal blocks, the uneven path's blocks of the partitions).
 std::string collective_call_error(const CollectiveCall& call, int group_size, int me);
+
+/// The name of the value type of `value_size` bytes, for messages: "float", "double", "bf16".
+const char* value_type_name(int value_size) noexcept;
 
 /// Validates `call` (of the collective named `name`) for a group of `mesh.size()` ranks. Throws InvalidArgument naming
 /// the value and what was expected. Uneven calls: each partition must have mesh.size() parts, the View's extents must

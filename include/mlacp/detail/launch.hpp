@@ -41,8 +41,11 @@ using collective_result_t =
 
 namespace detail {
 
+/// The value types the collectives move: float, double and bf16 (compat::bf16, moved as 2-byte elements; its sums,
+/// the pairwise reduce-scatter's and NCCL's, are accumulated in float; MPI's own reduce-scatter cannot sum it).
 template <class T>
-inline constexpr bool is_communicated_value_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+inline constexpr bool is_communicated_value_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>;
 
 template <class ExecSpace, class ViewType>
 constexpr void check_collective_types() {
@@ -54,7 +57,7 @@ constexpr void check_collective_types() {
   static_assert(std::is_same_v<typename ViewType::array_layout, Kokkos::LayoutRight>,
                 "mlacp collectives take LayoutRight (row-major, contiguous) Views");
   static_assert(is_communicated_value_v<typename ViewType::non_const_value_type>,
-                "mlacp collectives take Views of float or double");
+                "mlacp collectives take Views of float, double or mlacp::bf16");
   static_assert(!std::is_const_v<typename ViewType::value_type>,
                 "mlacp collectives take non-const Views (with P == 1 the input itself is returned)");
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename ViewType::memory_space>::accessible,
@@ -97,6 +100,8 @@ Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, i
     p.call.counts_a = partition_a->counts();
     if (partition_b != nullptr) p.call.counts_b = partition_b->counts();
   }
+  p.call.sums_with_mpi =
+      kind == detail::CollectiveKind::reduce_scatter && detail::TransportFor<ExecSpace>::sums_with_mpi(mesh);
   if (into.data() != nullptr) {
     p.call.has_into = true;
     for (int d = 0; d < p.call.rank; ++d)

@@ -69,6 +69,7 @@ struct StartedTransport {
 /// NCCL communicator, else MPI). A backend provides:
 ///   static bool reduces_natively(const Mesh&)   whether reduce_scatter_sum is the backend's own (else the
 ///                                                collective uses exchange_blocks and sums the blocks itself)
+///   static bool sums_with_mpi(const Mesh&)      whether that reduction is MPI's own, which cannot sum bf16
 ///   static StartedTransport start(const ExecSpace&, const Mesh&, const TransportRequest<T, MemSpace>&)
 template <class ExecSpace, class Enable = void>
 struct TransportFor;

@@ -6,6 +6,7 @@
 #include <mlacp/config.hpp>
 #include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/detail/transport.hpp>
+#include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/collectives.hpp>
 #include <mlacp/mpi/datatype.hpp>
@@ -31,6 +32,9 @@ struct Transport {
   static bool reduces_natively(const Mesh& mesh) {
     return mesh.reduce_scatter_algorithm() == ReduceScatterAlgorithm::mpi;
   }
+  /// Whether a reduce-scatter on this mesh would be summed by MPI itself (MPI_Ireduce_scatter*), which cannot sum bf16:
+  /// the collectives refuse bf16 then, on every rank, before anything is sent (validate_collective).
+  static bool sums_with_mpi(const Mesh& mesh) { return reduces_natively(mesh); }
 
   /// Starts `request` over the mesh's communicator. The instance is fenced first, so that MPI never reads a send
   /// buffer a kernel is still writing. When MPI cannot read MemSpace (or the mesh asks for host staging) the data goes
@@ -39,6 +43,11 @@ struct Transport {
   static detail::StartedTransport start(const ExecSpace& space, const Mesh& mesh,
                                         const detail::TransportRequest<T, MemSpace>& request) {
     const std::string& name = request.info.name;
+    if constexpr (!mpi_can_sum_v<T>) {
+      // validate_collective refused it on every rank already (CollectiveCall::sums_with_mpi); never reached.
+      if (request.operation == detail::Operation::reduce_scatter_sum)
+        throw InvalidArgument("mlacp: " + name + ": MPI's own reduce-scatter cannot sum bf16 (MPI has no bf16 sum)");
+    }
     detail::StartedTransport started;
     MPI_Request handle = MPI_REQUEST_NULL;
     if (reads_directly<MemSpace>() && !mesh.host_staging()) {

@@ -15,6 +15,9 @@
 #if MLACP_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <mlacp/compat.hpp>
+#include <mlacp/detail/block_layout.hpp>
+#include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/detail/pending_transport.hpp>
 #include <mlacp/detail/transport.hpp>
 #include <mlacp/mesh.hpp>
@@ -24,6 +27,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,11 +38,14 @@ namespace mlacp::nccl {
 
 template <class T>
 ncclDataType_t datatype() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "mlacp communicates float and double only");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>,
+                "mlacp communicates float, double and bf16 only");
   if constexpr (std::is_same_v<T, float>) {
     return ncclFloat32;
-  } else {
+  } else if constexpr (std::is_same_v<T, double>) {
     return ncclFloat64;
+  } else {
+    return ncclBfloat16;  // moved as is; its sums are taken in float (Transport::start)
   }
 }
 
@@ -152,14 +159,48 @@ struct Transport {
   /// ncclReduceScatter always.
   static bool reduces_natively(const Mesh&) { return true; }
 
+  /// Moves are enqueued in T's own NCCL type. A bf16 reduce-scatter is summed in float: the send buffer is widened
+  /// on `space` into a pooled float buffer, reduced in ncclFloat32 into a pooled float result, and rounded once into
+  /// the bf16 result at wait() (as the pairwise algorithm sums). Everything is allocated and queued before launch(),
+  /// whose own checks come before ncclGroupStart.
   template <class ExecSpace, class T, class MemSpace>
   static detail::StartedTransport start(const ExecSpace& space, const std::shared_ptr<Communicator>& communicator,
                                         const detail::TransportRequest<T, MemSpace>& request) {
+    return start_on_stream(space, space.cuda_stream(), communicator, request);
+  }
+
+  /// start's body, for the instance `space` whose stream is `compute_stream` (apart so that host-only builds can
+  /// compile-check it with a host instance: unit_tests/nccl/test_nccl_plan.cpp).
+  template <class ExecSpace, class T, class MemSpace>
+  static detail::StartedTransport start_on_stream(const ExecSpace& space, cudaStream_t compute_stream,
+                                                  const std::shared_ptr<Communicator>& communicator,
+                                                  const detail::TransportRequest<T, MemSpace>& request) {
     detail::StartedTransport started;
     started.resources.emplace_back(communicator);  // the transport polls and may abort it until it completes
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (request.operation == detail::Operation::reduce_scatter_sum) {
+        const std::string& name = request.info.name;
+        const auto wide_send =
+            detail::allocate_buffer<float, MemSpace>(space, name + " float send", request.send.size());
+        const auto wide_recv =
+            detail::allocate_buffer<float, MemSpace>(space, name + " float recv", request.recv.size());
+        started.resources.emplace_back(wide_send);
+        started.resources.emplace_back(wide_recv);
+        detail::convert_values(space, request.send.data(), wide_send.view.data(),
+                               static_cast<std::int64_t>(request.send.size()), name + " widen to float");
+        started.transport = launch(request.operation, wide_send.view.data(), wide_recv.view.data(), request.count,
+                                   ncclFloat32, sizeof(float), *communicator, compute_stream, request.info,
+                                   request.send_blocks, request.recv_blocks);
+        started.arrived = [space, recv = request.recv, wide = wide_recv.view, name]() {
+          detail::convert_values(space, wide.data(), recv.data(), static_cast<std::int64_t>(recv.size()),
+                                 name + " round to bf16");
+        };
+        return started;
+      }
+    }
     started.transport =
         launch(request.operation, request.send.data(), request.recv.data(), request.count, datatype<T>(), sizeof(T),
-               *communicator, space.cuda_stream(), request.info, request.send_blocks, request.recv_blocks);
+               *communicator, compute_stream, request.info, request.send_blocks, request.recv_blocks);
     return started;
   }
 };
@@ -172,6 +213,8 @@ namespace mlacp::detail {
 template <>
 struct TransportFor<Kokkos::Cuda> {
   static bool reduces_natively(const Mesh& mesh) { return mesh.has_nccl() || mpi::Transport::reduces_natively(mesh); }
+  /// NCCL sums itself (bf16 in float); without it, MPI's transport decides.
+  static bool sums_with_mpi(const Mesh& mesh) { return !mesh.has_nccl() && mpi::Transport::sums_with_mpi(mesh); }
   template <class T, class MemSpace>
   static StartedTransport start(const Kokkos::Cuda& space, const Mesh& mesh,
                                 const TransportRequest<T, MemSpace>& request) {
