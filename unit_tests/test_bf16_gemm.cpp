@@ -347,13 +347,13 @@ TEST_F(Bf16Gemm, EnvironmentOverrideIsReadAndBadValuesAreRefused) {
   try {
     Plan plan;
     ADD_FAILURE() << "MLACP_BF16_GEMM=cublas was accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const mlacp::InvalidArgument& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("MLACP_BF16_GEMM='cublas'"), std::string::npos) << what;
     EXPECT_NE(what.find("auto, onednn, float_blas, kokkos_kernels"), std::string::npos) << what;
   }
   unsetenv(mlacp::bf16_gemm_env_var);
-  EXPECT_THROW(mlacp::parse_bf16_gemm_backend("ONEDNN"), std::invalid_argument);
+  EXPECT_THROW(mlacp::parse_bf16_gemm_backend("ONEDNN"), mlacp::InvalidArgument);
   for (const auto b : {Bf16GemmBackend::automatic, Bf16GemmBackend::onednn, Bf16GemmBackend::float_blas,
                        Bf16GemmBackend::kokkos_kernels})
     EXPECT_EQ(mlacp::parse_bf16_gemm_backend(mlacp::bf16_gemm_backend_name(b)), b);
@@ -365,7 +365,7 @@ TEST_F(Bf16Gemm, UnavailableForcedBackendIsRefusedWithTheReason) {
     try {
       Plan plan(b);
       ADD_FAILURE() << mlacp::bf16_gemm_backend_name(b) << " was accepted";
-    } catch (const std::invalid_argument& e) {
+    } catch (const mlacp::InvalidArgument& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find(std::string("'") + mlacp::bf16_gemm_backend_name(b) + "' is not available"),
                 std::string::npos)
@@ -378,7 +378,7 @@ TEST_F(Bf16Gemm, MismatchedExtentsAreRefused) {
   Plan plan(Bf16GemmBackend::automatic);
   Mat<bf16> a("a", 4, 5), b("b", 6, 3);
   Mat<float> c("c", 4, 3);
-  EXPECT_THROW(plan.gemm(ExecSpace(), "N", "N", 1.0f, a, b, 0.0f, c), std::invalid_argument);
+  EXPECT_THROW(plan.gemm(ExecSpace(), "N", "N", 1.0f, a, b, 0.0f, c), mlacp::InvalidArgument);
 }
 
 }  // namespace

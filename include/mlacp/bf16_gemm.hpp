@@ -34,6 +34,7 @@
 
 #include <mlacp/compat.hpp>
 #include <mlacp/config.hpp>
+#include <mlacp/error.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -57,7 +58,7 @@ inline constexpr const char* bf16_gemm_env_var = "MLACP_BF16_GEMM";
 
 /// "auto", "onednn", "float_blas", "kokkos_kernels".
 const char* bf16_gemm_backend_name(Bf16GemmBackend backend);
-/// The backend named `value`; throws std::invalid_argument naming the value and the expected names otherwise.
+/// The backend named `value`; throws mlacp::InvalidArgument naming the value and the expected names otherwise.
 Bf16GemmBackend parse_bf16_gemm_backend(const std::string& value);
 /// MLACP_BF16_GEMM's backend (automatic where unset or empty); throws like parse_bf16_gemm_backend.
 Bf16GemmBackend bf16_gemm_backend_from_env();
@@ -182,10 +183,10 @@ class Bf16GemmPlan {
   using UnmanagedFloatMatrix = Kokkos::View<float**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryUnmanaged>;
 
   /// `requested`: automatic (choose per shape) or one backend for every call; by default MLACP_BF16_GEMM's. Throws
-  /// std::invalid_argument where the requested backend is not available for ExecSpace in this build.
+  /// mlacp::InvalidArgument where the requested backend is not available for ExecSpace in this build.
   explicit Bf16GemmPlan(Bf16GemmBackend requested = bf16_gemm_backend_from_env()) : requested_(requested) {
     if (requested_ != Bf16GemmBackend::automatic && !available(requested_))
-      throw std::invalid_argument(std::string("mlacp: bf16 GEMM backend '") + bf16_gemm_backend_name(requested_) +
+      throw mlacp::InvalidArgument(std::string("mlacp: bf16 GEMM backend '") + bf16_gemm_backend_name(requested_) +
                                   "' is not available in this build for this execution space (" + why_not(requested_) +
                                   "); available: " + available_names());
   }
@@ -242,7 +243,7 @@ class Bf16GemmPlan {
   void gemm_with(Bf16GemmBackend backend, const ExecSpace& space, const char* trans_a, const char* trans_b, float alpha,
                  const AView& a, const BView& b, float beta, const CView& c) {
     if (backend == Bf16GemmBackend::automatic || !available(backend))
-      throw std::invalid_argument(std::string("mlacp: gemm_with: backend '") + bf16_gemm_backend_name(backend) +
+      throw mlacp::InvalidArgument(std::string("mlacp: gemm_with: backend '") + bf16_gemm_backend_name(backend) +
                                   "' is not available here; available: " + available_names());
     if (detail::bf16_gemm_empty(space, trans_a, a, beta, c)) return;
     run(backend, space, trans_a, trans_b, alpha, a, b, beta, c);
@@ -301,7 +302,7 @@ class Bf16GemmPlan {
     const auto ma = static_cast<std::int64_t>(s.trans_a ? a.extent(1) : a.extent(0));
     const auto nb = static_cast<std::int64_t>(s.trans_b ? b.extent(0) : b.extent(1));
     if (kb != s.k || ma != s.m || nb != s.n)
-      throw std::invalid_argument("mlacp: bf16 GEMM: op(A) is " + std::to_string(ma) + " x " + std::to_string(s.k) +
+      throw mlacp::InvalidArgument("mlacp: bf16 GEMM: op(A) is " + std::to_string(ma) + " x " + std::to_string(s.k) +
                                   ", op(B) " + std::to_string(kb) + " x " + std::to_string(nb) + ", C " +
                                   std::to_string(s.m) + " x " + std::to_string(s.n));
     s.beta_zero = beta == 0.0f;
