@@ -187,8 +187,8 @@ class Bf16GemmPlan {
   explicit Bf16GemmPlan(Bf16GemmBackend requested = bf16_gemm_backend_from_env()) : requested_(requested) {
     if (requested_ != Bf16GemmBackend::automatic && !available(requested_))
       throw mlacp::InvalidArgument(std::string("mlacp: bf16 GEMM backend '") + bf16_gemm_backend_name(requested_) +
-                                  "' is not available in this build for this execution space (" + why_not(requested_) +
-                                  "); available: " + available_names());
+                                   "' is not available in this build for this execution space (" + why_not(requested_) +
+                                   "); available: " + available_names());
   }
 
   /// Whether this build has the backend for ExecSpace (automatic: always).
@@ -244,7 +244,7 @@ class Bf16GemmPlan {
                  const AView& a, const BView& b, float beta, const CView& c) {
     if (backend == Bf16GemmBackend::automatic || !available(backend))
       throw mlacp::InvalidArgument(std::string("mlacp: gemm_with: backend '") + bf16_gemm_backend_name(backend) +
-                                  "' is not available here; available: " + available_names());
+                                   "' is not available here; available: " + available_names());
     if (detail::bf16_gemm_empty(space, trans_a, a, beta, c)) return;
     run(backend, space, trans_a, trans_b, alpha, a, b, beta, c);
   }
@@ -303,8 +303,8 @@ class Bf16GemmPlan {
     const auto nb = static_cast<std::int64_t>(s.trans_b ? b.extent(0) : b.extent(1));
     if (kb != s.k || ma != s.m || nb != s.n)
       throw mlacp::InvalidArgument("mlacp: bf16 GEMM: op(A) is " + std::to_string(ma) + " x " + std::to_string(s.k) +
-                                  ", op(B) " + std::to_string(kb) + " x " + std::to_string(nb) + ", C " +
-                                  std::to_string(s.m) + " x " + std::to_string(s.n));
+                                   ", op(B) " + std::to_string(kb) + " x " + std::to_string(nb) + ", C " +
+                                   std::to_string(s.m) + " x " + std::to_string(s.n));
     s.beta_zero = beta == 0.0f;
     s.c_bf16 = std::is_same_v<typename CView::non_const_value_type, compat::bf16>;
     return s;

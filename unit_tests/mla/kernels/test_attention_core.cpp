@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
-#include <mlacp/mla/kernels/flash_attention.hpp>
 #include <mlacp/mla/kernels/detail/softmax_exp.hpp>
+#include <mlacp/mla/kernels/flash_attention.hpp>
 
 #include <algorithm>
 #include <cmath>

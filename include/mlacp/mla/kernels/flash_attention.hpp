@@ -22,12 +22,12 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
-#include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/document_layout.hpp>
+#include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_blas.hpp>
-#include <mlacp/mla/kernels/flash_attention_options.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_scratch.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_team.hpp>
+#include <mlacp/mla/kernels/flash_attention_options.hpp>
 
 #include <cstdint>
 #include <memory>
