@@ -47,6 +47,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mlacp {
@@ -479,4 +480,56 @@ class Bf16GemmPlan {
   Kokkos::View<float*, memory_space> workspace_;
 };
 
+namespace detail {
+/// The plan installed on this thread for ExecSpace (ScopedBf16GemmPlan), or null.
+template <class ExecSpace>
+Bf16GemmPlan<ExecSpace>*& installed_bf16_gemm_plan() {
+  thread_local Bf16GemmPlan<ExecSpace>* plan = nullptr;
+  return plan;
+}
+}  // namespace detail
+
+/// Installs `plan` as the one mlacp's own bf16 GEMMs (detail::gemm_values: the layer's linears and their panels) use
+/// on this thread while the object lives; the previous one comes back at its end. The MLA layer installs its plan for
+/// each forward and backward, so that every shape it runs is chosen once and its oneDNN primitives are kept.
+template <class ExecSpace>
+class ScopedBf16GemmPlan {
+ public:
+  explicit ScopedBf16GemmPlan(Bf16GemmPlan<ExecSpace>& plan)
+      : previous_(std::exchange(detail::installed_bf16_gemm_plan<ExecSpace>(), &plan)) {}
+  ~ScopedBf16GemmPlan() { detail::installed_bf16_gemm_plan<ExecSpace>() = previous_; }
+  ScopedBf16GemmPlan(const ScopedBf16GemmPlan&) = delete;
+  ScopedBf16GemmPlan& operator=(const ScopedBf16GemmPlan&) = delete;
+
+ private:
+  Bf16GemmPlan<ExecSpace>* previous_;
+};
+
+namespace detail {
+
+/// C = beta*C + alpha*op(A)*op(B) for the value types mlacp's kernels use: Views of float or double through
+/// compat::gemm; A and B of bf16 (C of float or bf16) through the bf16 plan installed on this thread
+/// (ScopedBf16GemmPlan), or, where none is, a plan made for this call alone that runs MLACP_BF16_GEMM's backend
+/// (float_blas where it asks for auto: a one-call plan cannot amortise auto's timing).
+template <class ExecSpace, class AView, class BView, class CView, class Scalar>
+void gemm_values(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AView& a,
+                 const BView& b, Scalar beta, const CView& c) {
+  if constexpr (std::is_same_v<typename AView::non_const_value_type, compat::bf16>) {
+    static_assert(std::is_same_v<typename BView::non_const_value_type, compat::bf16>,
+                  "mlacp: a bf16 GEMM takes A and B of bf16");
+    if (Bf16GemmPlan<ExecSpace>* plan = installed_bf16_gemm_plan<ExecSpace>()) {
+      plan->gemm(space, trans_a, trans_b, static_cast<float>(alpha), a, b, static_cast<float>(beta), c);
+      return;
+    }
+    const Bf16GemmBackend env = bf16_gemm_backend_from_env();
+    Bf16GemmPlan<ExecSpace> one_call(env == Bf16GemmBackend::automatic ? Bf16GemmBackend::float_blas : env);
+    one_call.gemm(space, trans_a, trans_b, static_cast<float>(alpha), a, b, static_cast<float>(beta), c);
+    compat::fence(space, "mlacp: a one-call bf16 GEMM plan's workspace is released");
+  } else {
+    using T = typename CView::non_const_value_type;
+    compat::gemm(space, trans_a, trans_b, static_cast<T>(alpha), a, b, static_cast<T>(beta), c);
+  }
+}
+
+}  // namespace detail
 }  // namespace mlacp

@@ -4,6 +4,7 @@
 // collective is pending (progress.hpp says why MPI needs it).
 #pragma once
 
+#include <mlacp/bf16_gemm.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/progress.hpp>
@@ -70,12 +71,14 @@ class ComputePhase {
 /// (trans_a "T": A [K, M], the reduction runs over A's rows, panels are row blocks of A and B accumulated into C).
 /// While collectives are pending on a host execution space, the GEMM runs in panels (overlap_policy()) with
 /// mlacp::progress() before each panel and at the end, so that MPI advances them during the compute. Otherwise (no
-/// collective pending, or a device execution space, where NCCL needs no host polling) it is one GEMM call.
+/// collective pending, or a device execution space, where NCCL needs no host polling) it is one GEMM call. Views of
+/// bf16 (A and B; C of float or bf16) go through the installed bf16 plan (detail::gemm_values), accumulating in float.
 template <class ExecSpace, class AMat, class BMat, class CMat>
 void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char* trans_b,
                         typename CMat::const_value_type alpha, const AMat& a, const BMat& b,
                         typename CMat::const_value_type beta, const CMat& c) {
   using T = typename CMat::non_const_value_type;
+  using Scalar = compat::accumulation_t<T>;
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
   const auto rows = static_cast<std::int64_t>(a.extent(0));
   const OverlapPolicy policy = overlap_policy();
@@ -84,7 +87,7 @@ void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char*
     panels = std::clamp<std::int64_t>(rows / std::max<std::int64_t>(1, policy.min_panel_rows), 1, policy.panels);
   if (panels == 1) {
     if (host) progress();
-    compat::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
+    gemm_values(space, trans_a, trans_b, Scalar(alpha), a, b, Scalar(beta), c);
     if (host) progress();
     return;
   }
@@ -95,10 +98,11 @@ void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char*
     progress();
     const auto a_panel = Kokkos::subview(a, range, Kokkos::ALL());
     if (reduce_over_rows)
-      compat::gemm(space, trans_a, trans_b, alpha, a_panel, Kokkos::subview(b, range, Kokkos::ALL()),
-                   p == 0 ? beta : T(1), c);
+      gemm_values(space, trans_a, trans_b, Scalar(alpha), a_panel, Kokkos::subview(b, range, Kokkos::ALL()),
+                  p == 0 ? Scalar(beta) : Scalar(1), c);
     else
-      compat::gemm(space, trans_a, trans_b, alpha, a_panel, b, beta, Kokkos::subview(c, range, Kokkos::ALL()));
+      gemm_values(space, trans_a, trans_b, Scalar(alpha), a_panel, b, Scalar(beta),
+                  Kokkos::subview(c, range, Kokkos::ALL()));
   }
   progress();
 }

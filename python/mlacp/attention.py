@@ -44,8 +44,8 @@ def parameter_shapes(config):
 
 def _gradient_dtype(row, weight_dtype):
     """The dtype the C++ backward writes ``row``'s gradient in, for weights of ``weight_dtype``."""
-    if row.gradient == "weight":
-        return weight_dtype
+    if row.gradient == "accumulation":
+        return torch.float32 if weight_dtype == torch.bfloat16 else weight_dtype
     raise _mlacp.InvalidArgument(f"mlacp: gradient type {row.gradient!r} of {row.name} is not known to this package")
 
 

@@ -117,7 +117,7 @@ void bind_config(py::module_& m) {
           const char* kind = info.kind == ParameterKind::weight ? "weight"
                              : info.kind == ParameterKind::bias ? "bias"
                                                                 : "norm_gain";
-          const char* gradient = info.gradient == GradientType::weight_value_type ? "weight" : "?";
+          const char* gradient = info.gradient == GradientType::accumulation_type ? "accumulation" : "?";
           rows.append(py::make_tuple(info.name, extents, info.present(c), info.name, kind, gradient));
         }
         return rows;
@@ -125,7 +125,8 @@ void bind_config(py::module_& m) {
       py::arg("config"),
       "The parameter table (mlacp/mla/parameter_table.hpp) for a configuration: one (name, shape, present, flag, "
       "kind, gradient) per parameter, in registration order; flag names the MlaRequiresGrad field, kind is 'weight', "
-      "'bias' or 'norm_gain', gradient the gradient's value type ('weight': the weight's dtype).");
+      "'bias' or 'norm_gain', gradient the gradient's value type ('accumulation': float for bfloat16 weights, else the "
+      "weight's dtype).");
 }
 
 }  // namespace mlacp::python

@@ -34,7 +34,7 @@ def test_python_table_is_the_cpp_table(mesh, bias):
     assert parameter_shapes(c) == {r[0]: r[1] for r in rows if r[2]} == spec_shapes(c, bias)
     for row in parameter_table(c):
         assert row.present == (bias or row.kind != "bias")
-        assert row.gradient == "weight"
+        assert row.gradient == "accumulation"
         assert hasattr(mlacp.MlaRequiresGrad(), row.flag)
     layer = mlacp.MlaAttention(c, mesh, dtype=torch.float64, seed=2)
     assert {n: tuple(p.shape) for n, p in layer.named_parameters()} == spec_shapes(c, bias)

@@ -54,7 +54,7 @@ TEST(ParameterTable, RowsAreTheSpecsWeightsTable) {
       EXPECT_EQ(info.present(c), rows[i].present) << info.name << " bias " << bias;
       EXPECT_EQ(info.kind == mlacp::ParameterKind::bias, info.name[0] == 'b') << info.name;
       EXPECT_EQ(info.kind == mlacp::ParameterKind::norm_gain, std::string(info.name) == "g_kv") << info.name;
-      EXPECT_EQ(info.gradient, mlacp::GradientType::weight_value_type) << info.name;
+      EXPECT_EQ(info.gradient, mlacp::GradientType::accumulation_type) << info.name;
       EXPECT_EQ(mlacp::find_parameter(info.name), &info);
     }
   }

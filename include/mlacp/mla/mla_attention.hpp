@@ -6,6 +6,8 @@
 // owns its memory; what the schedules share is in detail/schedule_context.hpp and detail/shared_steps.hpp.
 #pragma once
 
+#include <mlacp/bf16_gemm.hpp>
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/expanded_schedule.hpp>
@@ -17,7 +19,9 @@
 #include <mlacp/view_types.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -72,7 +76,11 @@ class MlaAttention {
   using tensor4 = detail::Tensor4<T, memory_space>;
   using tensor5 = detail::Tensor5<T, memory_space>;
   using weights_type = MlaWeights<T, memory_space>;
+  /// Weight gradients in gradient_value_t<T> (float for bf16), dx in T.
   using gradients_type = MlaGradients<T, memory_space>;
+  /// Mixed precision: a layer of bf16 stores its activations, saved tensors and wire payloads in bf16 and accumulates
+  /// in float (GEMMs through its Bf16GemmPlan, the attention core in float, statistics and weight gradients in float).
+  static constexpr bool is_bf16 = std::is_same_v<T, compat::bf16>;
 
   /// The state of one forward pass: move-only, consumed by exactly one backward.
   class Forward {
@@ -136,6 +144,18 @@ class MlaAttention {
     // Every setting the core reads is read and checked here, with the rest of the configuration (never lazily inside
     // a schedule, where ranks that hold no head would not reach it and their peers would wait in a collective).
     auto fields = detail::config_fields(config_);
+    fields.push_back({"bytes per element of the layer's value type", static_cast<std::int64_t>(sizeof(T))});
+    if constexpr (is_bf16) {
+      // MLACP_BF16_GEMM is read here, checked and agreed with the rest (a bad name is one error on every rank).
+      std::int64_t requested = -1;
+      try {
+        bf16_plan_.emplace();
+        requested = static_cast<std::int64_t>(bf16_plan_->requested());
+      } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+      }
+      fields.push_back({std::string("the bf16 GEMM backend asked for (") + bf16_gemm_env_var + ")", requested});
+    }
     if constexpr (detail::core_resolves_settings_v<Core, ExecSpace>) {
       const std::string core_error = core_.template resolve<ExecSpace>();
       if (error.empty()) error = core_error;
@@ -167,6 +187,12 @@ class MlaAttention {
   int local_seq() const { return context_.local_seq(); }
   /// This rank's heads in the attention, from global head head_partition().offset(rank).
   int local_heads() const { return context_.local_heads(); }
+
+  /// The bf16 GEMM plan of a bf16 layer (its per-shape backend choices and oneDNN primitives, bf16_gemm.hpp); null for
+  /// float and double layers. The layer installs it for each forward and backward (ScopedBf16GemmPlan).
+  const Bf16GemmPlan<ExecSpace>* bf16_gemm_plan() const { return bf16_plan_ ? &*bf16_plan_ : nullptr; }
+  /// Bytes of the per-call scratch the bf16 attention core call holds (float copies; 0 for float and double).
+  std::size_t core_scratch_bytes() const { return context_.core_scratch_bytes(); }
 
   /// Per-forward workspaces the layer owns, and how many of them a pending Forward holds (a held output holds none).
   std::size_t forward_workspaces() const {
@@ -214,6 +240,7 @@ class MlaAttention {
                          {"cu_seqlens (FNV-1a hash of the offsets)", detail::hash_offsets(cu_seqlens)}});
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::forward");
+      const auto gemm_scope = bf16_gemm_scope();
       Forward f;
       f.owner_ = this;
       f.flags_ = requires_grad;
@@ -267,6 +294,7 @@ class MlaAttention {
     f.backward_done_ = true;
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::backward");
+      const auto gemm_scope = bf16_gemm_scope();
       detail::allocate_missing(context_, grads, f.flags_);
       // Without a workspace (given back at forward: no gradient needed) the backward has nothing to compute or send.
       // The workspace came from this layer's schedule (the owner check above), so it has the schedule's type.
@@ -293,10 +321,18 @@ class MlaAttention {
 
   // Packed documents for a core that takes no DocumentLayout ("" when the core takes one, or for one document).
   static std::string documents_error(const std::vector<std::int64_t>& cu_seqlens) {
-    if (cu_seqlens.size() <= 2 || detail::core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>) return "";
+    if (cu_seqlens.size() <= 2 || detail::core_takes_documents_v<Core, ExecSpace, typename context_type::core_tensor4,
+                                                                 typename context_type::core_tensor3>)
+      return "";
     return "mlacp::MlaAttention: cu_seqlens has " + std::to_string(cu_seqlens.size() - 1) +
            " documents but the attention core takes no DocumentLayout; expected a core with a trailing "
            "`const DocumentLayout&` in forward and backward (attention_core.hpp) or one document";
+  }
+
+  // The layer's bf16 plan installed for one call (nothing for float and double).
+  std::unique_ptr<ScopedBf16GemmPlan<ExecSpace>> bf16_gemm_scope() const {
+    if (!bf16_plan_) return nullptr;
+    return std::make_unique<ScopedBf16GemmPlan<ExecSpace>>(*bf16_plan_);
   }
 
   schedule_type make_schedule() const {
@@ -311,6 +347,7 @@ class MlaAttention {
   const Mesh* mesh_;
   Core core_;
   DocumentLayout documents_;
+  mutable std::optional<Bf16GemmPlan<ExecSpace>> bf16_plan_;  // bf16 layers only: a cache of shapes, like the pools
   context_type context_{config_, weights_, *mesh_, core_, documents_};
   schedule_type schedule_ = make_schedule();
 };

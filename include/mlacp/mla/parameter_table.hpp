@@ -41,15 +41,16 @@ struct ParameterShape {
 /// RMSNorm gain starts at 1).
 enum class ParameterKind { weight, bias, norm_gain };
 
-/// The value type of a parameter's gradient. Today every gradient has its weight's value type (the backward writes T
-/// into MlaGradients<T>); the bf16 work records float here for bf16 weights. Python checks the gradient tensors
-/// against it before the C++ backward writes them.
-enum class GradientType { weight_value_type };
+/// The value type of a parameter's gradient. Every gradient is in the accumulation type of its weight's value type
+/// (compat::accumulation_t, weights.hpp's gradient_value_t): float for bf16 weights (float gradient Views beside bf16
+/// weights, as a float master copy needs), the weight's own type for float and double. Python checks the gradient
+/// tensors against it before the C++ backward writes them.
+enum class GradientType { accumulation_type };
 
 inline const char* to_string(GradientType g) noexcept {
   switch (g) {
-    case GradientType::weight_value_type:
-      return "the weight's value type";
+    case GradientType::accumulation_type:
+      return "the accumulation type of the weight's value type (float for bf16, else the weight's)";
   }
   return "?";
 }
@@ -96,7 +97,7 @@ constexpr auto parameter_entries() {
   using detail::matrix_shape;
   using detail::vector_shape;
   constexpr auto weight = ParameterKind::weight, bias = ParameterKind::bias, gain = ParameterKind::norm_gain;
-  constexpr auto same = GradientType::weight_value_type;
+  constexpr auto same = GradientType::accumulation_type;
   constexpr auto always = &detail::always_present, with_bias = &detail::with_bias;
   return std::make_tuple(
       detail::parameter_entry(

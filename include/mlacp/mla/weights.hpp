@@ -150,9 +150,17 @@ MlaParameters<T, MemSpace> MlaParameters<T, MemSpace>::allocate(const MlaConfig&
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
 using MlaWeights = MlaParameters<T, MemSpace>;
 
-/// Gradients of the weights (this rank's partial sums, MLA_SPEC "Weights") and of the input x [B, s, D].
+/// The value type of the weight gradients of a layer of T: compat::accumulation_t<T> (GradientType::accumulation_type
+/// in the parameter table): float for bf16 weights, as the float master copy of mixed-precision training needs (and
+/// as sums over micro-batches need: they accumulate in it), the weight's own type for float and double.
+template <class T>
+using gradient_value_t = compat::accumulation_t<T>;
+
+/// Gradients of the weights (this rank's partial sums, MLA_SPEC "Weights"), in gradient_value_t<T>, and of the input
+/// x [B, s, D], in T (the input's own type).
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
-struct MlaGradients : MlaParameters<T, MemSpace> {
+struct MlaGradients : MlaParameters<gradient_value_t<T>, MemSpace> {
+  using input_value_type = T;
   detail::Tensor3<T, MemSpace> dx;  ///< [B, s, D]
 };
 

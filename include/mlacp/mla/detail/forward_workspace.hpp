@@ -16,6 +16,7 @@
 // between); a layer is used from one host thread at a time (detail::EntryGuard refuses concurrent entry).
 #pragma once
 
+#include <mlacp/compat.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
@@ -71,6 +72,8 @@ struct ForwardWorkspace {
   using memory_space = typename ExecSpace::memory_space;
   using tensor3 = Tensor3<T, memory_space>;
   using tensor4 = Tensor4<T, memory_space>;
+  /// Statistics (RMSNorm's rstd, the softmax's log-sum-exp) are kept in the accumulation type: float for bf16.
+  using statistic_type = compat::accumulation_t<T>;
 
   ForwardWorkspace() = default;
   ForwardWorkspace(const ForwardWorkspace&) = delete;
@@ -78,17 +81,17 @@ struct ForwardWorkspace {
   virtual ~ForwardWorkspace() = default;
 
   // Owned buffers, allocated on first use.
-  tensor3 y;                     ///< [B, s, D], the output
-  tensor3 kv_a;                  ///< [B, s, R+dr], x w_kva^T
-  Vector<T, memory_space> rstd;  ///< [B*s]
-  tensor4 q_local;               ///< [B, s, H, dqk] (the head-local q when P = 1)
-  tensor4 o;                     ///< [B, S, h, dv]
+  tensor3 y;                                  ///< [B, s, D], the output
+  tensor3 kv_a;                               ///< [B, s, R+dr], x w_kva^T
+  Vector<statistic_type, memory_space> rstd;  ///< [B*s]
+  tensor4 q_local;                            ///< [B, s, H, dqk] (the head-local q when P = 1)
+  tensor4 o;                                  ///< [B, S, h, dv]
   // Destinations of the forward collectives whose results backward reads (P > 1; at P == 1 a collective returns its
   // input): the head-local q and the token-local attention output.
-  tensor4 q_heads;                           ///< [B, S, h, dqk]
-  tensor4 o_tokens;                          ///< [B, s, H, dv]
-  Tensor3<T, memory_space> lse;              ///< [B, h, S]
-  ForwardDocuments<memory_space> documents;  ///< this pass's packed documents and RoPE table
+  tensor4 q_heads;                            ///< [B, S, h, dqk]
+  tensor4 o_tokens;                           ///< [B, s, H, dv]
+  Tensor3<statistic_type, memory_space> lse;  ///< [B, h, S]
+  ForwardDocuments<memory_space> documents;   ///< this pass's packed documents and RoPE table
 
   // Saved for backward: head-local q, k, v (buffers or collective results), and the pieces' state.
   tensor4 q_saved, k_saved, v_saved;

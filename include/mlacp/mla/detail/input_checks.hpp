@@ -80,7 +80,7 @@ std::string gradients_error(const Context& ctx, const typename Context::gradient
         const ParameterShape expected = info.shape(c), got = shape_of(view);
         if (got != expected) mismatch(info.name, got.str(), expected.str());
       },
-      static_cast<const MlaParameters<typename Context::value_type, memory_space>&>(g));
+      static_cast<const MlaParameters<gradient_value_t<typename Context::value_type>, memory_space>&>(g));
   if (error.empty() && g.dx.data() != nullptr) {
     const std::array<std::size_t, 3> expected{static_cast<std::size_t>(c.batch),
                                               static_cast<std::size_t>(ctx.local_seq()),
@@ -146,7 +146,7 @@ void allocate_missing(const Context& ctx, typename Context::gradients_type& g, c
           view = allocate_view<std::remove_reference_t<decltype(view)>>(std::string("mlacp::grad ") + info.name,
                                                                         info.shape(c));
       },
-      static_cast<MlaParameters<T, typename Context::memory_space>&>(g));
+      static_cast<MlaParameters<gradient_value_t<T>, typename Context::memory_space>&>(g));
   if (r.x && g.dx.data() == nullptr)
     g.dx = typename Context::tensor3("mlacp::dx", static_cast<std::size_t>(c.batch),
                                      static_cast<std::size_t>(ctx.local_seq()), static_cast<std::size_t>(c.hidden));

@@ -153,8 +153,8 @@ class LatentSchedule {
       const tensor3& dkpe = ensure(scratch.dkpe, "mlacp::d k_pe", B, S, dr);
       disassemble_kv_grad(space_, grads_.dk, grads_.dv, tensor4(dkv.data(), B, S, h, dn + dv), dkpe, dn);
       p_.w.latent_kv.launch_backward(
-          space_, dkv, dkpe, payload, r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::matrix_rows(),
-          r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::vector_part(), c.overlap,
+          space_, dkv, dkpe, payload, r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
+          r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part(), c.overlap,
           payload ? ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
           payload ? ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3(),
           payload ? x.into(scratch.d_payload, "mlacp::d payload local", B, x.local_seq(), R + dr) : tensor3());

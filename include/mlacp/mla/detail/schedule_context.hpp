@@ -5,6 +5,7 @@
 // schedule owns its own (forward_workspace.hpp).
 #pragma once
 
+#include <mlacp/compat.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
@@ -56,7 +57,17 @@ class ScheduleContext {
   using vector_part = Vector<T, memory_space, Unmanaged>;
   using weights_type = MlaWeights<T, memory_space>;
   using gradients_type = MlaGradients<T, memory_space>;
+  /// The weight gradients' value type (float for bf16 weights, weights.hpp) and windows on them.
+  using gradient_value_type = gradient_value_t<T>;
+  using gradient_rows = Matrix<gradient_value_type, memory_space, Unmanaged>;
+  using gradient_part = Vector<gradient_value_type, memory_space, Unmanaged>;
   using pass_type = ForwardPass<T, ExecSpace>;
+  /// The Views the attention core computes on: T's for float and double; float for bf16, whose q, k, v, o and dO the
+  /// context widens into float scratch around the core's call and whose gradients it rounds back (core_forward).
+  using core_value_type = compat::accumulation_t<T>;
+  using core_tensor3 = Tensor3<core_value_type, memory_space>;
+  using core_tensor4 = Tensor4<core_value_type, memory_space>;
+  static constexpr bool widens_for_core = !std::is_same_v<core_value_type, T>;
 
   ScheduleContext(const MlaConfig& config, const weights_type& weights, const Mesh& mesh, const Core& core,
                   const DocumentLayout& documents)
@@ -103,16 +114,18 @@ class ScheduleContext {
   /// The rank's head rows of w_kvb (and of its gradient): rows [o*(dn+dv), (o+h)*(dn+dv)) with o the rank's first head
   /// and h its head count (head_partition()).
   template <class M>
-  matrix_rows rows_of(const M& m) const {
-    if (m.data() == nullptr) return matrix_rows();
+  Matrix<typename M::value_type, memory_space, Unmanaged> rows_of(const M& m) const {
+    using rows_type = Matrix<typename M::value_type, memory_space, Unmanaged>;
+    if (m.data() == nullptr) return rows_type();
     const auto [begin, end] = selected_rows();
-    return matrix_rows(m.data() + begin * m.extent(1), end - begin, m.extent(1));
+    return rows_type(m.data() + begin * m.extent(1), end - begin, m.extent(1));
   }
   template <class V>
-  vector_part part_of(const V& v) const {
-    if (v.data() == nullptr) return vector_part();
+  Vector<typename V::value_type, memory_space, Unmanaged> part_of(const V& v) const {
+    using part_type = Vector<typename V::value_type, memory_space, Unmanaged>;
+    if (v.data() == nullptr) return part_type();
     const auto [begin, end] = selected_rows();
-    return vector_part(v.data() + begin, end - begin);
+    return part_type(v.data() + begin, end - begin);
   }
 
   /// The RoPE table of this rank's token positions in the pass's documents, read by every rotation of q, k_pe and
@@ -145,20 +158,51 @@ class ScheduleContext {
   }
 
   /// The attention core with the pass's document layout; a core that takes no layout (see attention_core.hpp) is only
-  /// called with one document (the layer refuses packed documents for it, at construction and per call).
-  template <class... Args>
-  void core_forward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
-    if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>)
-      core_->forward(space, args..., p.w.documents.layout);
-    else
-      core_->forward(space, args...);
+  /// called with one document (the layer refuses packed documents for it, at construction and per call). For bf16
+  /// the core computes in float: q, k, v (and o, dO) are widened into the context's float scratch, the core runs on
+  /// it (its tile products and softmax statistics in float, lse kept in float), and o (dq, dk, dv) are rounded back
+  /// once. The widening is O(S) against the core's O(S^2) and the scratch is reused by every call.
+  template <class Q, class K, class V, class O, class Lse>
+  void core_forward(const ExecSpace& space, const pass_type& p, const Q& q, const K& k, const V& v, const O& o,
+                    const Lse& lse) const {
+    if constexpr (widens_for_core) {
+      auto& m = core_scratch_;
+      const core_tensor4 qf = widened(space, q, m.q, "mlacp::core q (float)");
+      const core_tensor4 kf = widened(space, k, m.k, "mlacp::core k (float)");
+      const core_tensor4 vf = widened(space, v, m.v, "mlacp::core v (float)");
+      const core_tensor4 of = like(o, m.o, "mlacp::core o (float)");
+      call_core_forward(space, p, qf, kf, vf, of, lse);
+      round_into(space, of, o);
+    } else {
+      call_core_forward(space, p, q, k, v, o, lse);
+    }
   }
-  template <class... Args>
-  void core_backward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
-    if constexpr (core_takes_documents_v<Core, ExecSpace, tensor4, tensor3>)
-      core_->backward(space, args..., p.w.documents.layout);
-    else
-      core_->backward(space, args...);
+  template <class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
+  void core_backward(const ExecSpace& space, const pass_type& p, const Q& q, const K& k, const V& v, const O& o,
+                     const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk, const DV& dv) const {
+    if constexpr (widens_for_core) {
+      auto& m = core_scratch_;
+      const core_tensor4 qf = widened(space, q, m.q, "mlacp::core q (float)");
+      const core_tensor4 kf = widened(space, k, m.k, "mlacp::core k (float)");
+      const core_tensor4 vf = widened(space, v, m.v, "mlacp::core v (float)");
+      const core_tensor4 of = widened(space, o, m.o, "mlacp::core o (float)");
+      const core_tensor4 dof = widened(space, d_o, m.d_o, "mlacp::core dO (float)");
+      // An empty gradient View means "not needed" to the core: it stays empty.
+      const core_tensor4 dqf = dq.data() ? like(dq, m.dq, "mlacp::core dq (float)") : core_tensor4();
+      const core_tensor4 dkf = dk.data() ? like(dk, m.dk, "mlacp::core dk (float)") : core_tensor4();
+      const core_tensor4 dvf = dv.data() ? like(dv, m.dv, "mlacp::core dv (float)") : core_tensor4();
+      call_core_backward(space, p, qf, kf, vf, of, lse, dof, dqf, dkf, dvf);
+      if (dq.data()) round_into(space, dqf, dq);
+      if (dk.data()) round_into(space, dkf, dk);
+      if (dv.data()) round_into(space, dvf, dv);
+    } else {
+      call_core_backward(space, p, q, k, v, o, lse, d_o, dq, dk, dv);
+    }
+  }
+  /// Bytes of the float scratch the bf16 core call holds (0 for float and double).
+  std::size_t core_scratch_bytes() const {
+    const auto& m = core_scratch_;
+    return bytes_of(m.q, m.k, m.v, m.o, m.d_o, m.dq, m.dk, m.dv);
   }
 
  private:
@@ -175,11 +219,62 @@ class ScheduleContext {
   const MlaConfig* config_;
   const weights_type* weights_;
   const Mesh* mesh_;
+  template <class... Args>
+  void call_core_forward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
+    if constexpr (core_takes_documents_v<Core, ExecSpace, core_tensor4, core_tensor3>)
+      core_->forward(space, args..., p.w.documents.layout);
+    else
+      core_->forward(space, args...);
+  }
+  template <class... Args>
+  void call_core_backward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
+    if constexpr (core_takes_documents_v<Core, ExecSpace, core_tensor4, core_tensor3>)
+      core_->backward(space, args..., p.w.documents.layout);
+    else
+      core_->backward(space, args...);
+  }
+
+  // The float scratch of a bf16 core call: `slot` with src's extents, src widened into it.
+  template <class Src>
+  static core_tensor4 like(const Src& src, core_tensor4& slot, const char* label) {
+    return ensure(slot, label, src.extent(0), src.extent(1), src.extent(2), src.extent(3));
+  }
+  template <class Src>
+  static core_tensor4 widened(const ExecSpace& space, const Src& src, core_tensor4& slot, const char* label) {
+    const core_tensor4 dst = like(src, slot, label);
+    convert_4d(space, "mlacp::widen for the core", src, dst);
+    return dst;
+  }
+  template <class Dst>
+  static void round_into(const ExecSpace& space, const core_tensor4& src, const Dst& dst) {
+    convert_4d(space, "mlacp::round the core's result", src, dst);
+  }
+  template <class Src, class Dst>
+  static void convert_4d(const ExecSpace& space, const char* label, const Src& src, const Dst& dst) {
+    using D = typename Dst::non_const_value_type;
+    if (dst.size() == 0) return;
+    Kokkos::parallel_for(
+        label,
+        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Kokkos::IndexType<std::int64_t>>(
+            space, {0, 0, 0, 0},
+            {static_cast<std::int64_t>(dst.extent(0)), static_cast<std::int64_t>(dst.extent(1)),
+             static_cast<std::int64_t>(dst.extent(2)), static_cast<std::int64_t>(dst.extent(3))}),
+        KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c, const std::int64_t d) {
+          dst(a, b, c, d) = static_cast<D>(static_cast<float>(src(a, b, c, d)));
+        });
+  }
+
+  /// The float copies a bf16 core call computes on (empty for float and double).
+  struct CoreScratch {
+    core_tensor4 q, k, v, o, d_o, dq, dk, dv;
+  };
+
   const Core* core_;
   const DocumentLayout* documents_;
   Partition seq_part_;
   Partition head_part_;
   mutable RopeTable<memory_space> one_document_rope_;
+  mutable CoreScratch core_scratch_;
 };
 
 }  // namespace mlacp::detail

@@ -3,6 +3,7 @@
 // backward overlaps the SUM reduce-scatter of the payload gradient with the selected rows' weight gradient.
 #pragma once
 
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
@@ -25,6 +26,9 @@ class LatentKVLinear {
   /// The rank's head rows of w_kvb (or of its gradient), and of b_kvb: windows on the layer's Views.
   using weight_rows = detail::Matrix<T, memory_space, detail::Unmanaged>;
   using bias_part = detail::Vector<T, memory_space, detail::Unmanaged>;
+  /// The same windows on the weight gradients, in T's accumulation type (float for bf16: the layer's float gradients).
+  using gradient_rows = detail::Matrix<compat::accumulation_t<T>, memory_space, detail::Unmanaged>;
+  using gradient_part = detail::Vector<compat::accumulation_t<T>, memory_space, detail::Unmanaged>;
 
   /// gathered [B, S, R+dr] (a completed all-gather of [c, k_pe]), w_sel [h*(dn+dv), R] and b_sel (the rank's head
   /// rows of w_kvb / b_kvb; b_sel may be empty) -> kv_out [B, S, h*(dn+dv)] and the shared key kpe_out [B, S, dr]
@@ -70,8 +74,8 @@ class LatentKVLinear {
   /// grad_kv [B, S, h*(dn+dv)] and grad_shared [B, S, dr] -> this rank's payload gradient [B, s, R+dr] (empty when
   /// not `needs_payload_grad`): launch_backward, then wait_backward.
   tensor3 backward(const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared, bool needs_payload_grad,
-                   const weight_rows& dw_sel, const bias_part& db_sel, bool overlap = true, tensor3 grad_payload = {},
-                   tensor3 grad_latent = {}, const tensor3& reduced = {}) {
+                   const gradient_rows& dw_sel, const gradient_part& db_sel, bool overlap = true,
+                   tensor3 grad_payload = {}, tensor3 grad_latent = {}, const tensor3& reduced = {}) {
     launch_backward(space, grad_kv, grad_shared, needs_payload_grad, dw_sel, db_sel, overlap, std::move(grad_payload),
                     std::move(grad_latent), reduced);
     return wait_backward();
@@ -85,8 +89,9 @@ class LatentKVLinear {
   /// until the wait) and `grad_latent` [B, S, R]: scratch (a layer's workspace); empty: allocated. `reduced`
   /// [B, s, R+dr]: where the reduce-scatter's result goes; empty: allocated.
   void launch_backward(const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared,
-                       bool needs_payload_grad, const weight_rows& dw_sel, const bias_part& db_sel, bool overlap = true,
-                       tensor3 grad_payload = {}, tensor3 grad_latent = {}, const tensor3& reduced = {}) {
+                       bool needs_payload_grad, const gradient_rows& dw_sel, const gradient_part& db_sel,
+                       bool overlap = true, tensor3 grad_payload = {}, tensor3 grad_latent = {},
+                       const tensor3& reduced = {}) {
     if (!forwarded_) throw UsageError("mlacp::LatentKVLinear: backward before forward");
     if (backwarded_) throw UsageError("mlacp::LatentKVLinear: a second backward of the same forward");
     backwarded_ = true;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <mlacp/all_to_all.hpp>
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/names.hpp>
@@ -22,6 +23,9 @@ class OutputProjection {
   using tensor5 = detail::Tensor5<T, memory_space>;
   using matrix = detail::Matrix<T, memory_space>;
   using vector = detail::Vector<T, memory_space>;
+  /// The weight gradients' Views: in T's accumulation type (float for bf16: the layer's float gradients).
+  using gradient_matrix = detail::Matrix<compat::accumulation_t<T>, memory_space>;
+  using gradient_vector = detail::Vector<compat::accumulation_t<T>, memory_space>;
 
   /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all (tokens split by
   /// `seq`, heads by `heads`; both outlive the invocation: the layer's), waits, flattens
@@ -76,8 +80,9 @@ class OutputProjection {
   /// unevenly: dO is sent as one token-local block and the all-to-all scatters its heads): where dO is written before
   /// it is sent (a layer's workspace; read by the collective until the wait); empty: allocated. `received` [1, B, S, h,
   /// dv]: where the all-to-all's result goes; empty: allocated.
-  tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const matrix& dw_o,
-                   const vector& db_o, bool overlap = true, tensor5 blocks = {}, const tensor5& received = {}) {
+  tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const gradient_matrix& dw_o,
+                   const gradient_vector& db_o, bool overlap = true, tensor5 blocks = {},
+                   const tensor5& received = {}) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
     if (backwarded_) throw UsageError("mlacp::OutputProjection: a second backward of the same forward");
     backwarded_ = true;
