@@ -12,6 +12,7 @@
 // q_proj shape measured in the same run, as the fraction of that rate the measured time corresponds to.
 #include <mpi.h>
 #include <sys/resource.h>
+#include <mlacp/bf16_gemm.hpp>
 #include <mlacp/collectives.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/flop_count.hpp>
@@ -29,9 +30,11 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "npy.hpp"
@@ -50,12 +53,12 @@ struct Options {
   bool reference = true;
   std::string dump;
   std::string json;       // "" = no JSON report
-  double tolerance = -1;  // < 0: MLA_SPEC's (1e-10 double, 1e-4 float)
+  double tolerance = -1;  // < 0: MLA_SPEC's (1e-10 double, 1e-4 float, 2e-2 bf16)
 };
 
 const char* usage =
     "usage: mlacp-mla-block [--batch B] [--seq S] [--hidden D] [--heads H] [--nope dn] [--rope dr] [--vdim dv]\n"
-    "                       [--latent R] [--strategy latent|expanded] [--dtype float|double] [--bias] [--seed N]\n"
+    "                       [--latent R] [--strategy latent|expanded] [--dtype float|double|bf16] [--bias] [--seed N]\n"
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
     "                       [--no-reference] [--cu-seqlens 0,a,b,...,S]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
@@ -104,7 +107,7 @@ Options parse(int argc, char** argv) {
       } else if (flag == "--strategy") {
         c.strategy = mlacp::parse_strategy(value);
       } else if (flag == "--dtype") {
-        if (value != "float" && value != "double") throw std::invalid_argument("");
+        if (value != "float" && value != "double" && value != "bf16") throw std::invalid_argument("");
         o.dtype = value;
       } else if (flag == "--seed") {
         o.seed = std::stoull(value);
@@ -149,6 +152,27 @@ std::vector<double> to_host(const ViewType& v) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   out.assign(h.data(), h.data() + h.size());
   return out;
+}
+
+// `to` (same extents) gets `from`'s values converted (bf16 to double: exact).
+template <class From, class To>
+void widen_into(const From& from, const To& to) {
+  auto h_from = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), from);
+  auto h_to = Kokkos::create_mirror_view(to);
+  using V = typename To::non_const_value_type;
+  for (std::size_t i = 0; i < h_from.size(); ++i)
+    h_to.data()[i] = static_cast<V>(static_cast<double>(h_from.data()[i]));
+  Kokkos::deep_copy(to, h_to);
+}
+template <class Ref, class T>
+Kokkos::View<Ref***, Kokkos::LayoutRight, Mem> widened(const Kokkos::View<T***, Kokkos::LayoutRight, Mem>& v) {
+  if constexpr (std::is_same_v<Ref, T>) {
+    return v;
+  } else {
+    Kokkos::View<Ref***, Kokkos::LayoutRight, Mem> out("widened", v.extent(0), v.extent(1), v.extent(2));
+    widen_into(v, out);
+    return out;
+  }
 }
 
 double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
@@ -222,6 +246,14 @@ struct GemmRate {
 template <class T>
 GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, MPI_Comm comm) {
   using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+  // bf16: the layer's way, bf16 operands accumulated in float (a Bf16GemmPlan choosing its backend on the untimed
+  // first call), the result rounded to bf16 as q_proj's is.
+  std::optional<mlacp::Bf16GemmPlan<Space>> plan;
+  std::optional<mlacp::ScopedBf16GemmPlan<Space>> installed;
+  if constexpr (std::is_same_v<T, mlacp::bf16>) {
+    plan.emplace();
+    installed.emplace(*plan);
+  }
   const int m = c.batch * s, k = c.hidden, n = c.heads * c.qk_dim();
   Matrix a("gemm a", m, k), b("gemm b", n, k), out("gemm c", m, n);
   mlacp::testing::synthetic::fill(a, 11, 1.0);
@@ -234,7 +266,7 @@ GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, MPI_Comm comm) {
     Kokkos::fence();
     MPI_Barrier(comm);
     const auto start = std::chrono::steady_clock::now();
-    mlacp::compat::gemm(space, "N", "T", T(1), a, b, T(0), out);
+    mlacp::detail::gemm_values(space, "N", "T", 1.0f, a, b, 0.0f, out);
     Kokkos::fence();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
@@ -255,11 +287,33 @@ std::string jnum(double v) {
   return out.str();
 }
 
+// The reference's weights: the layer's own for float and double; for bf16, the float64 layer on the same values
+// (MLA_SPEC: bf16 storage with float accumulation is checked against the float64 reference).
+template <class Ref, class T>
+mlacp::MlaWeights<Ref, Mem> reference_weights(const mlacp::MlaConfig& c, const mlacp::MlaWeights<T, Mem>& w) {
+  if constexpr (std::is_same_v<Ref, T>) {
+    return w;
+  } else {
+    auto out = mlacp::MlaWeights<Ref, Mem>::allocate(c);
+    mlacp::for_each_parameter(
+        [&](const mlacp::ParameterInfo& info, const auto& from, const auto& to) {
+          if (info.present(c)) widen_into(from, to);
+        },
+        w, out);
+    return out;
+  }
+}
+
 template <class T>
 int run(const Options& o, const mlacp::Mesh& mesh) {
   const auto& c = o.config;
   const int P = mesh.size(), rank = mesh.rank();
-  const double tolerance = o.tolerance >= 0 ? o.tolerance : (std::is_same_v<T, double> ? 1e-10 : 1e-4);
+  constexpr bool bf16 = std::is_same_v<T, mlacp::bf16>;
+  // The reference's value type and the dump's: double for bf16 runs' reference; float for their dump (bf16 widens to
+  // float exactly, MLA_SPEC's dump format).
+  using Ref = std::conditional_t<bf16, double, T>;
+  using DumpT = std::conditional_t<bf16, float, T>;
+  const double tolerance = o.tolerance >= 0 ? o.tolerance : (std::is_same_v<T, double> ? 1e-10 : bf16 ? 2e-2 : 1e-4);
   using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
   const Space space;
 
@@ -341,9 +395,9 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     if (o.reference) {
       // The reference: the same layer on the full sequence, one rank, P = 1.
       mlacp::Mesh self(MPI_COMM_SELF);
-      mlacp::MlaAttention<T> reference(c, weights, self);
-      auto ref_forward = reference.forward(space, x_full);
-      const auto ref = reference.backward(space, ref_forward, dy_full);
+      mlacp::MlaAttention<Ref> reference(c, reference_weights<Ref>(c, weights), self);
+      auto ref_forward = reference.forward(space, widened<Ref>(x_full));
+      const auto ref = reference.backward(space, ref_forward, widened<Ref>(dy_full));
       std::map<std::string, std::vector<double>> want = {{"y", to_host(ref_forward.output())}, {"dx", to_host(ref.dx)}};
       mlacp::for_each_parameter([&](const mlacp::ParameterInfo& info,
                                     const auto& gradient) { want[std::string("d") + info.name] = to_host(gradient); },
@@ -363,13 +417,22 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     } else {
       std::cout << "  reference: skipped (--no-reference), no PASS/FAIL verdict\n";
     }
+    if constexpr (bf16) {
+      // Which backend the layer's bf16 plan chose per GEMM shape, and what oneDNN dispatches to on this CPU.
+      std::map<std::string, int> backends;
+      for (const auto& entry : layer.bf16_gemm_plan()->choices())
+        ++backends[mlacp::bf16_gemm_backend_name(entry.second.backend)];
+      std::cout << "  bf16 GEMM backends (shapes):";
+      for (const auto& [name, n] : backends) std::cout << " " << name << " " << n;
+      std::cout << "; oneDNN ISA " << mlacp::onednn_cpu_isa() << "\n";
+    }
 
     if (!o.dump.empty()) {
       std::filesystem::create_directories(o.dump);
       const auto B = static_cast<std::size_t>(c.batch), S = static_cast<std::size_t>(c.seq),
                  D = static_cast<std::size_t>(c.hidden);
-      dump<T>(o.dump, "x", to_host(x_full), {B, S, D});
-      dump<T>(o.dump, "dy", to_host(dy_full), {B, S, D});
+      dump<DumpT>(o.dump, "x", to_host(x_full), {B, S, D});
+      dump<DumpT>(o.dump, "dy", to_host(dy_full), {B, S, D});
       if (!c.cu_seqlens.empty())
         mlacp::tools::write_npy(o.dump + "/cu_seqlens.npy", c.cu_seqlens, {c.cu_seqlens.size()});
       auto shape = [](const auto& v) {
@@ -386,10 +449,10 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
       std::map<std::string, std::vector<std::size_t>> shapes = {{"y", {B, S, D}}, {"dx", {B, S, D}}};
       for (const auto& [name, p] : params) {
         if (p.first.empty()) continue;
-        dump<T>(o.dump, name, p.first, p.second);
+        dump<DumpT>(o.dump, name, p.first, p.second);
         shapes["d" + name] = p.second;
       }
-      for (const auto& [name, values] : got) dump<T>(o.dump, name, values, shapes.at(name));
+      for (const auto& [name, values] : got) dump<DumpT>(o.dump, name, values, shapes.at(name));
       std::ofstream json(o.dump + "/config.json");
       json << "{\n  \"batch\": " << c.batch << ",\n  \"seq\": " << c.seq << ",\n  \"hidden\": " << c.hidden
            << ",\n  \"heads\": " << c.heads << ",\n  \"qk_nope_head_dim\": " << c.nope
@@ -415,7 +478,7 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << ", \"bias\": " << (c.bias ? "true" : "false") << "}, \"P\": " << P << ", \"dtype\": \"" << o.dtype
            << "\", \"strategy\": \"" << mlacp::to_string(c.strategy)
            << "\", \"overlap\": " << (c.overlap ? "true" : "false") << ", \"warmup\": " << o.warmup
-           << ", \"iters\": " << o.iters
+           << ", \"iters\": " << o.iters << ", \"forward_workspace_bytes\": " << layer.forward_workspace_bytes()
            << ", \"protocol\": \"per iteration: barrier, forward + backward, fence, time = max over ranks; median\""
            << ", \"time_median_s\": " << jnum(median) << ", \"time_min_s\": " << jnum(times.front())
            << ", \"times_s\": [" << list << "], \"peak_rss_bytes\": " << jnum(peak_rss)
@@ -449,7 +512,9 @@ int main(int argc, char** argv) {
     try {
       const Options options = parse(argc, argv);
       mlacp::Mesh mesh(MPI_COMM_WORLD);
-      code = options.dtype == "float" ? run<float>(options, mesh) : run<double>(options, mesh);
+      code = options.dtype == "float"  ? run<float>(options, mesh)
+             : options.dtype == "bf16" ? run<mlacp::bf16>(options, mesh)
+                                       : run<double>(options, mesh);
     } catch (const std::invalid_argument& e) {
       // Same arguments on every rank: every rank gets here; rank 0 explains.
       if (rank == 0) {

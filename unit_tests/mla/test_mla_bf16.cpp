@@ -200,6 +200,42 @@ TEST(MlaBf16Checks, NonFiniteBf16InputIsCaught) {
       "x holds 1 non-finite value(s) (NaN or Inf) on rank " + std::to_string(mesh.size() - 1));
 }
 
+// A core that does not compute on bf16 itself (the FlashAttentionCore's team path, the reference CausalAttentionCore)
+// gets float copies of q, k, v (o, dO) from the layer and its results rounded back: the same answer within bf16's
+// rounding as the BLAS path's bf16 tile products, and within 2e-2 of the float64 layer.
+TEST(MlaBf16Cores, CoresWithoutBf16AreWidened) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD), self(MPI_COMM_SELF);
+  const auto config = mlacp::test::make_config(1, 16 * mesh.size(), 32, 4, 8, 4, 8, 16);
+  const auto w = mlacp::test::make_weights<bf16, Mem>(config, 5);
+  Tensor3<bf16> x("x", 1, config.seq, config.hidden), dy("dy", 1, config.seq, config.hidden);
+  mlacp::test::fill(x, 6, 1.0);
+  mlacp::test::fill(dy, 7, 1.0);
+  mlacp::MlaAttention<double> reference(config, to_double(config, w), self);
+  auto ref_forward = reference.forward(Space(), to_double(x));
+  const auto ref = reference.backward(Space(), ref_forward, to_double(dy));
+  const mlacp::Partition part(config.seq, mesh.size());
+  auto check = [&](const auto& layer, const char* what) {
+    EXPECT_EQ(layer.core_scratch_bytes(), 0u) << what << ": nothing widened before the first call";
+    auto f = layer.forward(Space(), shard(x, part, mesh.rank()));
+    const auto g = layer.backward(Space(), f, shard(dy, part, mesh.rank()));
+    EXPECT_LE(relative_error(host_values(f.output()), host_values(shard(ref_forward.output(), part, mesh.rank()))),
+              kTolerance)
+        << what << " y";
+    EXPECT_LE(relative_error(host_values(g.dx), host_values(shard(ref.dx, part, mesh.rank()))), kTolerance)
+        << what << " dx";
+    EXPECT_LE(relative_error(sum_over_ranks(host_values(g.w_q)), host_values(ref.w_q)), kTolerance) << what << " dw_q";
+    return layer.core_scratch_bytes();
+  };
+  mlacp::FlashAttentionOptions team;
+  team.path = mlacp::FlashAttentionPath::team;
+  const mlacp::MlaAttention<bf16, Space> blas_layer(config, w, mesh);
+  EXPECT_EQ(check(blas_layer, "BLAS path (bf16 tile products)"), 0u) << "the BLAS path computes on bf16 itself";
+  const mlacp::MlaAttention<bf16, Space> team_layer(config, w, mesh, mlacp::FlashAttentionCore(team));
+  EXPECT_GT(check(team_layer, "team path (widened)"), 0u) << "the team path runs on float copies";
+  const mlacp::MlaAttention<bf16, Space, mlacp::CausalAttentionCore> causal_layer(config, w, mesh);
+  EXPECT_GT(check(causal_layer, "CausalAttentionCore (widened)"), 0u);
+}
+
 // Each backend forced through MLACP_BF16_GEMM (read when the layer is built) gives y within the tolerance of auto's.
 TEST(MlaBf16Backends, ForcedBackendsAgree) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);

@@ -42,6 +42,22 @@ struct core_takes_documents<
 template <class Core, class ExecSpace, class Tensor4View, class Tensor3View>
 inline constexpr bool core_takes_documents_v = core_takes_documents<Core, ExecSpace, Tensor4View, Tensor3View>::value;
 
+/// Whether Core computes on bf16 Views itself on ExecSpace (a `computes_bf16<ExecSpace>()` member that says so at run
+/// time, as FlashAttentionCore's BLAS path does); other cores get float copies (ScheduleContext::core_forward).
+template <class Core, class ExecSpace, class = void>
+struct core_reports_bf16 : std::false_type {};
+template <class Core, class ExecSpace>
+struct core_reports_bf16<Core, ExecSpace,
+                         std::void_t<decltype(std::declval<const Core&>().template computes_bf16<ExecSpace>())>>
+    : std::true_type {};
+template <class Core, class ExecSpace>
+bool core_computes_bf16(const Core& core) {
+  if constexpr (core_reports_bf16<Core, ExecSpace>::value)
+    return core.template computes_bf16<ExecSpace>();
+  else
+    return false;
+}
+
 /// The layer's settings as its schedules read them. It refers to what the layer owns (the layer is not movable, so
 /// the references stay valid); the one-document RoPE table is a cache of this configuration, built on first use.
 template <class T, class ExecSpace, class Core>
@@ -158,14 +174,16 @@ class ScheduleContext {
   }
 
   /// The attention core with the pass's document layout; a core that takes no layout (see attention_core.hpp) is only
-  /// called with one document (the layer refuses packed documents for it, at construction and per call). For bf16
-  /// the core computes in float: q, k, v (and o, dO) are widened into the context's float scratch, the core runs on
-  /// it (its tile products and softmax statistics in float, lse kept in float), and o (dq, dk, dv) are rounded back
-  /// once. The widening is O(S) against the core's O(S^2) and the scratch is reused by every call.
+  /// called with one document (the layer refuses packed documents for it, at construction and per call). For bf16:
+  /// a core that computes on bf16 itself (core_computes_bf16: FlashAttentionCore's BLAS path, bf16 tile products with
+  /// float accumulation) gets the bf16 Views and the float lse; any other core computes in float: q, k, v (and o, dO)
+  /// are widened into the context's float scratch, the core runs on it, and o (dq, dk, dv) are rounded back once. The
+  /// widening is O(S) against the core's O(S^2) and the scratch is reused by every call.
   template <class Q, class K, class V, class O, class Lse>
   void core_forward(const ExecSpace& space, const pass_type& p, const Q& q, const K& k, const V& v, const O& o,
                     const Lse& lse) const {
     if constexpr (widens_for_core) {
+      if (core_computes_bf16<Core, ExecSpace>(*core_)) return call_core_forward(space, p, q, k, v, o, lse);
       auto& m = core_scratch_;
       const core_tensor4 qf = widened(space, q, m.q, "mlacp::core q (float)");
       const core_tensor4 kf = widened(space, k, m.k, "mlacp::core k (float)");
@@ -181,6 +199,8 @@ class ScheduleContext {
   void core_backward(const ExecSpace& space, const pass_type& p, const Q& q, const K& k, const V& v, const O& o,
                      const Lse& lse, const DO& d_o, const DQ& dq, const DK& dk, const DV& dv) const {
     if constexpr (widens_for_core) {
+      if (core_computes_bf16<Core, ExecSpace>(*core_))
+        return call_core_backward(space, p, q, k, v, o, lse, d_o, dq, dk, dv);
       auto& m = core_scratch_;
       const core_tensor4 qf = widened(space, q, m.q, "mlacp::core q (float)");
       const core_tensor4 kf = widened(space, k, m.k, "mlacp::core k (float)");

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
+#include <mlacp/error.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_blas.hpp>
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -113,7 +116,7 @@ class FlashAttentionCore {
     detail::attention_check(who, q, k, v, o, lse);
     const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(q.extent(1)), who);
     if (q.extent(0) * q.extent(1) * q.extent(2) == 0) return;
-    using T = typename OView::non_const_value_type;
+    using T = compat::accumulation_t<typename OView::non_const_value_type>;
     using Mem = typename ExecSpace::memory_space;
     const bool blas = use_blas<ExecSpace>();
     const auto [tq, tk] = tiles(blas);
@@ -123,7 +126,11 @@ class FlashAttentionCore {
         return;
       }
     }
-    detail::flash_forward_team(space, q, k, v, o, lse, docs, tq, tk);
+    if constexpr (stored_narrower<OView>) {
+      throw InvalidArgument(no_bf16_team);
+    } else {
+      detail::flash_forward_team(space, q, k, v, o, lse, docs, tq, tk);
+    }
   }
 
   /// dq, dk, dv (each may be empty: not needed) from the forward's q, k, v, o, lse and d_o [B, S, h, dv]; overwritten.
@@ -155,7 +162,7 @@ class FlashAttentionCore {
     if (do_dv) detail::check_extents<DvView, 4>(who, "dv", dv, {nb, ns, nh, nv});
     const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(ns), who);
     if (nb * ns * nh == 0 || !(do_dq || do_dk || do_dv)) return;
-    using T = typename DoView::non_const_value_type;
+    using T = compat::accumulation_t<typename DoView::non_const_value_type>;
     using Mem = typename ExecSpace::memory_space;
     const bool blas = use_blas<ExecSpace>();
     const auto [tq, tk] = tiles(blas);
@@ -166,9 +173,21 @@ class FlashAttentionCore {
         return;
       }
     }
-    if (do_dq || do_dk) ws.reserve_row_term(static_cast<std::int64_t>(nb * nh * ns));
-    detail::flash_backward_team(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs, tq, tk,
-                                ws.row_term);
+    if constexpr (stored_narrower<DoView>) {
+      throw InvalidArgument(no_bf16_team);
+    } else {
+      if (do_dq || do_dk) ws.reserve_row_term(static_cast<std::int64_t>(nb * nh * ns));
+      detail::flash_backward_team(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs, tq, tk,
+                                  ws.row_term);
+    }
+  }
+
+  /// Whether the core computes on bf16 Views itself on ExecSpace: the BLAS path does (bf16 tile products through the
+  /// installed bf16 GEMM plan, float accumulation and statistics); the team path takes float and double only, and the
+  /// MLA layer widens bf16 into float around it (ScheduleContext::core_forward).
+  template <class ExecSpace>
+  bool computes_bf16() const {
+    return resolved_.query_tile > 0 ? resolved_.blas : use_blas<ExecSpace>();
   }
 
  private:
@@ -182,6 +201,15 @@ class FlashAttentionCore {
     static_assert_accessible<ExecSpace, OView>();
     static_assert_accessible<ExecSpace, LseView>();
   }
+
+  // Views stored in a narrower type than the core accumulates in (bf16).
+  template <class ViewType>
+  static constexpr bool stored_narrower =
+      !std::is_same_v<typename ViewType::non_const_value_type,
+                      compat::accumulation_t<typename ViewType::non_const_value_type>>;
+  static constexpr const char* no_bf16_team =
+      "mlacp::FlashAttentionCore: the team path takes float and double Views; expected the BLAS path for bf16 (the MLA "
+      "layer widens bf16 to float around a team-path core)";
 
   // The resolved tiles when resolve() ran for this path, else read now (a core used on its own).
   std::pair<int, int> tiles(bool blas) const {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <mlacp/bf16_gemm.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_rows.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_scratch.hpp>
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace mlacp::detail {
@@ -75,6 +77,24 @@ void for_each_row_block(const Docs& docs, std::int64_t i0, std::int64_t nq, std:
   }
 }
 
+/// Whether the core's inputs are stored in a narrower type than it accumulates in (bf16): then the tile products take
+/// bf16 operands (P and dS rounded to bf16 for the GEMM that consumes them, as FlashAttention does on GPUs) through
+/// the installed bf16 GEMM plan (detail::gemm_values), and O, dK, dV and dQ accumulate in float scratch and are rounded
+/// into the outputs once.
+template <class Stored>
+inline constexpr bool flash_mixed_precision = !std::is_same_v<Stored, compat::accumulation_t<Stored>>;
+
+/// `dst` (a bf16 tile) = `src` (a float tile), rows [0, rows) and columns [0, cols).
+template <class ExecSpace, class Src, class Dst>
+void flash_round_tile(const ExecSpace& space, const Src& src, const Dst& dst, std::int64_t rows, std::int64_t cols) {
+  using D = typename Dst::non_const_value_type;
+  Kokkos::parallel_for(
+      "mlacp::flash_round_tile", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows),
+      KOKKOS_LAMBDA(const std::int64_t r) {
+        for (std::int64_t c = 0; c < cols; ++c) dst(r, c) = static_cast<D>(src(r, c));
+      });
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Docs, class T, class Mem>
 void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
                         const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
@@ -83,58 +103,75 @@ void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V&
   const double scale = 1.0 / compat::math::sqrt(static_cast<double>(q.extent(3)));
   tile_q = std::min(tile_q, n_s);
   tile_k = std::min(tile_k, n_s);
+  using o_type = typename O::non_const_value_type;
+  constexpr bool mixed = flash_mixed_precision<o_type>;
+  static_assert(std::is_same_v<T, compat::accumulation_t<o_type>>, "the scratch is in the accumulation type");
   ws.reserve_tiles(tile_q, tile_k);
+  if constexpr (mixed) ws.reserve_mixed(tile_q, tile_k, static_cast<std::int64_t>(q.extent(3)), d_v, n_s);
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   using lse_type = typename Lse::non_const_value_type;
-  using o_type = typename O::non_const_value_type;
   const auto m = ws.row_max, l = ws.row_sum;
   for (std::int64_t b = 0; b < n_b; ++b) {
     for (std::int64_t hd = 0; hd < n_h; ++hd) {
       for (std::int64_t i0 = 0; i0 < n_s; i0 += tile_q) {
         const std::int64_t nq = std::min(tile_q, n_s - i0);
         const auto o_i = head_rows(o, b, hd, i0, nq);
-        // Key tiles from the one holding the first query's document start up to the last query of the tile; keys
-        // outside are never needed.
-        const std::int64_t j_begin = first_key_tile(docs, i0, tile_k);
-        for (std::int64_t j0 = j_begin; j0 < i0 + nq; j0 += tile_k) {
-          const bool tile_first = j0 == j_begin;
-          for_each_row_block(
-              docs, i0, nq, j0, std::min(tile_k, i0 + nq - j0),
-              [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
-                const std::int64_t row0 = i0 + a, jb = j0 + ka;
-                const auto s = rows_cols(ws.scores, 0, na, nk);
-                const auto o_a = rows_cols(o_i, a, na, d_v);
-                compat::gemm(space, "N", "T", T(1), head_rows(q, b, hd, row0, na), head_rows(k, b, hd, jb, nk), T(0),
-                             s);
-                // Some key of the block lies after some query, or before some query's document start.
-                const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
-                Kokkos::parallel_for(
-                    "mlacp::flash_forward_softmax", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
-                      const std::int64_t start = docs.start_of(row0 + r);
-                      // No earlier key tile held a key of this row: its statistics and output start here.
-                      const bool row_first = start >= j0;
-                      const std::int64_t first = masked ? first_visible(start, jb, nk) : 0;
-                      const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
-                      const double alpha =
-                          online_softmax_row(&s(r, 0), nk, first, last, scale, row_first, m(a + r), l(a + r));
-                      o_type* out = &o_a(r, 0);
-                      if (row_first) {
-                        if (!tile_first)
-                          for (std::int64_t c = 0; c < d_v; ++c) out[c] = o_type(0);
-                      } else if (alpha != 1.0) {
-                        const auto factor = static_cast<o_type>(alpha);
-                        for (std::int64_t c = 0; c < d_v; ++c) out[c] *= factor;
-                      }
-                    });
-                compat::gemm(space, "N", "N", T(1), s, head_rows(v, b, hd, jb, nk), tile_first ? T(0) : T(1), o_a);
+        // O_i accumulates in place (float, double) or in the float scratch (bf16), rounded into o at the end.
+        auto tile = [&](const auto& acc_i) {
+          using acc_type = typename std::decay_t<decltype(acc_i)>::non_const_value_type;
+          // Key tiles from the one holding the first query's document start up to the last query of the tile; keys
+          // outside are never needed.
+          const std::int64_t j_begin = first_key_tile(docs, i0, tile_k);
+          for (std::int64_t j0 = j_begin; j0 < i0 + nq; j0 += tile_k) {
+            const bool tile_first = j0 == j_begin;
+            for_each_row_block(
+                docs, i0, nq, j0, std::min(tile_k, i0 + nq - j0),
+                [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
+                  const std::int64_t row0 = i0 + a, jb = j0 + ka;
+                  const auto s = rows_cols(ws.scores, 0, na, nk);
+                  const auto acc_a = rows_cols(acc_i, a, na, d_v);
+                  gemm_values(space, "N", "T", T(1), head_rows(q, b, hd, row0, na), head_rows(k, b, hd, jb, nk), T(0),
+                              s);
+                  // Some key of the block lies after some query, or before some query's document start.
+                  const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
+                  Kokkos::parallel_for(
+                      "mlacp::flash_forward_softmax", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
+                        const std::int64_t start = docs.start_of(row0 + r);
+                        // No earlier key tile held a key of this row: its statistics and output start here.
+                        const bool row_first = start >= j0;
+                        const std::int64_t first = masked ? first_visible(start, jb, nk) : 0;
+                        const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
+                        const double alpha =
+                            online_softmax_row(&s(r, 0), nk, first, last, scale, row_first, m(a + r), l(a + r));
+                        acc_type* out = &acc_a(r, 0);
+                        if (row_first) {
+                          if (!tile_first)
+                            for (std::int64_t c = 0; c < d_v; ++c) out[c] = acc_type(0);
+                        } else if (alpha != 1.0) {
+                          const auto factor = static_cast<acc_type>(alpha);
+                          for (std::int64_t c = 0; c < d_v; ++c) out[c] *= factor;
+                        }
+                      });
+                  if constexpr (mixed) {
+                    const auto p = rows_cols(ws.scores_bf16, 0, na, nk);
+                    flash_round_tile(space, s, p, na, nk);
+                    gemm_values(space, "N", "N", T(1), p, head_rows(v, b, hd, jb, nk), tile_first ? T(0) : T(1), acc_a);
+                  } else {
+                    gemm_values(space, "N", "N", T(1), s, head_rows(v, b, hd, jb, nk), tile_first ? T(0) : T(1), acc_a);
+                  }
+                });
+          }
+          Kokkos::parallel_for(
+              "mlacp::flash_forward_finish", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
+                const auto inv = static_cast<acc_type>(1.0 / l(r));
+                for (std::int64_t c = 0; c < d_v; ++c) o_i(r, c) = static_cast<o_type>(acc_i(r, c) * inv);
+                lse(b, hd, i0 + r) = static_cast<lse_type>(m(r) + compat::math::log(l(r)));
               });
-        }
-        Kokkos::parallel_for(
-            "mlacp::flash_forward_finish", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
-              const auto inv = static_cast<o_type>(1.0 / l(r));
-              for (std::int64_t c = 0; c < d_v; ++c) o_i(r, c) *= inv;
-              lse(b, hd, i0 + r) = static_cast<lse_type>(m(r) + compat::math::log(l(r)));
-            });
+        };
+        if constexpr (mixed)
+          tile(rows_cols(ws.o_acc, 0, nq, d_v));
+        else
+          tile(o_i);
       }
     }
   }
@@ -155,6 +192,32 @@ void zero_head_rows(const ExecSpace& space, const View4& t, std::int64_t b, std:
       });
 }
 
+/// Rounds rows [0, n) of a float accumulator into rows [row0, row0 + n) of head `hd` of batch `b` of a bf16 View.
+template <class ExecSpace, class Acc, class View4>
+void flash_round_head_rows(const ExecSpace& space, const Acc& acc, const View4& t, std::int64_t b, std::int64_t hd,
+                           std::int64_t row0, std::int64_t n) {
+  using value_type = typename View4::non_const_value_type;
+  const auto rows = head_rows(t, b, hd, row0, n);
+  const auto d = static_cast<std::int64_t>(t.extent(3));
+  Kokkos::parallel_for(
+      "mlacp::flash_round_rows", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t r) {
+        for (std::int64_t c = 0; c < d; ++c) rows(r, c) = static_cast<value_type>(acc(r, c));
+      });
+}
+
+/// Sets rows [0, n) of a matrix to zero.
+template <class ExecSpace, class Mat>
+void zero_rows(const ExecSpace& space, const Mat& m, std::int64_t n) {
+  using value_type = typename Mat::non_const_value_type;
+  const auto d = static_cast<std::int64_t>(m.extent(1));
+  Kokkos::parallel_for(
+      "mlacp::flash_zero_rows", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t r) {
+        for (std::int64_t c = 0; c < d; ++c) m(r, c) = value_type(0);
+      });
+}
+
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV,
           class Docs, class T, class Mem>
 void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
@@ -162,11 +225,14 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                          const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
   const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_s = static_cast<std::int64_t>(q.extent(1));
   const auto n_h = static_cast<std::int64_t>(q.extent(2));
-  const double scale = 1.0 / compat::math::sqrt(static_cast<double>(q.extent(3)));
+  const auto d_qk = static_cast<std::int64_t>(q.extent(3)), d_v = static_cast<std::int64_t>(v.extent(3));
+  const double scale = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
   tile_q = std::min(tile_q, n_s);
   tile_k = std::min(tile_k, n_s);
   const bool need_ds = do_dq || do_dk;
+  constexpr bool mixed = flash_mixed_precision<typename DO::non_const_value_type>;
   ws.reserve_tiles(tile_q, tile_k);
+  if constexpr (mixed) ws.reserve_mixed(tile_q, tile_k, d_qk, d_v, n_s);
   if (need_ds) ws.reserve_row_term(n_b * n_h * n_s);
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   const auto row_term = ws.row_term;
@@ -174,15 +240,53 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
   // One document: every query sees key 0, so the first key tile initialises dQ. Several: a query's first key lies in
   // the tile of its document start, so dQ is zeroed first and only accumulated.
   const bool dq_zeroed = !docs.single();
+  // Where dQ, dK and dV accumulate: the outputs themselves (float, double), or float scratch rounded into them once
+  // (bf16): dK and dV per key tile, dQ per head.
+  auto dq_rows = [&](std::int64_t b, std::int64_t hd, std::int64_t row0, std::int64_t n) {
+    if constexpr (mixed) {
+      (void)b, (void)hd;
+      return rows_cols(ws.dq_acc, row0, n, d_qk);
+    } else {
+      return head_rows(dq, b, hd, row0, n);
+    }
+  };
+  auto dk_rows = [&](std::int64_t b, std::int64_t hd, std::int64_t j0, std::int64_t row0, std::int64_t n) {
+    if constexpr (mixed) {
+      (void)b, (void)hd;
+      return rows_cols(ws.dk_acc, row0 - j0, n, d_qk);
+    } else {
+      (void)j0;
+      return head_rows(dk, b, hd, row0, n);
+    }
+  };
+  auto dv_rows = [&](std::int64_t b, std::int64_t hd, std::int64_t j0, std::int64_t row0, std::int64_t n) {
+    if constexpr (mixed) {
+      (void)b, (void)hd;
+      return rows_cols(ws.dv_acc, row0 - j0, n, d_v);
+    } else {
+      (void)j0;
+      return head_rows(dv, b, hd, row0, n);
+    }
+  };
   for (std::int64_t b = 0; b < n_b; ++b) {
     for (std::int64_t hd = 0; hd < n_h; ++hd) {
       const std::int64_t lse_row = b * n_h + hd;
-      if (do_dq && dq_zeroed) zero_head_rows(space, dq, b, hd, 0, n_s);
+      if (do_dq && dq_zeroed) {
+        if constexpr (mixed)
+          zero_rows(space, ws.dq_acc, n_s);
+        else
+          zero_head_rows(space, dq, b, hd, 0, n_s);
+      }
       for (std::int64_t j0 = 0; j0 < n_s; j0 += tile_k) {
         const std::int64_t nk_tile = std::min(tile_k, n_s - j0);
         // dK_j and dV_j accumulate over the query blocks; the masked blocks reach only part of the key rows.
-        if (do_dk) zero_head_rows(space, dk, b, hd, j0, nk_tile);
-        if (do_dv) zero_head_rows(space, dv, b, hd, j0, nk_tile);
+        if constexpr (mixed) {
+          if (do_dk) zero_rows(space, ws.dk_acc, nk_tile);
+          if (do_dv) zero_rows(space, ws.dv_acc, nk_tile);
+        } else {
+          if (do_dk) zero_head_rows(space, dk, b, hd, j0, nk_tile);
+          if (do_dv) zero_head_rows(space, dv, b, hd, j0, nk_tile);
+        }
         // Query tiles that see at least one key of this tile: from the one holding j0 to the end of the last key's
         // document.
         const std::int64_t i_end = query_end(docs, j0, nk_tile);
@@ -195,7 +299,7 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                 const auto do_a = head_rows(d_o, b, hd, row0, na);
                 const auto k_j = head_rows(k, b, hd, jb, nk);
                 const auto p = rows_cols(ws.scores, 0, na, nk);
-                compat::gemm(space, "N", "T", T(1), q_a, k_j, T(0), p);
+                gemm_values(space, "N", "T", T(1), q_a, k_j, T(0), p);
                 const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
                 Kokkos::parallel_for(
                     "mlacp::flash_backward_probabilities", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
@@ -203,21 +307,41 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                       const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
                       probabilities_row(&p(r, 0), nk, first, last, scale, static_cast<double>(lse(b, hd, row0 + r)));
                     });
-                if (do_dv) compat::gemm(space, "T", "N", T(1), p, do_a, T(1), head_rows(dv, b, hd, jb, nk));
+                // P and dS as the GEMMs that consume them take them: rounded to bf16 (mixed), else themselves.
+                auto operand = [&](const auto& tile, const auto& rounded) {
+                  if constexpr (mixed) {
+                    const auto r = rows_cols(rounded, 0, na, nk);
+                    flash_round_tile(space, tile, r, na, nk);
+                    return r;
+                  } else {
+                    (void)rounded;
+                    return tile;
+                  }
+                };
+                const auto p_op = operand(p, ws.scores_bf16);
+                if (do_dv) gemm_values(space, "T", "N", T(1), p_op, do_a, T(1), dv_rows(b, hd, j0, jb, nk));
                 if (!need_ds) return;
                 const auto ds = rows_cols(ws.grads, 0, na, nk);
-                compat::gemm(space, "N", "T", T(1), do_a, head_rows(v, b, hd, jb, nk), T(0), ds);
+                gemm_values(space, "N", "T", T(1), do_a, head_rows(v, b, hd, jb, nk), T(0), ds);
                 const std::int64_t d0 = lse_row * n_s + row0;
                 Kokkos::parallel_for(
                     "mlacp::flash_backward_ds", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
                       score_grad_row(&ds(r, 0), &p(r, 0), nk, scale, row_term(d0 + r));
                     });
-                if (do_dk) compat::gemm(space, "T", "N", T(1), ds, q_a, T(1), head_rows(dk, b, hd, jb, nk));
+                const auto ds_op = operand(ds, ws.grads_bf16);
+                if (do_dk) gemm_values(space, "T", "N", T(1), ds_op, q_a, T(1), dk_rows(b, hd, j0, jb, nk));
                 if (do_dq)
-                  compat::gemm(space, "N", "N", T(1), ds, k_j, !dq_zeroed && j0 == 0 ? T(0) : T(1),
-                               head_rows(dq, b, hd, row0, na));
+                  gemm_values(space, "N", "N", T(1), ds_op, k_j, !dq_zeroed && j0 == 0 ? T(0) : T(1),
+                              dq_rows(b, hd, row0, na));
               });
         }
+        if constexpr (mixed) {
+          if (do_dk) flash_round_head_rows(space, ws.dk_acc, dk, b, hd, j0, nk_tile);
+          if (do_dv) flash_round_head_rows(space, ws.dv_acc, dv, b, hd, j0, nk_tile);
+        }
+      }
+      if constexpr (mixed) {
+        if (do_dq) flash_round_head_rows(space, ws.dq_acc, dq, b, hd, 0, n_s);
       }
     }
   }

@@ -4,21 +4,42 @@
 // D_i = rowsum(dO_i o O_i) of the backward that both of its paths read from it.
 #pragma once
 
+#include <mlacp/compat.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <string>
 
 namespace mlacp::detail {
 
 /// What the core keeps between calls, grown once per configuration so that the steady state allocates nothing: the
 /// host path's score tiles and row statistics, and the backward's row term D of both paths.
+/// T is the accumulation type of the tiles (float for bf16 inputs, flash_attention_blas.hpp). Inputs stored in a
+/// narrower type (bf16) also use the mixed-precision members: the probabilities and dS rounded for the next GEMM, and
+/// the float accumulators of O, dK, dV (per tile) and dQ (per head).
 template <class T, class MemSpace>
 struct FlashScratch {
   detail::Matrix<T, MemSpace> scores, grads;          // [query_tile, key_tile]
   detail::Vector<double, MemSpace> row_max, row_sum;  // [query_tile]
   detail::Vector<double, MemSpace> row_term;          // D [B * h * S]
+  // Mixed precision only (inputs in bf16): P and dS rounded to bf16 ([query_tile, key_tile]), and float accumulators.
+  detail::Matrix<compat::bf16, MemSpace> scores_bf16, grads_bf16;
+  detail::Matrix<T, MemSpace> o_acc;   // [query_tile, dv]
+  detail::Matrix<T, MemSpace> dk_acc;  // [key_tile, dqk]
+  detail::Matrix<T, MemSpace> dv_acc;  // [key_tile, dv]
+  detail::Matrix<T, MemSpace> dq_acc;  // [S, dqk], one head at a time
+
+  /// The mixed-precision members for tiles [tq, tk], head dims dqk and dv, and S tokens (grown, never shrunk).
+  void reserve_mixed(std::int64_t tq, std::int64_t tk, std::int64_t dqk, std::int64_t dv, std::int64_t n_s) {
+    grow(scores_bf16, "mlacp::flash P (bf16)", tq, tk);
+    grow(grads_bf16, "mlacp::flash dS (bf16)", tq, tk);
+    grow(o_acc, "mlacp::flash O accumulator", tq, dv);
+    grow(dk_acc, "mlacp::flash dK accumulator", tk, dqk);
+    grow(dv_acc, "mlacp::flash dV accumulator", tk, dv);
+    grow(dq_acc, "mlacp::flash dQ accumulator", n_s, dqk);
+  }
 
   /// The host path's [tq, tk] score tiles and [tq] row statistics (reallocated only when the tiles change).
   void reserve_tiles(std::int64_t tq, std::int64_t tk) {
@@ -27,6 +48,12 @@ struct FlashScratch {
     grads = decltype(grads)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash dS"), tq, tk);
     row_max = decltype(row_max)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash m"), tq);
     row_sum = decltype(row_sum)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash l"), tq);
+  }
+  template <class M>
+  static void grow(M& m, const char* label, std::int64_t rows, std::int64_t cols) {
+    if (m.extent(0) >= static_cast<std::size_t>(rows) && m.extent(1) == static_cast<std::size_t>(cols)) return;
+    m = M(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(rows),
+          static_cast<std::size_t>(cols));
   }
   /// At least `rows` entries of the backward's row term D (grown, never shrunk).
   void reserve_row_term(std::int64_t rows) {
