@@ -1,18 +1,10 @@
 # The optional NCCL backend: CUDA runtime + NCCL, found in CUDAToolkit_ROOT or /usr/local/cuda.
 # Sets MLACP_HAVE_NCCL and provides the target mlacp_nccl_deps::nccl (an imported NCCL library).
-# MLACP_ENABLE_NCCL: AUTO (use when found), ON (fail when not found), OFF.
+# MLACP_ENABLE_NCCL: AUTO (use when found), ON (fail when not found), OFF (see MlacpOptionalDependency.cmake).
 include_guard(GLOBAL)
+include("${CMAKE_CURRENT_LIST_DIR}/MlacpOptionalDependency.cmake")
 
-if(NOT DEFINED MLACP_ENABLE_NCCL)
-  set(MLACP_ENABLE_NCCL AUTO)
-endif()
-set(MLACP_HAVE_NCCL OFF)
-string(TOUPPER "${MLACP_ENABLE_NCCL}" _mlacp_nccl_mode)
-if(NOT _mlacp_nccl_mode MATCHES "^(AUTO|ON|OFF|TRUE|FALSE|YES|NO|1|0)$")
-  message(FATAL_ERROR "mlacp: MLACP_ENABLE_NCCL='${MLACP_ENABLE_NCCL}', expected AUTO, ON or OFF")
-endif()
-
-if(NOT _mlacp_nccl_mode MATCHES "^(OFF|FALSE|NO|0)$")
+macro(_mlacp_find_nccl found_var searched_var)
   if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
@@ -28,7 +20,7 @@ if(NOT _mlacp_nccl_mode MATCHES "^(OFF|FALSE|NO|0)$")
   if(CUDAToolkit_FOUND
      AND MLACP_NCCL_INCLUDE_DIR
      AND MLACP_NCCL_LIBRARY)
-    set(MLACP_HAVE_NCCL ON)
+    set(${found_var} "${MLACP_NCCL_LIBRARY}, CUDA ${CUDAToolkit_VERSION}")
     if(NOT TARGET mlacp_nccl_deps::nccl)
       add_library(mlacp_nccl_deps::nccl UNKNOWN IMPORTED)
       set_target_properties(
@@ -37,12 +29,14 @@ if(NOT _mlacp_nccl_mode MATCHES "^(OFF|FALSE|NO|0)$")
                    INTERFACE_INCLUDE_DIRECTORIES "${MLACP_NCCL_INCLUDE_DIR}"
                    INTERFACE_LINK_LIBRARIES CUDA::cudart)
     endif()
-    message(STATUS "mlacp: NCCL backend ON (${MLACP_NCCL_LIBRARY}, CUDA ${CUDAToolkit_VERSION})")
-  elseif(_mlacp_nccl_mode MATCHES "^(ON|TRUE|YES|1)$")
-    message(FATAL_ERROR "mlacp: MLACP_ENABLE_NCCL=ON but CUDA runtime or NCCL was not found "
-                        "(CUDAToolkit_FOUND=${CUDAToolkit_FOUND}, nccl.h: ${MLACP_NCCL_INCLUDE_DIR}, "
-                        "libnccl: ${MLACP_NCCL_LIBRARY}); set CUDAToolkit_ROOT or NCCL_ROOT")
-  else()
-    message(STATUS "mlacp: NCCL backend OFF (CUDA runtime or NCCL not found)")
   endif()
-endif()
+  string(CONCAT ${searched_var} "CUDAToolkit_FOUND=${CUDAToolkit_FOUND}, nccl.h: ${MLACP_NCCL_INCLUDE_DIR}, "
+                "libnccl: ${MLACP_NCCL_LIBRARY}")
+endmacro()
+
+mlacp_optional_dependency(
+  NAME NCCL
+  FEATURE "NCCL backend"
+  PACKAGE "CUDA runtime or NCCL"
+  HINT "set CUDAToolkit_ROOT or NCCL_ROOT"
+  FIND _mlacp_find_nccl)
