@@ -69,17 +69,20 @@ def cpu_info():
 
 
 def linked_libraries(binary):
-    """{soname: resolved path} of the oneDNN / BLAS / OpenBLAS libraries `binary` links (ldd)."""
+    """{soname: resolved path} of the oneDNN / BLAS / OpenBLAS libraries `binary` links (ldd), and why not where
+    ldd cannot tell (None when it can)."""
     try:
-        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=30, check=False).stdout
+        run = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError) as error:
-        return {"error": str(error)}
+        return {}, str(error)
+    if run.returncode != 0:
+        return {}, (run.stderr.strip() or run.stdout.strip() or f"ldd exit code {run.returncode}")[:200]
     libs = {}
-    for line in out.splitlines():
+    for line in run.stdout.splitlines():
         m = re.match(r"\s*(\S+)\s+=>\s+(\S+)", line)
         if m and re.search(r"dnnl|blas|mkl", m.group(1)):
             libs[m.group(1)] = os.path.realpath(m.group(2)) if os.path.exists(m.group(2)) else m.group(2)
-    return libs
+    return libs, None
 
 
 def load(names):
@@ -174,8 +177,9 @@ def summary_lines(caps):
     lines.append(f"  OpenBLAS core {b['core']} ({b['config']}); bf16 GEMM (sbgemm): {yes[b['sbgemm']]}"
                  if b["available"] else f"  OpenBLAS: not loadable ({b['error']})")
     if caps.get("binary"):
-        lines.append(f"  {caps['binary']} links: " + (", ".join(f"{k} -> {v}" for k, v in caps["linked"].items())
-                                                      or "no oneDNN/BLAS shared library"))
+        linked = ", ".join(f"{k} -> {v}" for k, v in caps["linked"].items()) or "no oneDNN/BLAS shared library"
+        lines.append(f"  {caps['binary']}: " + (f"ldd failed ({caps['ldd_error']})" if caps.get("ldd_error")
+                                                 else f"links {linked}"))
     lines.append("  environment: " + " ".join(f"{k}={v if v is not None else '(unset)'}"
                                              for k, v in caps["environment"].items()))
     return lines
@@ -187,7 +191,7 @@ def main(argv=None):
     p.add_argument("--binary", metavar="PATH", help="also report the oneDNN / BLAS libraries this binary links")
     p.add_argument("--no-torch", action="store_true", help="skip the torch probe")
     args = p.parse_args(argv)
-    linked = linked_libraries(args.binary) if args.binary else {}
+    linked, ldd_error = linked_libraries(args.binary) if args.binary else ({}, None)
     environment = {k: os.environ.get(k) for k in ENVIRONMENT}
     environment.update({k: v for k, v in sorted(os.environ.items()) if re.match(r"(ONEDNN|DNNL|OPENBLAS)_", k)})
     caps = {"cpu": cpu_info(), "environment": environment}
@@ -200,6 +204,8 @@ def main(argv=None):
             caps[key] = {"available": False, "error": f"{type(error).__name__}: {error}"}
     if args.binary:
         caps["binary"], caps["linked"] = args.binary, linked
+        if ldd_error:
+            caps["ldd_error"] = ldd_error
     print("\n".join(summary_lines(caps)), flush=True)
     if args.json:
         with open(args.json, "w") as out:
