@@ -3,10 +3,13 @@
 # on both transports (shared memory: plain mpirun; a simulated 2 Gbit/s cluster link: scripts/netns-link.sh), prints
 # the tables, and leaves the JSON files and the timeline PNG in perf_results/. Then the attention core against the
 # GEMM rate, mlacp-mla-block against the PyTorch peer (perf_tests/peers/, DeepSpeed-Ulysses style on gloo) side by
-# side, and a scaling sweep over S.
+# side in double, float and bf16, and a scaling sweep over S. The bf16 cells run `mlacp-mla-block --dtype bf16`
+# against the peer with torch.bfloat16 parameters (`--dtype bf16`); scripts/cpu_bf16_caps.py prints the CPU's bf16
+# capability beside them (model, avx512_bf16 / amx_bf16 / amx_tile, the ISA oneDNN dispatches to, torch's bf16
+# matmul kernel, OpenBLAS' core) and perf_results/peer_comparison.json carries it as "cpu_bf16_caps".
 #
-#   ./scripts/bench.sh                  # P = 2, both transports (about 8 minutes on a 2-core machine: 4 for the
-#                                       # overlap suite, 1.5 for the peer comparison, 2.5 for the sweep)
+#   ./scripts/bench.sh                  # P = 2, both transports (about 8.5 minutes on a 2-core machine: 4 for the
+#                                       # overlap suite, 2 for the peer comparison, 2.5 for the sweep)
 #   NP=4 ./scripts/bench.sh             # another group size (oversubscribes a small machine)
 #   RATE=10gbit ./scripts/bench.sh      # another link rate
 #   REPEATS=21 ./scripts/bench.sh       # more repeats per measurement
@@ -14,9 +17,10 @@
 #   SUITE=0 ./scripts/bench.sh          # skip the overlap suite above (only the peer comparison and sweep)
 #   CORE=0 ./scripts/bench.sh           # skip the attention core against the GEMM rate (CORE_SEQS=512,1024,2048)
 #   PEER=0 ./scripts/bench.sh           # without the mlacp-vs-PyTorch-peer comparison (and sweep)
+#   BF16=0 ./scripts/bench.sh           # without the comparison's bf16 cells (double and float only)
 #   SWEEP=0 ./scripts/bench.sh          # without the scaling sweep S = 512 ... 16384 (a few minutes)
 #   PEER_ITERS=9 PEER_WARMUP=2          # timed / untimed iterations of each comparison run (default 7 / 1)
-#   SWEEP_DTYPES=double                 # the sweep's dtypes (default "double float")
+#   SWEEP_DTYPES=double                 # the sweep's dtypes (default "double float"; bf16 is accepted too)
 #   SWEEP_SEQS="512 1024 2048"          # the sweep's sequence lengths
 #   PEER_MEM_GIB=10                     # per-rank address-space limit of the comparison runs (default: the smaller
 #                                       # of 10 GiB and 70% of the available memory / P)
@@ -144,13 +148,21 @@ print("%.1f ms" % (d["time_median_s"] * 1e3) if d["status"] == "ok" else d["stat
 
   transports=(shm)
   if [[ -z ${SKIP_LINK:-} ]]; then transports+=(tcp-lo); fi
+  dtypes=(double float)
   echo
   echo "==== mlacp vs the PyTorch peer, P = $np, ${PEER_ITERS:-7} iterations after ${PEER_WARMUP:-1} warm-up," \
     "address-space limit $((limit_bytes >> 20)) MiB per rank ===="
+  if [[ ${BF16:-1} != 0 ]]; then
+    # bf16 cells: mlacp's bf16 layer against the peer's torch.bfloat16 one. What bf16 runs on here (the probe
+    # never fails the run; its JSON goes into peer_comparison.json through peer_report.py).
+    dtypes+=(bf16)
+    /usr/bin/python3 "$root/scripts/cpu_bf16_caps.py" --binary "$block_bin" --json "$runs/cpu_bf16_caps.json" ||
+      echo "bench: scripts/cpu_bf16_caps.py failed (rc $?)"
+  fi
   for shape in block deepseek; do
     declare -n dims="shape_$shape"
     for strategy in latent expanded; do
-      for dtype in double float; do
+      for dtype in "${dtypes[@]}"; do
         for transport in "${transports[@]}"; do
           run_pair "$runs/cmp_${shape}_${strategy}_${dtype}_${transport}" "$transport" "${dims[@]}" \
             --strategy "$strategy" --dtype "$dtype" "${iters[@]}"

@@ -7,7 +7,9 @@ usage: peer_report.py RUNS_DIR OUT_DIR
 RUNS_DIR holds one JSON per run (mlacp-mla-block --json or ulysses_mla_torch.py --json), named
   cmp_<shape>_<strategy>_<dtype>_<transport>_<tool>.json   (the side-by-side comparison)
   sweep_S<S>_<strategy>_<dtype>_<tool>.json                  (the scaling sweep)
-with <tool> mlacp or peer. A missing file is a run that failed (its .log is next to where the JSON would be).
+with <tool> mlacp or peer and <dtype> double, float or bf16. A missing file is a run that failed (its .log is next
+to where the JSON would be). RUNS_DIR/cpu_bf16_caps.json (scripts/cpu_bf16_caps.py), where present, is printed
+beside the bf16 cells and copied into the comparison's JSON as "cpu_bf16_caps".
 Prints both tables and writes OUT_DIR/peer_comparison.json and OUT_DIR/peer_sweep.json.
 """
 import json
@@ -52,10 +54,22 @@ def pairs(runs, pattern):
     return {key: {tool: load(p) for tool, p in tools.items()} for key, tools in found.items()}
 
 
+def bf16_caps_line(caps):
+    """One line of scripts/cpu_bf16_caps.py's JSON: the CPU and what its bf16 GEMMs dispatch to."""
+    cpu, flags = caps.get("cpu", {}), caps.get("cpu", {}).get("flags", {})
+    onednn, torch, blas = caps.get("onednn", {}), caps.get("torch") or {}, caps.get("openblas", {})
+    yes = {True: "yes", False: "no"}
+    return (f"bf16 cells on {cpu.get('model', 'unknown')}: "
+            + ", ".join(f"{f} {yes.get(flags.get(f), '?')}" for f in ("avx512_bf16", "amx_bf16", "amx_tile"))
+            + f"; oneDNN ISA {onednn.get('isa', 'n/a')}; torch bf16 matmul {torch.get('bf16_matmul_kernel') or 'n/a'}"
+            + f"; OpenBLAS core {blas.get('core', 'n/a')}")
+
+
 def comparison(runs):
     rows = []
-    for (shape, strategy, dtype, transport), docs in sorted(pairs(runs, r"cmp_(\w+?)_(latent|expanded)_(double|float)_"
-                                                                       r"([\w-]+?)_(mlacp|peer)\.json").items()):
+    for (shape, strategy, dtype, transport), docs in sorted(pairs(runs, r"cmp_(\w+?)_(latent|expanded)_"
+                                                                       r"(double|float|bf16)_([\w-]+?)_(mlacp|peer)"
+                                                                       r"\.json").items()):
         mlacp, peer = docs.get("mlacp", {"status": "failed"}), docs.get("peer", {"status": "failed"})
         t_m, t_p = ms(mlacp), ms(peer)
         rows.append({
@@ -79,13 +93,15 @@ def comparison(runs):
               f"{cell(r['peer_over_mlacp'], '.2f', width=12)}{cell(r['mlacp_fraction_of_gemm_rate'], '.3f', width=17)}"
               f"{cell(r['peer_fraction_of_torch_gemm_rate'], '.3f', width=22)}")
     print("GEMM frac: (FLOPs per rank / GEMM rate) / time, the GEMM ([B*s, D] x [D, H*dqk]) measured in the same run "
-          "(mlacp: compat::gemm; peer: torch)")
+          "(mlacp: compat::gemm; peer: torch), in the row's dtype")
+    if any(r["dtype"] == "bf16" for r in rows) and (runs / "cpu_bf16_caps.json").exists():
+        print(bf16_caps_line(load(runs / "cpu_bf16_caps.json")))
     return rows
 
 
 def sweep(runs):
     rows = []
-    found = pairs(runs, r"sweep_S(\d+)_(latent|expanded)_(double|float)_(mlacp|peer)\.json")
+    found = pairs(runs, r"sweep_S(\d+)_(latent|expanded)_(double|float|bf16)_(mlacp|peer)\.json")
     for (seq, strategy, dtype), docs in sorted(found.items(), key=lambda kv: (kv[0][2], int(kv[0][0]))):
         row = {"S": int(seq), "strategy": strategy, "dtype": dtype}
         for tool in ("mlacp", "peer"):
@@ -116,9 +132,13 @@ def sweep(runs):
 
 def main(runs_dir, out_dir):
     runs, out = Path(runs_dir), Path(out_dir)
+    caps = runs / "cpu_bf16_caps.json"
     for name, rows in (("peer_comparison.json", comparison(runs)), ("peer_sweep.json", sweep(runs))):
         if rows:
-            (out / name).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+            doc = {"rows": rows}
+            if name == "peer_comparison.json" and caps.exists():
+                doc["cpu_bf16_caps"] = load(caps)
+            (out / name).write_text(json.dumps(doc, indent=1) + "\n")
             print(f"wrote {out / name}")
     return 0
 

@@ -16,7 +16,12 @@ What it is, so that the comparison with mlacp-mla-block is fair:
     (--reduce-scatter allreduce selects that; measured slower, see README.md);
   * attention is matmul + causal mask + softmax + matmul, materialising the S x S scores per head (DeepSpeed-Ulysses'
     default local attention), all differentiated by autograd;
-  * weight gradients are the rank's partial sums (no data-parallel reduction), as in MLA_SPEC.
+  * weight gradients are the rank's partial sums (no data-parallel reduction), as in MLA_SPEC;
+  * --dtype bf16 runs it the way a PyTorch user trains on CPU: torch.bfloat16 parameters and activations, GEMMs
+    through torch (oneDNN's bf16 matmul on CPUs with AVX512-BF16 / AMX), RMSNorm's statistics in float32 (as Hugging
+    Face's LlamaRMSNorm / DeepseekV2RMSNorm do), and 2-byte payloads on the wire. gloo in torch 1.13 refuses
+    bfloat16 tensors ("Invalid scalar type", int16 too), so the all-to-alls and the all-gather move the same bytes as
+    uint8 views (no conversion, the same bytes a bf16-capable gloo moves); see _WireBytes.
 
 Launch it under mpirun (mpi4py provides the rank, the size, the store's address, a barrier and the timing
 reductions; all the layer's data moves through gloo):
@@ -24,6 +29,7 @@ reductions; all the layer's data moves through gloo):
   mpirun -n 2 python3 ulysses_mla_torch.py --seq 512 --hidden 1024 --heads 8 --nope 16 --rope 16 --vdim 32 \\
       --latent 512 --strategy latent --dtype double --warmup 1 --iters 5 --json peer.json
   mpirun -n 2 python3 ulysses_mla_torch.py --check DIR     # DIR from mlacp-mla-block --dump DIR
+  mpirun -n 2 python3 ulysses_mla_torch.py --check DIR --dtype bf16   # the peer in bf16 against a float/double dump
 
 Timing protocol (the same as mlacp-mla-block): `--warmup` untimed iterations, then `--iters` timed ones; each starts
 after a barrier, runs forward + backward, and its time is the maximum over the ranks; the report gives the median and
@@ -48,18 +54,59 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 EXIT_OOM = 3
-TOLERANCE = {"double": 1e-10, "float": 1e-4}
-DTYPES = {"double": torch.float64, "float": torch.float32}
+# MLA_SPEC's relative (Frobenius) tolerances; bf16 (8 significant bits, float accumulation) is checked at 2e-2.
+TOLERANCE = {"double": 1e-10, "float": 1e-4, "bf16": 2e-2}
+DTYPES = {"double": torch.float64, "float": torch.float32, "bf16": torch.bfloat16}
 
 
 # ---- collectives (gloo) with their adjoints ---------------------------------------------------------------------------
+
+
+class _WireBytes:
+    """How bf16 tensors go through gloo. torch 1.13's ProcessGroupGloo rejects torch.bfloat16 (and torch.int16) with
+    "Invalid scalar type" before anything is sent; the data-moving collectives (all_to_all_single, all_gather) then
+    move the same bytes as uint8 views of the bf16 tensors: no conversion, 2 bytes per element on the wire, as a gloo
+    that takes bfloat16 moves them. Which one applies is found out once, by the first bf16 collective (every rank
+    reaches it at the same point, and the refusal is raised locally before any communication). A reduction cannot
+    add raw bytes: all_reduce of bf16 (only --reduce-scatter allreduce) widens to float32, sums, and narrows back."""
+
+    native = None  # None: not probed yet; True: gloo takes bfloat16; False: uint8 views
+
+    @classmethod
+    def takes_bf16(cls):
+        if cls.native is None:
+            try:
+                probe = torch.zeros(dist.get_world_size(), dtype=torch.bfloat16)
+                dist.all_to_all_single(torch.empty_like(probe), probe)
+                cls.native = True
+            except RuntimeError as error:
+                if "Invalid scalar type" not in str(error):
+                    raise
+                cls.native = False
+        return cls.native
+
+    @classmethod
+    def view(cls, t):
+        """What gloo is given for tensor t (contiguous): t itself, or its bytes where gloo refuses bfloat16."""
+        if t.dtype == torch.bfloat16 and not cls.takes_bf16():
+            return t.view(torch.uint8)
+        return t
+
+    @classmethod
+    def describe(cls, dtype):
+        """For the report; never probes (that is a collective)."""
+        if dtype != torch.bfloat16:
+            return str(dtype).replace("torch.", "")
+        if cls.native is None:
+            return "bfloat16 (no collective ran)"
+        return "bfloat16" if cls.native else "bfloat16 as uint8 views (gloo rejects bfloat16)"
 
 
 def _all_to_all(send):
     """all_to_all_single of a contiguous tensor whose first dimension is P: block j goes to rank j, and block j of
     the result came from rank j."""
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send)
+    dist.all_to_all_single(_WireBytes.view(recv), _WireBytes.view(send))
     return recv
 
 
@@ -118,9 +165,11 @@ def reduce_scatter_sequence(grad, algorithm):
     if algorithm == "alltoall":
         send = grad.reshape(B, P, s, W).transpose(0, 1).contiguous()  # [P, B, s, W]
         return _all_to_all(send).sum(dim=0)
-    full = grad.contiguous().clone()  # all_reduce is in place: never write into autograd's gradient
+    # all_reduce is in place: never write into autograd's gradient. gloo cannot sum bf16 (see _WireBytes): the
+    # bf16 gradient is summed in float32 (twice the bytes of bf16 on the wire) and narrowed back.
+    full = grad.float() if grad.dtype == torch.bfloat16 else grad.contiguous().clone()
     dist.all_reduce(full)
-    return full[:, r * s:(r + 1) * s].contiguous()
+    return full[:, r * s:(r + 1) * s].to(grad.dtype).contiguous()
 
 
 class GatherSequence(torch.autograd.Function):
@@ -132,7 +181,7 @@ class GatherSequence(torch.autograd.Function):
         ctx.algorithm = algorithm
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x)
+        dist.all_gather([_WireBytes.view(p) for p in parts], _WireBytes.view(x))
         return torch.cat(parts, dim=1)
 
     @staticmethod
@@ -154,13 +203,20 @@ def apply_rope(x, cos, sin):
 
 
 def rms_norm(x, weight, eps):
+    """RMSNorm; a bf16 input is normalised in float32 and rounded back before the gain, as Hugging Face's
+    LlamaRMSNorm / DeepseekV2RMSNorm do (what a PyTorch user's bf16 model runs)."""
+    if x.dtype == torch.bfloat16:
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
 def causal_attention(q, k, v, mask, scale):
     """softmax(q k^T * scale, causal) v for head-local [B, S, h, d] tensors, materialising the [B, h, S, S] scores
     (what DeepSpeed-Ulysses' default local attention does). The scale is applied to q (S*dqk multiplications, not
-    S*S); in place masking is safe because matmul's backward needs its inputs, not its output."""
+    S*S); in place masking is safe because matmul's backward needs its inputs, not its output. In bf16 the scores
+    and probabilities are bf16 tensors; torch's CPU softmax computes a bf16 row's max and sum in float (measured:
+    the same result as a float32 softmax rounded to bf16), so no explicit upcast is needed."""
     q = q.transpose(1, 2)  # [B, h, S, dqk]
     k = k.transpose(1, 2)
     v = v.transpose(1, 2)
@@ -350,7 +406,9 @@ def parse_args(argv):
                           ("vdim", 6), ("latent", 12)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--strategy", choices=("latent", "expanded"), default="latent")
-    p.add_argument("--dtype", choices=("float", "double"), default="double")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                   help="double (default), float, or bf16 (torch.bfloat16 parameters and activations); with --check: "
+                        "run the peer in this dtype instead of the dump's (bf16 checked at 2e-2)")
     p.add_argument("--bias", action="store_true")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--iters", type=int, default=1, help="timed iterations (default 1)")
@@ -365,6 +423,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be at least 1 and --warmup at least 0")
+    if args.dtype is None and not args.check:
+        args.dtype = "double"
     return args
 
 
@@ -393,7 +453,12 @@ def check(args, comm):
     cfg = {"batch": cfg_json["batch"], "seq": cfg_json["seq"], "hidden": cfg_json["hidden"],
            "heads": cfg_json["heads"], "nope": cfg_json["qk_nope_head_dim"], "rope": cfg_json["qk_rope_head_dim"],
            "vdim": cfg_json["v_head_dim"], "latent": cfg_json["kv_lora_rank"]}
-    dtype_name, strategy, bias = cfg_json["dtype"], cfg_json["strategy"], cfg_json["bias"]
+    strategy, bias = cfg_json["strategy"], cfg_json["bias"]
+    # The peer runs in --dtype where given (e.g. bf16 against a float or double dump), else in the dump's dtype
+    # (a bf16 dump of mlacp-mla-block holds float arrays, MLA_SPEC).
+    dtype_name = args.dtype or {"bfloat16": "bf16"}.get(cfg_json["dtype"], cfg_json["dtype"])
+    if dtype_name not in DTYPES:
+        raise SystemExit(f"ulysses-mla-torch: the dump's dtype {cfg_json['dtype']!r} is not one of {tuple(DTYPES)}")
     dtype = DTYPES[dtype_name]
     P, rank = comm.size, comm.rank
     if cfg_json.get("ranks", P) != P and rank == 0:
@@ -411,12 +476,12 @@ def check(args, comm):
     # Rank 0 assembles y and dx in global token order and sums the weight gradients over the ranks.
     got = {}
     for name, local in (("y", y.detach()), ("dx", x.grad)):
-        parts = comm.gather(local.numpy(), root=0)
+        parts = comm.gather(local.double().numpy(), root=0)  # numpy has no bf16
         if rank == 0:
             got[name] = np.concatenate(parts, axis=1)
     for name in weight_shapes(cfg, bias):
         grad = getattr(model, name).grad
-        local = np.zeros(getattr(model, name).shape) if grad is None else grad.numpy().astype(np.float64)
+        local = np.zeros(getattr(model, name).shape) if grad is None else grad.double().numpy()
         total = np.zeros_like(local) if rank == 0 else None
         comm.Reduce(local, total, op=MPI.SUM, root=0)
         if rank == 0:
@@ -426,7 +491,10 @@ def check(args, comm):
         tolerance = TOLERANCE[dtype_name]
         print(f"ulysses-mla-torch --check {d}: B={cfg['batch']} S={cfg['seq']} D={cfg['hidden']} H={cfg['heads']} "
               f"dn={cfg['nope']} dr={cfg['rope']} dv={cfg['vdim']} R={cfg['latent']} bias={'yes' if bias else 'no'} "
-              f"strategy={strategy} dtype={dtype_name} P={P}")
+              f"strategy={strategy} dtype={dtype_name} P={P}"
+              + (f" (dump: {cfg_json['dtype']})" if dtype_name != cfg_json["dtype"] else ""))
+        if dtype == torch.bfloat16:
+            print(f"  gloo payload: {_WireBytes.describe(dtype)}")
         print(f"  relative error vs the dump (tolerance {tolerance:g}):")
         worst = 0.0
         for name, values in got.items():
@@ -462,7 +530,8 @@ def timing(args, comm):
            "transport": args.transport_label,
            "config": {"B": args.batch, "S": args.seq, "D": args.hidden, "H": args.heads, "dn": args.nope,
                       "dr": args.rope, "dv": args.vdim, "R": args.latent, "bias": args.bias},
-           "P": P, "dtype": args.dtype, "strategy": args.strategy, "reduce_scatter": args.reduce_scatter,
+           "P": P, "dtype": args.dtype, "element_bytes": torch.tensor([], dtype=dtype).element_size(),
+           "strategy": args.strategy, "reduce_scatter": args.reduce_scatter,
            "warmup": args.warmup, "iters": args.iters,
            "protocol": "per iteration: barrier, forward + backward, time = max over ranks; median"}
     flops = mla_flops(cfg, P)
@@ -511,11 +580,13 @@ def timing(args, comm):
     state.clear()
     peak = comm.allreduce(peak_rss_bytes(), op=MPI.MAX)
     doc["peak_rss_bytes"] = peak
+    doc["gloo_payload"] = _WireBytes.describe(dtype)
     label = (f"B={args.batch} S={args.seq} D={args.hidden} H={args.heads} dn={args.nope} dr={args.rope} "
              f"dv={args.vdim} R={args.latent} bias={'yes' if args.bias else 'no'} strategy={args.strategy} "
              f"dtype={args.dtype} P={P}")
     if rank == 0:
-        print(f"ulysses-mla-torch: {label} (torch {torch.__version__}, gloo, reduce-scatter {args.reduce_scatter})")
+        print(f"ulysses-mla-torch: {label} (torch {torch.__version__}, gloo, reduce-scatter {args.reduce_scatter}"
+              + (f", payload {doc['gloo_payload']})" if dtype == torch.bfloat16 else ")"))
     if doc["status"] != "ok":
         if rank == 0:
             print(f"  out of memory: {doc['error']}\n  peak resident memory (max over ranks): {peak / 2**20:.4g} MiB")
