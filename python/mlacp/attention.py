@@ -10,9 +10,17 @@ between a forward and its backward (``module.half()``, ``p.data = ...``, reshard
 every rank, before the C++ layer reads the old storage. The module's ``config`` is read-only (the C++ layer copied it).
 
 The parameters, their shapes and flags come from the C++ library's parameter table (``parameter_table``).
+
+Mixed precision (bfloat16): the C++ layer of bf16 stores its activations, x, y and dx in bf16, accumulates in float
+and writes the weight gradients in float. The module reaches it two ways: bf16 parameters (``dtype=torch.bfloat16``,
+whose float gradients accumulate in ``param.main_grad`` and are rounded into the bf16 ``.grad``), or float parameters
+computed in bf16 (``compute_dtype=torch.bfloat16``, or automatically under ``torch.autocast("cpu",
+dtype=torch.bfloat16)``: the weights are cast into bf16 copies the module owns, and the float gradients go to the
+float parameters' ``.grad``). See MlaAttention.
 """
 import collections
 import math
+import weakref
 
 import torch
 
@@ -34,7 +42,12 @@ def parameter_table(config):
 # MLA_SPEC's weights, in the order the module registers them (and the state_dict lists them): the C++ table's.
 PARAMETER_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()))
 BIAS_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()) if row.kind == "bias")
-_LAYERS = {torch.float32: _mlacp.Layer_float32, torch.float64: _mlacp.Layer_float64}
+_LAYERS = {
+    torch.float32: _mlacp.Layer_float32,
+    torch.float64: _mlacp.Layer_float64,
+    torch.bfloat16: _mlacp.Layer_bfloat16
+}
+_DTYPES = "torch.float32, torch.float64 or torch.bfloat16"
 
 
 def parameter_shapes(config):
@@ -71,15 +84,16 @@ class FrozenConfig(_mlacp.MlaConfig):
         self.__setattr__(name, None)
 
 
-def _tensor_error(where, name, t, dtype, ndim):
-    """Why mlacp cannot take tensor ``t`` as ``name`` ('' when it can): CPU, ``dtype``, ``ndim`` dims, contiguous."""
+def _tensor_error(where, name, t, dtype, ndim, why="the dtype of the layer's parameters"):
+    """Why mlacp cannot take tensor ``t`` as ``name`` ('' when it can): CPU, ``dtype`` (``why``: what that dtype
+    is), ``ndim`` dims, contiguous."""
     if not isinstance(t, torch.Tensor):
         return f"{where}: {name} is a {type(t).__name__}; expected a torch.Tensor"
     if t.device.type != "cpu":
         return (f"{where}: {name} is on device {t.device}; this build of mlacp runs on the host and takes CPU "
                 f"tensors (move it with .cpu())")
     if t.dtype != dtype:
-        return f"{where}: {name} has dtype {t.dtype}; expected {dtype} (the dtype of the layer's parameters)"
+        return f"{where}: {name} has dtype {t.dtype}; expected {dtype} ({why})"
     if t.dim() != ndim:
         return f"{where}: {name} has {t.dim()} dimensions (shape {list(t.shape)}); expected {ndim}"
     if not t.is_contiguous():
@@ -89,7 +103,54 @@ def _tensor_error(where, name, t, dtype, ndim):
 
 
 def _dtype_code(dtype):
-    return {torch.float32: 4, torch.float64: 8}.get(dtype, 0)
+    return {torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}.get(dtype, 0)
+
+
+def _autocast_bf16():
+    """Whether this thread runs under ``torch.autocast("cpu", dtype=torch.bfloat16)``."""
+    return torch.is_autocast_cpu_enabled() and torch.get_autocast_cpu_dtype() == torch.bfloat16
+
+
+# bf16 parameters: the float accumulator beside .grad (MlaAttention's docstring). A parameter's
+# ``_mlacp_grad_state`` remembers what this package last wrote: (.grad, its version, main_grad, its version); while
+# both are unchanged, main_grad is the unrounded value of .grad and the next backward adds to it. Anything else (no
+# .grad, zero_grad, a .grad clipped or replaced, main_grad replaced or edited) makes .grad the truth again: main_grad
+# restarts from it (zero when there is none).
+def _in_step(p):
+    state = getattr(p, "_mlacp_grad_state", None)
+    main = getattr(p, "main_grad", None)
+    if state is None or p.grad is None or main is None:
+        return False
+    grad_ref, grad_version, main_ref, main_version = state
+    return (grad_ref() is p.grad and p.grad._version == grad_version and main_ref() is main
+            and main._version == main_version)
+
+
+def main_grad(p):
+    """``p.main_grad`` (float32, p's shape) of a bf16 parameter, made to hold ``p.grad`` unrounded: what the C++
+    backward adds this micro-batch's gradient to (and what all_reduce_grads sums). Allocated on first use."""
+    main = getattr(p, "main_grad", None)
+    if not isinstance(main, torch.Tensor) or main.dtype != torch.float32 or main.shape != p.shape:
+        main = torch.zeros(p.shape, dtype=torch.float32)
+        p.main_grad = main
+    elif not _in_step(p):
+        with torch.no_grad():
+            if p.grad is None:
+                main.zero_()
+            else:
+                main.copy_(p.grad)
+    return main
+
+
+def publish_grad(p):
+    """``p.grad`` (bf16) := ``p.main_grad`` rounded to nearest even, in place where .grad exists."""
+    main = p.main_grad
+    with torch.no_grad():
+        if p.grad is None:
+            p.grad = main.to(p.dtype)
+        else:
+            p.grad.copy_(main)
+    p._mlacp_grad_state = (weakref.ref(p.grad), p.grad._version, weakref.ref(main), main._version)
 
 
 def _offsets(cu_seqlens):
@@ -118,6 +179,8 @@ class _MlaFunction(torch.autograd.Function):
         layer, flags = module._prepare(x, params, ctx.needs_input_grad[2:])
         pending, y = layer.forward(x.data_ptr(), tuple(x.shape), flags, cu_seqlens)
         y = torch.from_numpy(y)
+        if x.dtype == torch.bfloat16:
+            y = y.view(torch.bfloat16)  # the bf16 layer's y comes as int16 (NumPy has no bfloat16): the same bytes
         if any(ctx.needs_input_grad[2:]):
             ctx.cu_seqlens = cu_seqlens
             ctx.pending, ctx.layer, ctx.flags = pending, layer, flags
@@ -151,11 +214,12 @@ class _MlaFunction(torch.autograd.Function):
                     f"the old storage and its backward would read it and write gradients of the old dtype. Change "
                     f"parameters (module.half(), .double(), .to(), p.data = ...) before the forward, or run the "
                     f"forward again")
-        layer_dtype = ctx.storage[0].dtype
+        layer_dtype = ctx.storage[0].dtype  # x's: the layer's value type
         for name, p in zip(ctx.names, params):
             want = _gradient_dtype(ctx.rows[name], layer_dtype)
-            if p.dtype != want:
-                return (f"{where}: gradient {name} would have dtype {p.dtype}; the layer writes it as {want} (the "
+            have = torch.float32 if p.dtype == torch.bfloat16 else p.dtype  # bf16 parameters: into main_grad
+            if have != want:
+                return (f"{where}: gradient {name} would have dtype {have}; the layer writes it as {want} (the "
                         f"parameter table's gradient type {ctx.rows[name].gradient!r})")
         return ""
 
@@ -175,15 +239,24 @@ class _MlaFunction(torch.autograd.Function):
             raise _mlacp.UsageError(error)
         # Before anything reads the saved storage or writes a gradient: every rank agrees on the verdict.
         ctx.mesh.agree("mlacp.MlaAttention.backward", _MlaFunction._storage_error(ctx, x, params))
-        dy = dy.contiguous()
-        needs = ctx.needs_input_grad[3:]
         layer_dtype = ctx.storage[0].dtype
-        grads = [
-            torch.zeros(p.shape, dtype=_gradient_dtype(ctx.rows[n], layer_dtype)) if need else None
-            for n, p, need in zip(ctx.names, params, needs)
-        ]
+        dy = dy.to(layer_dtype).contiguous()
+        needs = ctx.needs_input_grad[3:]
+        # Where the layer adds each weight gradient: a fresh zeroed tensor that autograd accumulates into .grad, or
+        # for a bf16 parameter its float main_grad (autograd gets None; .grad is set from main_grad below).
+        grads, targets, accumulated = [], {}, []
+        for n, p, need in zip(ctx.names, params, needs):
+            if need and p.dtype == torch.bfloat16:
+                targets[n] = main_grad(p)
+                accumulated.append(p)
+                grads.append(None)
+            elif need:
+                grads.append(torch.zeros(p.shape, dtype=_gradient_dtype(ctx.rows[n], layer_dtype)))
+                targets[n] = grads[-1]
+            else:
+                grads.append(None)
         dx = torch.zeros_like(x) if ctx.needs_input_grad[2] else None
-        views = {n: (g.data_ptr(), tuple(g.shape)) for n, g in zip(ctx.names, grads) if g is not None}
+        views = {n: (g.data_ptr(), tuple(g.shape)) for n, g in targets.items()}
         pending, ctx.pending = ctx.pending, None
         if pending is None:
             # A second backward through a retained graph (retain_graph=True, gradcheck): mlacp's forward state is
@@ -191,6 +264,8 @@ class _MlaFunction(torch.autograd.Function):
             pending, _ = ctx.layer.forward(x.data_ptr(), tuple(x.shape), ctx.flags, ctx.cu_seqlens)
         pending.backward(dy.data_ptr(), tuple(dy.shape), views, 0 if dx is None else dx.data_ptr(),
                          tuple(x.shape))
+        for p in accumulated:
+            publish_grad(p)
         return (None, None, dx, *grads)
 
 
@@ -199,14 +274,38 @@ class MlaAttention(torch.nn.Module):
     (this rank's contiguous token shard, s = ``local_seq``: the first S mod P ranks hold ceil(S/P) tokens, the others
     floor(S/P)) returns y_local ``[B, s, D]``.
 
-    Arguments: ``config`` an mlacp.MlaConfig (seq is the global S), ``mesh`` an mlacp.Mesh, ``dtype`` torch.float32
-    or torch.float64, ``seed`` (every rank draws the same weights from it: nn.Linear's uniform(+-1/sqrt(in)) for the
-    weights and biases, ones for g_kv), ``bias`` (overrides config.bias when given). Construction is collective.
-    ``module.config`` is a read-only copy (the C++ layer's configuration is fixed at construction).
+    Arguments: ``config`` an mlacp.MlaConfig (seq is the global S), ``mesh`` an mlacp.Mesh, ``dtype`` of the
+    parameters: torch.float32, torch.float64 or torch.bfloat16, ``seed`` (every rank draws the same weights from it:
+    nn.Linear's uniform(+-1/sqrt(in)) for the weights and biases, ones for g_kv; drawn in float64 and rounded to
+    ``dtype``), ``bias`` (overrides config.bias when given), ``compute_dtype`` (None, or torch.bfloat16 with float32
+    parameters: see below). Construction is collective. ``module.config`` is a read-only copy (the C++ layer's
+    configuration is fixed at construction).
 
     Weight gradients are this rank's partial sums (MLA_SPEC); ``mlacp.all_reduce_grads(module)`` sums them over the
     mesh. Errors (wrong shape, dtype, device, a non-contiguous tensor) are raised as mlacp.InvalidArgument (a
     ValueError) on every rank of a checked mesh.
+
+    bfloat16 (mixed precision). The C++ layer of bf16 keeps x, y, dx, the activations and what goes on the wire in
+    bf16 and accumulates in float (GEMMs, softmax statistics, RMSNorm, the reduce-scatter's sums); it writes the weight
+    gradients in float (the parameter table's gradient type 'accumulation'). Two ways to run it:
+
+    * bf16 parameters, ``dtype=torch.bfloat16``: x must be bf16 (float x too under autocast, cast as torch's layers
+      cast), y is bf16; neither is copied (y is the layer's output memory, x its input). A bf16 Parameter's ``.grad``
+      is bf16 in torch, but summing micro-batches' gradients in bf16 would round at every step; so, as Megatron does
+      with its float master gradients, each bf16 parameter gets a float32 accumulator ``param.main_grad`` (allocated
+      at its first backward) that the C++ backward adds into, and ``.grad`` is set to main_grad rounded to bf16
+      after every backward (in place when it exists). A plain torch optimizer on ``.grad`` works, and
+      ``optimizer.zero_grad()`` (to None or to zero), clipping or replacing ``.grad`` are seen: whenever ``.grad`` is
+      not what mlacp last wrote, main_grad restarts from ``.grad``. Read main_grad for the unrounded sum (e.g. for a
+      float master copy of the weights); write ``.grad``, not main_grad. all_reduce_grads sums main_grad (in float)
+      and rounds again. The autograd engine gets no gradient for these parameters (mlacp sets ``.grad`` itself), so
+      tensor hooks registered on them do not run.
+    * float parameters computed in bf16 (the autocast way): ``compute_dtype=torch.bfloat16``, or no compute_dtype and
+      a forward under ``torch.autocast("cpu", dtype=torch.bfloat16)``. Each forward casts the weights into bf16
+      copies the module owns (allocated at the first such forward and reused; skipped while no weight changed), takes
+      x in float32 (cast to bf16, a copy, as autocast casts) or bf16 (not copied), and returns y in bf16 as torch's
+      own layers do under autocast. The float weight gradients go straight into the float parameters' ``.grad``
+      (no bf16 rounding). Outside autocast and without compute_dtype a float module runs in float as before.
 
     Threads: one host thread at a time per mesh, and per communicator (every mesh, and every layer, over the same
     mpi4py communicator): mlacp releases the GIL in forward and backward, and a second thread entering meanwhile
@@ -215,17 +314,23 @@ class MlaAttention(torch.nn.Module):
     naming it, and every later call on that mesh raises too.
     """
 
-    def __init__(self, config, mesh, dtype=torch.float32, seed=0, bias=None):
+    def __init__(self, config, mesh, dtype=torch.float32, seed=0, bias=None, compute_dtype=None):
         super().__init__()
         config = _mlacp.MlaConfig(config)
         if bias is not None:
             config.bias = bool(bias)
         error = ""
         if dtype not in _LAYERS:
-            error = f"mlacp.MlaAttention: dtype {dtype}; expected torch.float32 or torch.float64"
-        mesh.agree("mlacp.MlaAttention", error, [("dtype (bytes per value)", _dtype_code(dtype)), ("seed", seed)])
+            error = f"mlacp.MlaAttention: dtype {dtype}; expected {_DTYPES}"
+        elif compute_dtype not in (None, dtype) and not (dtype == torch.float32 and compute_dtype == torch.bfloat16):
+            error = (f"mlacp.MlaAttention: compute_dtype {compute_dtype} with parameters of dtype {dtype}; expected "
+                     f"None, the parameters' dtype, or torch.bfloat16 with torch.float32 parameters")
+        mesh.agree("mlacp.MlaAttention", error, [("dtype (bytes per value)", _dtype_code(dtype)),
+                                                 ("compute_dtype (bytes per value)", _dtype_code(compute_dtype)),
+                                                 ("seed", seed)])
         self._config = FrozenConfig(config)
         self.mesh = mesh
+        self._compute_dtype = None if compute_dtype == dtype else compute_dtype
         if config.error(mesh.size):
             _LAYERS[dtype](config, mesh, {})  # the library's message, raised on every rank
             raise _mlacp.InvalidArgument(f"mlacp.MlaAttention: {config.error(mesh.size)}")
@@ -243,11 +348,15 @@ class MlaAttention(torch.nn.Module):
             self.register_parameter(row.name, torch.nn.Parameter(value.to(dtype)))
         self._flags = tuple(row.flag for row in rows)
         self._names = tuple(row.name for row in rows)
+        # The C++ layers, by what they run over: ("params", dtype) wraps the parameters' storage, ("cast", dtype) the
+        # module's copies of the weights in that dtype (self._copies). _layer: the one the last call used.
+        self._layers = {}
+        self._copies = {}
         self._layer = None
-        self._storage = None
         # Collective: the library checks the configuration (and these weights) on every rank now, not at the first
         # forward.
-        self._layer_for(tuple(getattr(self, n) for n in self._names))
+        params = tuple(getattr(self, n) for n in self._names)
+        self._layer_for(params, self._layer_dtype(dtype))
 
     @property
     def config(self):
@@ -267,48 +376,108 @@ class MlaAttention(torch.nn.Module):
 
     @property
     def dtype(self):
+        """The parameters' dtype."""
         return self.w_q.dtype if hasattr(self, "w_q") else None
 
+    @property
+    def compute_dtype(self):
+        """The constructor's compute_dtype (None: the parameters' dtype, or bf16 under CPU autocast)."""
+        return self._compute_dtype
+
     def extra_repr(self):
-        return f"{self.config.describe()}, P={self.mesh.size}, dtype={self.dtype}"
+        compute = "" if self._compute_dtype is None else f", compute_dtype={self._compute_dtype}"
+        return f"{self.config.describe()}, P={self.mesh.size}, dtype={self.dtype}{compute}"
 
     def forward(self, x, cu_seqlens=None):
         """y_local for x_local ``[B, s, D]``. ``cu_seqlens`` (optional): this batch's packed documents, the offsets
         ``[0, e_1, ..., S]`` over the global sequence (a list, tuple, 1-D integer tensor or array), the same on every
         rank, in place of the configuration's (which is fixed at construction); every call may pass another packing.
         It is checked and agreed by every rank in the call's own agreement, and allocates nothing after the first
-        call while it has at most ``config.max_documents`` documents."""
+        call while it has at most ``config.max_documents`` documents. Computed in bf16 (y in bf16, x cast from float
+        if need be) with compute_dtype=torch.bfloat16 or under torch.autocast("cpu", dtype=torch.bfloat16); see the
+        class docstring."""
         with self.mesh._entered("mlacp.MlaAttention.forward"):  # one thread at a time, the agreements included
             offsets, self._offsets_error = _offsets(cu_seqlens)
-            return _MlaFunction.apply(self, offsets, x, *(getattr(self, n) for n in self._names))
+            params = tuple(getattr(self, n) for n in self._names)
+            layer_dtype = self._layer_dtype(params[0].dtype)
+            cast_x = layer_dtype == torch.bfloat16 and (params[0].dtype == torch.float32 or _autocast_bf16())
+            if (cast_x and isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.device.type == "cpu"):
+                x = x.to(torch.bfloat16, memory_format=torch.contiguous_format)  # autograd takes dx back to float
+            return _MlaFunction.apply(self, offsets, x, *params)
 
-    def _layer_for(self, params):
-        """The C++ layer over ``params``' storage; a new one (collective) when the storage changed."""
-        storage = tuple((p.data_ptr(), p.dtype) for p in params)
-        if storage != self._storage:
-            layer_type = _LAYERS[params[0].dtype]
-            views = {n: (p.data_ptr(), tuple(p.shape)) for n, p in zip(self._names, params)}
+    def _layer_dtype(self, param_dtype):
+        """The value type the C++ layer runs in for parameters of ``param_dtype``: bf16 for float32 parameters with
+        compute_dtype bf16 or under CPU autocast to bf16, else the parameters' own."""
+        if param_dtype == torch.float32 and (self._compute_dtype == torch.bfloat16 or
+                                             (self._compute_dtype is None and _autocast_bf16())):
+            return torch.bfloat16
+        return param_dtype
+
+    def _cast_weights(self, params, dtype):
+        """The module's ``dtype`` copies of ``params`` (allocated once), holding the parameters' current values: cast
+        again when any parameter's storage or version changed since the last cast."""
+        copies = self._copies.get(dtype)
+        if copies is None or any(c.shape != p.shape for c, p in zip(copies[0], params)):
+            copies = (tuple(torch.empty(p.shape, dtype=dtype) for p in params), None)
+        stamp = tuple((p.data_ptr(), p.dtype, p._version) for p in params)
+        if copies[1] != stamp:
+            with torch.no_grad():
+                for c, p in zip(copies[0], params):
+                    c.copy_(p)
+            copies = (copies[0], stamp)
+        self._copies[dtype] = copies
+        return copies[0]
+
+    def _layer_key(self, params, layer_dtype):
+        """(the key of the C++ layer for a call, whether that layer has to be built)."""
+        if layer_dtype == params[0].dtype:
+            key, storage = ("params", layer_dtype), tuple((p.data_ptr(), p.dtype) for p in params)
+        else:
+            copies = self._copies.get(layer_dtype)
+            key, storage = ("cast", layer_dtype), None if copies is None else tuple(
+                (c.data_ptr(), c.dtype) for c in copies[0])
+        held = self._layers.get(key)
+        return key, storage is None or held is None or held[0] != storage
+
+    def _layer_for(self, params, layer_dtype):
+        """The C++ layer of ``layer_dtype`` for ``params``: over their storage, or over the module's copies of them
+        (cast first); a new one (collective) when that storage changed."""
+        key, _ = self._layer_key(params, layer_dtype)
+        tensors = params if key[0] == "params" else self._cast_weights(params, layer_dtype)
+        storage = tuple((t.data_ptr(), t.dtype) for t in tensors)
+        held = self._layers.get(key)
+        if held is None or held[0] != storage:
+            views = {n: (t.data_ptr(), tuple(t.shape)) for n, t in zip(self._names, tensors)}
             self._layer = None
-            self._layer = layer_type(self._config, self.mesh, views)
-            self._storage = storage
+            self._layers.pop(key, None)
+            if key[0] == "params":  # a layer over storage the parameters no longer have is of no further use
+                for stale in [k for k in self._layers if k[0] == "params"]:
+                    del self._layers[stale]
+            self._layers[key] = (storage, _LAYERS[layer_dtype](self._config, self.mesh, views))
+        self._layer = self._layers[key][1]
         return self._layer
 
     def _prepare(self, x, params, needs_grad):
-        """Checks x and the parameters (every rank agrees on the verdict, the dtype and whether the layer is
+        """Checks x and the parameters (every rank agrees on the verdict, the dtypes and whether the layer is
         rebuilt), then returns the C++ layer and the gradient flags."""
         where = "mlacp.MlaAttention.forward"
         dtype = params[0].dtype
+        layer_dtype = self._layer_dtype(dtype)
         error = "" if dtype in _LAYERS else (f"{where}: parameter {self._names[0]} has dtype {dtype}; expected "
-                                             f"torch.float32 or torch.float64")
+                                             f"{_DTYPES}")
         shapes = parameter_shapes(self._config)
         for name, p in zip(self._names, params):
             error = error or _tensor_error(where, f"parameter {name}", p, dtype, len(shapes[name]))
-        error = error or _tensor_error(where, "x", x, dtype, 3)
+        why = ("the dtype of the layer's parameters" if layer_dtype == dtype else
+               f"the dtype the layer computes in, for {dtype} parameters; {dtype} x is cast to it")
+        error = error or _tensor_error(where, "x", x, layer_dtype, 3, why)
         error = error or getattr(self, "_offsets_error", "")  # forward's cu_seqlens that are no offsets
-        rebuild = tuple((p.data_ptr(), p.dtype) for p in params) != self._storage
+        rebuild = self._layer_key(params, layer_dtype)[1] if not error else False
         self.mesh.agree(where, error, [("dtype (bytes per value)", _dtype_code(dtype)),
+                                       ("compute dtype (bytes per value; bf16 under autocast)",
+                                        _dtype_code(layer_dtype)),
                                        ("parameter storage replaced since the last call", int(rebuild))])
-        layer = self._layer_for(params)
+        layer = self._layer_for(params, layer_dtype)
         flags = _mlacp.MlaRequiresGrad.none()
         flags.x = bool(needs_grad[0])
         for flag, need in zip(self._flags, needs_grad[1:]):

@@ -3,7 +3,7 @@
 import torch
 from mpi4py import MPI
 
-from .attention import MlaAttention
+from .attention import MlaAttention, main_grad, publish_grad
 
 
 def all_reduce_grads(module, mesh=None):
@@ -11,7 +11,8 @@ def all_reduce_grads(module, mesh=None):
     mlacp.MlaAttention inside ``module``), in place: one MPI Allreduce of all gradients packed together (through
     mpi4py on the mesh's communicator). Parameters without a gradient are left alone; every rank must have gradients
     for the same parameters, which is checked first (one small allgather) so that a difference raises ValueError on
-    every rank instead of a hang."""
+    every rank instead of a hang. A bf16 parameter of an mlacp.MlaAttention is summed through its float
+    ``main_grad`` (then .grad is its rounding again); other bf16 gradients are summed in float."""
     if mesh is None:
         mesh = next((m.mesh for m in module.modules() if isinstance(m, MlaAttention)), None)
         if mesh is None:
@@ -26,11 +27,24 @@ def all_reduce_grads(module, mesh=None):
                          f"{[s[0] for s in signatures[0]]}; ranks {differing} differ)")
     if not named or mesh.size == 1:
         return
-    for dtype in sorted({g.dtype for _, g in named}, key=str):
-        grads = [g for _, g in named if g.dtype == dtype]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+    # bf16 parameters of mlacp layers: their float main_grad is the sum to reduce (in float), .grad its rounding.
+    accumulated = list({
+        id(p): p
+        for m in module.modules() if isinstance(m, MlaAttention) for p in m.parameters(recurse=False)
+        if p.grad is not None and p.dtype == torch.bfloat16
+    }.values())
+    ids = {id(p.grad) for p in accumulated}
+    groups = {}
+    for g in [main_grad(p) for p in accumulated] + [g for _, g in named if id(g) not in ids]:
+        groups.setdefault(g.dtype, []).append(g)
+    for dtype in sorted(groups, key=str):
+        grads = groups[dtype]
+        # NumPy (mpi4py's buffer) has no bfloat16: other bf16 gradients are summed in float and rounded once.
+        flat = torch.cat([g.reshape(-1).float() if dtype == torch.bfloat16 else g.reshape(-1) for g in grads])
         comm.Allreduce(MPI.IN_PLACE, flat.numpy())
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+    for p in accumulated:
+        publish_grad(p)

@@ -18,5 +18,6 @@ void bind_config(pybind11::module_& m);
 /// The MLA layer over caller-owned (torch) storage, one class per value type.
 void bind_layer_float(pybind11::module_& m);
 void bind_layer_double(pybind11::module_& m);
+void bind_layer_bfloat16(pybind11::module_& m);  // mixed precision: bf16 storage, float weight gradients
 
 }  // namespace mlacp::python

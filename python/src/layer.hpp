@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // The MLA layer over storage that Python owns (torch tensors): weights, x, dy and the gradients are the caller's
 // memory, wrapped as unmanaged Kokkos Views (no copy); y is the layer's own output View, handed to Python as a NumPy
-// array that keeps it alive. Runs on the host execution space (torch's CPU tensors).
+// array that keeps it alive (for bf16, which NumPy lacks, an int16 array over the same bytes that Python views as
+// torch.bfloat16). Runs on the host execution space (torch's CPU tensors).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
 #include <mlacp/mla/mla_attention.hpp>
@@ -62,6 +64,17 @@ void wrap_parameters(const py::dict& tensors, const char* what, Params& p) {
       },
       p);
 }
+
+/// The NumPy element type that shows storage of T: T itself; for mlacp::bf16 (NumPy has no bfloat16) its 2-byte bit
+/// pattern as int16, which torch views as bfloat16 without a copy (layer_bfloat16.cpp checks that the layouts agree).
+template <class T>
+struct NumpyStorage {
+  using type = T;
+};
+template <>
+struct NumpyStorage<bf16> {
+  using type = std::int16_t;
+};
 
 template <class T>
 class PendingForward;
@@ -123,12 +136,14 @@ class PendingForward {
     const tensor3& y = pending->forward_.output();
     auto* held = new HeldOutput<T>{KokkosUser(), y};
     py::capsule owner(held, [](void* p) { delete static_cast<HeldOutput<T>*>(p); });
+    using shown = typename NumpyStorage<T>::type;
+    static_assert(sizeof(shown) == sizeof(T), "the NumPy element shows T's bytes one to one");
     std::vector<py::ssize_t> shape, strides;
     for (std::size_t d = 0; d < 3; ++d) {
       shape.push_back(static_cast<py::ssize_t>(y.extent(d)));
       strides.push_back(static_cast<py::ssize_t>(y.stride(d) * sizeof(T)));
     }
-    return {pending, py::array_t<T>(shape, strides, y.data(), owner)};
+    return {pending, py::array_t<shown>(shape, strides, reinterpret_cast<const shown*>(y.data()), owner)};
   }
 
   /// dy [B, s, D] -> gradients accumulated (+=) into the caller's zeroed tensors: `grads` {"w_q": (data_ptr, shape)}
@@ -166,7 +181,8 @@ class PendingForward {
   typename layer_type::Forward forward_;
 };
 
-/// Registers Layer<T> and PendingForward<T> as _mlacp.Layer_<suffix> and _mlacp.PendingForward_<suffix>.
+/// Registers Layer<T> and PendingForward<T> as _mlacp.Layer_<suffix> and _mlacp.PendingForward_<suffix>. A layer's
+/// forward returns y as a NumPy array of NumpyStorage<T>::type.
 template <class T>
 void bind_layer(py::module_& m, const std::string& suffix) {
   py::class_<Layer<T>, std::shared_ptr<Layer<T>>>(m, ("Layer_" + suffix).c_str(),

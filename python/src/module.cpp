@@ -16,4 +16,5 @@ PYBIND11_MODULE(_mlacp, m) {
   mlacp::python::bind_config(m);
   mlacp::python::bind_layer_float(m);
   mlacp::python::bind_layer_double(m);
+  mlacp::python::bind_layer_bfloat16(m);
 }

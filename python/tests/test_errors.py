@@ -114,7 +114,8 @@ def test_no_heads_or_no_tokens_refused(mesh):
 
 
 def test_bad_dtype(mesh):
-    with pytest.raises(mlacp.InvalidArgument, match=r"dtype torch.int32; expected torch.float32 or torch.float64"):
+    with pytest.raises(mlacp.InvalidArgument,
+                       match=r"dtype torch.int32; expected torch.float32, torch.float64 or torch.bfloat16"):
         mlacp.MlaAttention(small_config(), mesh, dtype=torch.int32)
 
 
