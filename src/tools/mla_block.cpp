@@ -57,11 +57,13 @@ const char* usage =
     "usage: mlacp-mla-block [--batch B] [--seq S] [--hidden D] [--heads H] [--nope dn] [--rope dr] [--vdim dv]\n"
     "                       [--latent R] [--strategy latent|expanded] [--dtype float|double] [--bias] [--seed N]\n"
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
-    "                       [--no-reference] [--cu-seqlens 0,a,b,...,S]\n"
+    "                       [--no-reference] [--cu-seqlens 0,a,b,...,S] [--wire-dtype same|bf16|bf16_all]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
     "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n"
     "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
-    "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n";
+    "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n"
+    "--wire-dtype bf16 (float only) sends the all-to-alls and the latent all-gather as bf16 (bf16_all: the latent\n"
+    "reduce-scatter's partial sums too); the default tolerance is then MLA_SPEC's bf16 one, 2e-2.\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -103,6 +105,9 @@ Options parse(int argc, char** argv) {
         if (used != value.size()) throw std::invalid_argument("");
       } else if (flag == "--strategy") {
         c.strategy = mlacp::parse_strategy(value);
+      } else if (flag == "--wire-dtype") {
+        c.wire_dtype = mlacp::parse_wire_dtype(value);
+        if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;  // MLA_SPEC's bf16 bound
       } else if (flag == "--dtype") {
         if (value != "float" && value != "double") throw std::invalid_argument("");
         o.dtype = value;
@@ -413,9 +418,9 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << ", \"S\": " << c.seq << ", \"D\": " << c.hidden << ", \"H\": " << c.heads << ", \"dn\": " << c.nope
            << ", \"dr\": " << c.rope << ", \"dv\": " << c.vdim << ", \"R\": " << c.latent
            << ", \"bias\": " << (c.bias ? "true" : "false") << "}, \"P\": " << P << ", \"dtype\": \"" << o.dtype
-           << "\", \"strategy\": \"" << mlacp::to_string(c.strategy)
-           << "\", \"overlap\": " << (c.overlap ? "true" : "false") << ", \"warmup\": " << o.warmup
-           << ", \"iters\": " << o.iters
+           << "\", \"strategy\": \"" << mlacp::to_string(c.strategy) << "\", \"wire_dtype\": \""
+           << mlacp::to_string(c.wire_dtype) << "\", \"overlap\": " << (c.overlap ? "true" : "false")
+           << ", \"warmup\": " << o.warmup << ", \"iters\": " << o.iters
            << ", \"protocol\": \"per iteration: barrier, forward + backward, fence, time = max over ranks; median\""
            << ", \"time_median_s\": " << jnum(median) << ", \"time_min_s\": " << jnum(times.front())
            << ", \"times_s\": [" << list << "], \"peak_rss_bytes\": " << jnum(peak_rss)
