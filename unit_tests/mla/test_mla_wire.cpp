@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <mlacp/collective_bytes.hpp>
+#include <mlacp/diagnostics.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/mla_attention.hpp>
 
@@ -264,6 +265,33 @@ TEST(MlaWireBytes, HalfTheBytes) {
                   static_cast<unsigned long long>(full.bytes.total()),
                   static_cast<unsigned long long>(half.bytes.total()),
                   static_cast<unsigned long long>(all_half.bytes.total()));
+  }
+}
+
+// The wire's bf16 buffers belong to the schedule's scratch: allocated by the first iteration, reused by every later
+// one (no View, no communication buffer), as the float path's.
+TEST(MlaWireMemory, SteadyStateAllocatesNothing) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  for (const auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    auto c = mlacp::test::make_config(2, 33, 16, 5, 4, 2, 3, 6, true, strategy);  // uneven at P = 2, 3, 4
+    c.wire_dtype = WireDtype::bfloat16_all;
+    mlacp::MlaAttention<float> layer(c, mlacp::test::make_weights<float, Mem>(c, 3), mesh);
+    Tensor3<float> x("x", c.batch, layer.local_seq(), c.hidden);
+    mlacp::test::fill(x, 4, 1.0);
+    mlacp::MlaGradients<float, Mem> g;
+    static_cast<mlacp::MlaParameters<float, Mem>&>(g) = mlacp::MlaParameters<float, Mem>::allocate(c, "my ");
+    g.dx = decltype(g.dx)("my dx", c.batch, layer.local_seq(), c.hidden);
+    auto step = [&] {
+      auto forward = layer.forward(Space(), x);
+      layer.backward(Space(), forward, x, g);
+    };
+    step();
+    const auto views = mlacp::diagnostics::view_allocations();
+    const auto buffers = mlacp::diagnostics::communication_buffer_allocations();
+    for (int i = 0; i < 3; ++i) step();
+    EXPECT_EQ(mlacp::diagnostics::view_allocations(), views) << mlacp::to_string(strategy);
+    EXPECT_EQ(mlacp::diagnostics::communication_buffer_allocations(), buffers) << mlacp::to_string(strategy);
   }
 }
 
