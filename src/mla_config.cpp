@@ -15,6 +15,25 @@ MlaStrategy parse_strategy(const std::string& name) {
   throw InvalidArgument("mlacp: strategy '" + name + "' is not known; expected 'latent' or 'expanded'");
 }
 
+const char* to_string(WireDtype wire) noexcept {
+  switch (wire) {
+    case WireDtype::bfloat16:
+      return "bf16";
+    case WireDtype::bfloat16_all:
+      return "bf16_all";
+    case WireDtype::same:
+      break;
+  }
+  return "same";
+}
+
+WireDtype parse_wire_dtype(const std::string& name) {
+  if (name == "same") return WireDtype::same;
+  if (name == "bf16") return WireDtype::bfloat16;
+  if (name == "bf16_all") return WireDtype::bfloat16_all;
+  throw InvalidArgument("mlacp: wire dtype '" + name + "' is not known; expected 'same', 'bf16' or 'bf16_all'");
+}
+
 std::string MlaConfig::error(int /*group_size: any positive S and H run on any group*/) const {
   std::ostringstream out;
   const std::pair<const char*, int> dims[] = {{"batch", batch}, {"seq", seq},   {"hidden", hidden}, {"heads", heads},
@@ -50,7 +69,8 @@ std::string cu_seqlens_error(const std::vector<std::int64_t>& cu_seqlens, int se
 std::string MlaConfig::describe() const {
   std::ostringstream out;
   out << "B=" << batch << " S=" << seq << " D=" << hidden << " H=" << heads << " dn=" << nope << " dr=" << rope
-      << " dv=" << vdim << " R=" << latent << " bias=" << (bias ? "yes" : "no") << " strategy=" << to_string(strategy);
+      << " dv=" << vdim << " R=" << latent << " bias=" << (bias ? "yes" : "no") << " strategy=" << to_string(strategy)
+      << " wire=" << to_string(wire_dtype);
   if (!cu_seqlens.empty()) out << " documents=" << cu_seqlens.size() - 1;
   return out.str();
 }

@@ -13,6 +13,7 @@
 #include <mpi.h>
 #include <sys/resource.h>
 #include <mlacp/bf16_gemm.hpp>
+#include <mlacp/collective_bytes.hpp>
 #include <mlacp/collectives.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/flop_count.hpp>
@@ -60,11 +61,13 @@ const char* usage =
     "usage: mlacp-mla-block [--batch B] [--seq S] [--hidden D] [--heads H] [--nope dn] [--rope dr] [--vdim dv]\n"
     "                       [--latent R] [--strategy latent|expanded] [--dtype float|double|bf16] [--bias] [--seed N]\n"
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
-    "                       [--no-reference] [--cu-seqlens 0,a,b,...,S]\n"
+    "                       [--no-reference] [--cu-seqlens 0,a,b,...,S] [--wire-dtype same|bf16|bf16_all]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
     "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n"
     "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
-    "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n";
+    "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n"
+    "--wire-dtype bf16 (float only) sends the all-to-alls and the latent all-gather as bf16 (bf16_all: the latent\n"
+    "reduce-scatter's partial sums too); the default tolerance is then MLA_SPEC's bf16 one, 2e-2.\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -106,6 +109,9 @@ Options parse(int argc, char** argv) {
         if (used != value.size()) throw std::invalid_argument("");
       } else if (flag == "--strategy") {
         c.strategy = mlacp::parse_strategy(value);
+      } else if (flag == "--wire-dtype") {
+        c.wire_dtype = mlacp::parse_wire_dtype(value);
+        if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;  // MLA_SPEC's bf16 bound
       } else if (flag == "--dtype") {
         if (value != "float" && value != "double" && value != "bf16") throw std::invalid_argument("");
         o.dtype = value;
@@ -343,6 +349,8 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   std::vector<double> times;
   typename mlacp::MlaAttention<T>::gradients_type grads;
   Tensor3 y;
+  // The layer's own collectives only: the bytes this rank hands to them per iteration (collective_bytes.hpp).
+  mlacp::reset_collective_bytes();
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     MPI_Barrier(mesh.comm());
     const auto start = std::chrono::steady_clock::now();
@@ -354,6 +362,8 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     if (it >= o.warmup) times.push_back(seconds);
     y = forward.output();
   }
+  const double wire_bytes_per_iteration =
+      static_cast<double>(mlacp::collective_bytes().total()) / static_cast<double>(o.warmup + o.iters);
   gemm.flops_per_s = std::max(gemm.flops_per_s, gemm_rate<T>(c, s, mesh.comm()).flops_per_s);
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
@@ -384,6 +394,9 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
               << times.front() * 1e3 << " ms over " << o.iters << " iteration(s) after " << o.warmup << " warm-up\n";
     std::cout << "  peak resident memory (max over ranks): " << std::setprecision(4) << peak_rss / (1 << 20)
               << " MiB\n";
+    std::cout << "  bytes handed to the layer's collectives per iteration (rank 0): " << std::setprecision(4)
+              << wire_bytes_per_iteration / (1 << 20) << " MiB; forward workspace "
+              << layer.forward_workspace_bytes() / double(1 << 20) << " MiB\n";
     std::cout << "  roofline per rank: forward " << std::setprecision(4) << flops.forward * 1e-9
               << " GFLOP (attention core " << flops.attention_forward * 1e-9 << "), backward " << flops.backward * 1e-9
               << " GFLOP (attention core " << flops.attention_backward * 1e-9 << "); GEMM rate "
@@ -476,9 +489,11 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << ", \"S\": " << c.seq << ", \"D\": " << c.hidden << ", \"H\": " << c.heads << ", \"dn\": " << c.nope
            << ", \"dr\": " << c.rope << ", \"dv\": " << c.vdim << ", \"R\": " << c.latent
            << ", \"bias\": " << (c.bias ? "true" : "false") << "}, \"P\": " << P << ", \"dtype\": \"" << o.dtype
-           << "\", \"strategy\": \"" << mlacp::to_string(c.strategy)
-           << "\", \"overlap\": " << (c.overlap ? "true" : "false") << ", \"warmup\": " << o.warmup
-           << ", \"iters\": " << o.iters << ", \"forward_workspace_bytes\": " << layer.forward_workspace_bytes()
+           << "\", \"strategy\": \"" << mlacp::to_string(c.strategy) << "\", \"wire_dtype\": \""
+           << mlacp::to_string(c.wire_dtype) << "\", \"overlap\": " << (c.overlap ? "true" : "false")
+           << ", \"warmup\": " << o.warmup << ", \"iters\": " << o.iters
+           << ", \"forward_workspace_bytes\": " << layer.forward_workspace_bytes()
+           << ", \"collective_bytes_per_iteration\": " << jnum(wire_bytes_per_iteration)
            << ", \"protocol\": \"per iteration: barrier, forward + backward, fence, time = max over ranks; median\""
            << ", \"time_median_s\": " << jnum(median) << ", \"time_min_s\": " << jnum(times.front())
            << ", \"times_s\": [" << list << "], \"peak_rss_bytes\": " << jnum(peak_rss)

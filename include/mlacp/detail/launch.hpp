@@ -5,6 +5,7 @@
 #pragma once
 
 #include <mlacp/async_collective.hpp>
+#include <mlacp/collective_bytes.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/config.hpp>
 #include <mlacp/detail/block_layout.hpp>
@@ -177,6 +178,12 @@ AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
                                     static_cast<std::int64_t>(launch.send.size() * sizeof(T))),
       std::move(launch.send_blocks),
       std::move(launch.recv_blocks)};
+  // What this launch hands to the wire (collective_bytes.hpp): the send buffer, in the collective's value type.
+  detail::count_collective_bytes(launch.operation == detail::Operation::all_to_all ? CountedCollective::all_to_all
+                                 : launch.operation == detail::Operation::all_gather
+                                     ? CountedCollective::all_gather
+                                     : CountedCollective::reduce_scatter,
+                                 static_cast<std::uint64_t>(launch.send.size() * sizeof(T)));
   detail::StartedTransport started = detail::TransportFor<ExecSpace>::start(space, mesh, request);
   std::function<void()> finish = [arrived = std::move(started.arrived), finish = std::move(launch.finish)]() {
     if (arrived) arrived();

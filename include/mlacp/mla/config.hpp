@@ -18,6 +18,22 @@ const char* to_string(MlaStrategy strategy) noexcept;
 /// "latent" or "expanded"; throws InvalidArgument naming the value otherwise.
 MlaStrategy parse_strategy(const std::string& name);
 
+/// What a float layer's collectives move (MlaConfig::wire_dtype). The sender rounds its float payload into a bf16 send
+/// buffer (round-to-nearest-even) before the launch, the collective moves 2-byte elements, and the receiver widens the
+/// result into its float destination after the wait; everything else (GEMMs, the attention core, the gradients) stays
+/// float. The overlap schedule is unchanged: same launches, same waits, same order.
+enum class WireDtype {
+  same,          ///< "same": the layer's value type on the wire (today's path, bit for bit)
+  bfloat16,      ///< "bf16": the all-to-alls (Q, K, V, O; dO, dQ, dK, dV) and the latent all-gather in bf16; the
+                 ///< latent reduce-scatter's partial sums stay float
+  bfloat16_all,  ///< "bf16_all": bf16 as above, and the latent reduce-scatter's partial sums in bf16 too (still summed
+                 ///< in float inside the library; refused with MLACP_REDUCE_SCATTER=mpi, which cannot sum bf16)
+};
+
+const char* to_string(WireDtype wire) noexcept;
+/// "same", "bf16" or "bf16_all"; throws InvalidArgument naming the value otherwise.
+WireDtype parse_wire_dtype(const std::string& name);
+
 /// The dimensions of one MLA attention block (MLA_SPEC "Names"). `seq` is the global sequence length S.
 struct MlaConfig {
   int batch = 0;      ///< B
@@ -44,6 +60,10 @@ struct MlaConfig {
   /// with cu_seqlens): a loop whose packings have at most this many documents allocates no View for them after its
   /// first iteration; more still work but allocate.
   int max_documents = 64;
+  /// bf16 on the wire for a float layer (WireDtype). A double layer refuses anything but `same` (it is the accuracy
+  /// reference); a bf16 layer's wire is bf16 already, so the setting changes nothing there. At P == 1 nothing is sent
+  /// and nothing is rounded. Part of the configuration the ranks agree on.
+  WireDtype wire_dtype = WireDtype::same;
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,

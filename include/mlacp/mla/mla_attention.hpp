@@ -63,9 +63,15 @@ namespace mlacp {
 /// cu_seqlens) takes the packing per call instead (it changes every batch in real data), agreed per call; the
 /// Forward keeps it for its backward.
 ///
+/// bf16 on the wire (config.wire_dtype, a float layer, P > 1): the all-to-alls and the latent all-gather (and with
+/// bf16_all the latent reduce-scatter's partial sums) are rounded into bf16 send buffers of the schedule's scratch
+/// before each launch and widened into their float destinations after each wait (detail/wire.hpp); the launches, waits
+/// and their order are the same as with `same`, and every collective moves half the bytes (collective_bytes.hpp).
+///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
-/// rank: configuration (a size that is not positive, ...), weights whose shapes disagree with it, x or dy of the
-/// wrong shape or differing across ranks, backward before forward, a second backward of the same forward.
+/// rank: configuration (a size that is not positive, wire_dtype other than same on a double layer, ...), weights whose
+/// shapes disagree with it, x or dy of the wrong shape or differing across ranks, backward before forward, a second
+/// backward of the same forward.
 template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace, class Core = FlashAttentionCore>
 class MlaAttention {
  public:
@@ -141,6 +147,7 @@ class MlaAttention {
     std::string error = config_.error(mesh.size());
     if (error.empty()) error = detail::weights_error(config_, weights_, "weight");
     if (error.empty()) error = documents_error(config_.cu_seqlens);
+    if (error.empty()) error = wire_error(mesh);
     // Every setting the core reads is read and checked here, with the rest of the configuration (never lazily inside
     // a schedule, where ranks that hold no head would not reach it and their peers would wait in a collective).
     auto fields = detail::config_fields(config_);
@@ -327,6 +334,27 @@ class MlaAttention {
     return "mlacp::MlaAttention: cu_seqlens has " + std::to_string(cu_seqlens.size() - 1) +
            " documents but the attention core takes no DocumentLayout; expected a core with a trailing "
            "`const DocumentLayout&` in forward and backward (attention_core.hpp) or one document";
+  }
+
+  // config.wire_dtype on a layer that cannot use it ("" when it can): a double layer (the accuracy reference) takes
+  // `same` only; bf16_all on a float layer whose latent reduce-scatter MPI would sum (it has no bf16 sum). A bf16
+  // layer's wire is bf16 already: any setting is accepted and changes nothing.
+  std::string wire_error(const Mesh& mesh) const {
+    const WireDtype wire = config_.wire_dtype;
+    if (wire == WireDtype::same) return "";
+    if constexpr (std::is_same_v<T, double>) {
+      return std::string("mlacp::MlaAttention: wire_dtype = ") + to_string(wire) +
+             " on a double layer; expected wire_dtype = same (bf16 on the wire is for float layers; a double layer is "
+             "the accuracy reference)";
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (wire == WireDtype::bfloat16_all && config_.strategy == MlaStrategy::latent && mesh.size() > 1 &&
+          detail::TransportFor<ExecSpace>::sums_with_mpi(mesh))
+        return "mlacp::MlaAttention: wire_dtype = bf16_all moves the latent reduce-scatter's partial sums as bf16, "
+               "which the mpi reduce-scatter algorithm (MLACP_REDUCE_SCATTER=mpi or ReduceScatterAlgorithm::mpi) "
+               "cannot sum (MPI has no bf16 sum); expected wire_dtype = bf16 (partial sums in float) or the pairwise "
+               "algorithm (the default)";
+    }
+    return "";
   }
 
   // The layer's bf16 plan installed for one call (nothing for float and double).

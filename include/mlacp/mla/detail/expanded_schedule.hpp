@@ -49,6 +49,9 @@ struct ExpandedScratch : SharedScratch<T, ExecSpace> {
   tensor3 dkv;                   ///< [B, s, H*(dn+dv)]
   tensor3 dkpe;                  ///< [B, s, dr]
   tensor3 dc;                    ///< [B, s, R]
+  // bf16 on the wire (wire.hpp): the K and V all-to-alls' buffers, and their inverses'
+  WireSlot<Tensor4<T, typename ExecSpace::memory_space>> k_wire, v_wire;
+  WireSlot<tensor5> dk_wire, dv_wire;
 };
 
 /// Forward: V, then K, then Q are launched as each is ready, all three waited in Q, K, V order. Backward (Backward's
@@ -103,14 +106,17 @@ class ExpandedSchedule {
     w.k_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::k, ctx.seq_partition(), ctx.head_partition());
     w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
     const int S = cfg.seq, h = ctx.local_heads();
-    w.v_pair.launch_forward(space, value, kv_grad, ctx.into(w.v_heads, "mlacp::v heads", B, S, h, dv));
-    w.k_pair.launch_forward(space, key, kv_grad, ctx.into(w.k_heads, "mlacp::k heads", B, S, h, dn + dr));
+    w.v_pair.launch_forward(space, value, kv_grad, ctx.into(w.v_heads, "mlacp::v heads", B, S, h, dv),
+                            ctx.wire(scratch_.v_wire));
+    w.k_pair.launch_forward(space, key, kv_grad, ctx.into(w.k_heads, "mlacp::k heads", B, S, h, dn + dr),
+                            ctx.wire(scratch_.k_wire));
     tensor4 q = project_q(ctx, space, p);
-    w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr));
+    w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr),
+                            ctx.wire(scratch_.q_wire));
     w.q_saved = w.q_pair.wait_forward();
     w.k_saved = w.k_pair.wait_forward();
     w.v_saved = w.v_pair.wait_forward();
-    return attend_and_project(ctx, space, p);
+    return attend_and_project(ctx, scratch_, space, p);
   }
 
   /// One backward of a pass as its named steps; run() takes them in the schedule's order.
@@ -127,10 +133,17 @@ class ExpandedSchedule {
       return active_;
     }
     /// The inverse all-to-alls of dQ, dK, dV are launched (each when its input needs its gradient).
-    void launch_dq() { launch(p_.w.q_pair, grads_.dq, schedule_->scratch_.dq_blocks, "mlacp::dQ blocks", qk()); }
-    void launch_dk() { launch(p_.w.k_pair, grads_.dk, schedule_->scratch_.dk_blocks, "mlacp::dK blocks", qk()); }
+    void launch_dq() {
+      launch(p_.w.q_pair, grads_.dq, schedule_->scratch_.dq_blocks, schedule_->scratch_.dq_wire, "mlacp::dQ blocks",
+             qk());
+    }
+    void launch_dk() {
+      launch(p_.w.k_pair, grads_.dk, schedule_->scratch_.dk_blocks, schedule_->scratch_.dk_wire, "mlacp::dK blocks",
+             qk());
+    }
     void launch_dv() {
-      launch(p_.w.v_pair, grads_.dv, schedule_->scratch_.dv_blocks, "mlacp::dV blocks", ctx().config().vdim);
+      launch(p_.w.v_pair, grads_.dv, schedule_->scratch_.dv_blocks, schedule_->scratch_.dv_wire, "mlacp::dV blocks",
+             ctx().config().vdim);
     }
     /// Their head blocks are waited (each once, when launched).
     void wait_dq() { wait(p_.w.q_pair, needs_q(p_.flags), dq_blocks_, dq_waited_); }
@@ -201,8 +214,9 @@ class ExpandedSchedule {
     const context_type& ctx() const { return *schedule_->ctx_; }
     int qk() const { return ctx().config().qk_dim(); }
 
-    void launch(InputA2APair<T, ExecSpace>& pair, const tensor4& grad, tensor5& slot, const char* label, int d) {
-      if (active_) pair.launch_backward(space_, grad, ctx().blocks_into(slot, label, d));
+    void launch(InputA2APair<T, ExecSpace>& pair, const tensor4& grad, tensor5& slot, WireSlot<tensor5>& wire,
+                const char* label, int d) {
+      if (active_) pair.launch_backward(space_, grad, ctx().blocks_into(slot, label, d), ctx().wire(wire));
     }
     void wait(InputA2APair<T, ExecSpace>& pair, bool needed, tensor5& blocks, bool& waited) {
       if (!active_ || !needed || waited) return;

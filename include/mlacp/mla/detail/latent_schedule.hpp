@@ -48,6 +48,8 @@ struct LatentScratch : SharedScratch<T, ExecSpace> {
   tensor3 grad_payload;  ///< [B, S, R+dr], the reduce-scatter's input
   tensor3 grad_latent;   ///< [B, S, R]
   tensor3 d_payload;     ///< [B, s, R+dr], the reduce-scatter's result (P > 1)
+  // bf16 on the wire (wire.hpp): the payload all-gather's buffers, and the reduce-scatter's (wire_dtype bf16_all)
+  WireSlot<tensor3> payload_wire, reduce_wire;
 };
 
 /// Forward: the Q all-to-all is launched before the independent KV expansion (payload all-gather, the rank's w_kvb
@@ -89,13 +91,18 @@ class LatentSchedule {
     tensor4 q = project_q(ctx, space, p);
     // The Q all-to-all is launched before the independent KV expansion and waited after it.
     w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
-    w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr));
+    w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr),
+                            ctx.wire(scratch_.q_wire));
     // The payload [RMSNorm(c), RoPE(k_pe)]: both written straight into the all-gather's input, no copies.
     const tensor3& payload = ensure(scratch_.payload, "mlacp::payload", B, s, R + dr);
     const tensor3& kv_a = project_kv_a(ctx, space, p, payload);
     rope_forward(space, as_rank4(kv_a), R, as_rank4(payload), R, ctx.rope_table(space, p));
-    tensor3 gathered = launch_all_gather(space, payload, 1, ctx.seq_partition(), ctx.mesh(), names::payload_all_gather,
-                                         ctx.into(scratch_.gathered, "mlacp::gathered payload", B, S, R + dr))
+    tensor3 gathered = launch_wire(space, payload, ctx.into(scratch_.gathered, "mlacp::gathered payload", B, S, R + dr),
+                                   ctx.wire(scratch_.payload_wire), names::payload_all_gather,
+                                   [&](const auto& view, const auto& into) {
+                                     return launch_all_gather(space, view, 1, ctx.seq_partition(), ctx.mesh(),
+                                                              names::payload_all_gather, into);
+                                   })
                            .wait();
     const tensor3& kv = ensure(scratch_.kv, "mlacp::kv", B, S, h * (dn + dv));
     // The shared key is read from the gathered payload by assemble_kv: no k_pe copy.
@@ -106,7 +113,7 @@ class LatentSchedule {
                 ensure(w.v, "mlacp::v", B, S, h, dv), dn, R);
     w.k_saved = w.k;
     w.v_saved = w.v;
-    return attend_and_project(ctx, space, p);
+    return attend_and_project(ctx, scratch_, space, p);
   }
 
   /// One backward of a pass as its named steps. run() takes them in the schedule's order; a caller that instruments
@@ -128,7 +135,8 @@ class LatentSchedule {
       if (!active_) return;
       const MlaConfig& c = ctx().config();
       p_.w.q_pair.launch_backward(space_, grads_.dq,
-                                  ctx().blocks_into(schedule_->scratch_.dq_blocks, "mlacp::dQ blocks", c.qk_dim()));
+                                  ctx().blocks_into(schedule_->scratch_.dq_blocks, "mlacp::dQ blocks", c.qk_dim()),
+                                  ctx().wire(schedule_->scratch_.dq_wire));
     }
     /// dQ's head blocks are waited (when launched).
     void wait_dq() {
@@ -157,7 +165,8 @@ class LatentSchedule {
           r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part(), c.overlap,
           payload ? ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
           payload ? ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3(),
-          payload ? x.into(scratch.d_payload, "mlacp::d payload local", B, x.local_seq(), R + dr) : tensor3());
+          payload ? x.into(scratch.d_payload, "mlacp::d payload local", B, x.local_seq(), R + dr) : tensor3(),
+          x.wire_reduce(scratch.reduce_wire));
       kv_launched_ = true;
     }
     /// The Q branch's backward on dQ's head blocks (waits them if wait_dq() has not).

@@ -9,6 +9,7 @@
 #include <mlacp/mesh.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
+#include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
 #include <mlacp/mla/weights.hpp>
@@ -115,6 +116,26 @@ class ScheduleContext {
   ViewType into(ViewType& slot, const char* label, Extents... n) const {
     return mesh_->size() > 1 ? ensure(slot, label, n...) : ViewType();
   }
+  /// Whether this layer's all-to-alls and latent all-gather move bf16 (MlaConfig::wire_dtype bf16 or bf16_all on a
+  /// float layer, P > 1; a bf16 layer's wire is bf16 already, a double layer refuses the setting), and whether the
+  /// latent reduce-scatter's partial sums do too (bf16_all).
+  bool wire_bf16() const {
+    if constexpr (std::is_same_v<T, float>)
+      return config_->wire_dtype != WireDtype::same && mesh_->size() > 1;
+    else
+      return false;
+  }
+  bool wire_reduce_bf16() const { return wire_bf16() && config_->wire_dtype == WireDtype::bfloat16_all; }
+  /// `slot` where the collective it belongs to moves bf16 (wire_bf16(); launch_wire), else null (it moves T).
+  template <class V>
+  WireSlot<V>* wire(WireSlot<V>& slot) const {
+    return wire_bf16() ? &slot : nullptr;
+  }
+  template <class V>
+  WireSlot<V>* wire_reduce(WireSlot<V>& slot) const {
+    return wire_reduce_bf16() ? &slot : nullptr;
+  }
+
   /// Head blocks of d columns as an inverse all-to-all receives them, or as the dO all-to-all sends them: the P blocks
   /// [P, B, s, h, d] of an even head split, or one block of all heads [1, B, s, H, d] when the heads are split
   /// unevenly (InputA2APair::launch_backward, OutputProjection::backward). `into`: empty at P == 1.

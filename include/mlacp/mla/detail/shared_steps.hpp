@@ -54,9 +54,11 @@ const typename Context::tensor3& project_kv_a(const Context& ctx, const typename
   return kv_a;
 }
 
-/// The attention core on the saved head-local q, k, v, then the output projection (its all-to-all and w_o): y.
-template <class Context>
-typename Context::tensor3 attend_and_project(const Context& ctx, const typename Context::execution_space& space,
+/// The attention core on the saved head-local q, k, v, then the output projection (its all-to-all, through the
+/// scratch's wire buffers when it moves bf16, and w_o): y.
+template <class Context, class Scratch>
+typename Context::tensor3 attend_and_project(const Context& ctx, Scratch& scratch,
+                                             const typename Context::execution_space& space,
                                              const typename Context::pass_type& p) {
   const MlaConfig& c = ctx.config();
   const int B = c.batch, S = c.seq, s = ctx.local_seq(), h = ctx.local_heads();
@@ -69,7 +71,7 @@ typename Context::tensor3 attend_and_project(const Context& ctx, const typename 
   }
   return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
                             ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
-                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim));
+                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim), ctx.wire(scratch.o_wire));
 }
 
 // ---- backward ----
@@ -98,7 +100,8 @@ bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const t
   auto d_o = w.out_proj.backward(
       space, dy, attention, r.w_o ? g.w_o : decltype(g.w_o)(), r.b_o && c.bias ? g.b_o : decltype(g.b_o)(), c.overlap,
       attention ? ctx.blocks(scratch.d_o_blocks, "mlacp::dO blocks", c.vdim) : tensor5(),
-      attention ? ctx.into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, c.vdim) : tensor5());
+      attention ? ctx.into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, c.vdim) : tensor5(),
+      ctx.wire(scratch.d_o_wire));
   if (!attention) return false;
   // The core overwrites its gradients: the scratch needs no zeroing.
   if (needs_q(r)) out.dq = ensure(scratch.dq, "mlacp::dq", B, S, h, c.qk_dim());

@@ -6,6 +6,7 @@
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/names.hpp>
 #include <mlacp/partition.hpp>
@@ -23,6 +24,9 @@ class OutputProjection {
   using tensor5 = detail::Tensor5<T, memory_space>;
   using matrix = detail::Matrix<T, memory_space>;
   using vector = detail::Vector<T, memory_space>;
+  /// The bf16 buffers of a collective on the wire (MlaConfig::wire_dtype; wire.hpp), owned by the caller.
+  using wire4 = detail::WireSlot<tensor4>;
+  using wire5 = detail::WireSlot<tensor5>;
   /// The weight gradients' Views: in T's accumulation type (float for bf16: the layer's float gradients).
   using gradient_matrix = detail::Matrix<compat::accumulation_t<T>, memory_space>;
   using gradient_vector = detail::Vector<compat::accumulation_t<T>, memory_space>;
@@ -31,26 +35,31 @@ class OutputProjection {
   /// `seq`, heads by `heads`; both outlive the invocation: the layer's), waits, flattens
   /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs. `y_out` [B, s, D]: where
   /// y is written (a layer's workspace); empty: allocated. `local_out` [B, s, H, dv]: where the all-to-all's result
-  /// (kept for the w_o gradient) goes; empty: allocated.
+  /// (kept for the w_o gradient) goes; empty: allocated. `wire` (float only): the all-to-all moves bf16 through these
+  /// buffers, widened into `local_out` at the wait (wire.hpp); null: it moves T.
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                   const Mesh& mesh, const Partition& seq, const Partition& heads, tensor3 y_out = {},
-                  const tensor4& local_out = {}) {
-    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out);
+                  const tensor4& local_out = {}, wire4* wire = nullptr) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out, wire);
   }
   /// The even split (S and H divisible by the group size).
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
-                  const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {}) {
-    return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out);
+                  const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {}, wire4* wire = nullptr) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out, wire);
   }
 
  private:
   tensor3 forward_impl(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                        const Mesh& mesh, const Partition* seq, const Partition* heads, tensor3 y_out,
-                       const tensor4& local_out) {
+                       const tensor4& local_out, wire4* wire) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
-    auto local = (seq == nullptr ? launch_all_to_all(space, attention_output, 2, 1, mesh, names::o_a2a, local_out)
-                                 : launch_all_to_all(space, attention_output, 2, 1, *heads, *seq, mesh, names::o_a2a,
-                                                     local_out))
+    auto local = detail::launch_wire(space, attention_output, local_out, wire, names::o_a2a,
+                                     [&](const auto& view, const auto& result) {
+                                       return seq == nullptr
+                                                  ? launch_all_to_all(space, view, 2, 1, mesh, names::o_a2a, result)
+                                                  : launch_all_to_all(space, view, 2, 1, *heads, *seq, mesh,
+                                                                      names::o_a2a, result);
+                                     })
                      .wait();  // [B, s, H, dv]
     const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
     const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
@@ -79,10 +88,10 @@ class OutputProjection {
   /// false: wait right after the launch. `blocks` [P, B, s, h, dv] ([1, B, s, H, dv] when the heads are split
   /// unevenly: dO is sent as one token-local block and the all-to-all scatters its heads): where dO is written before
   /// it is sent (a layer's workspace; read by the collective until the wait); empty: allocated. `received` [1, B, S, h,
-  /// dv]: where the all-to-all's result goes; empty: allocated.
+  /// dv]: where the all-to-all's result goes; empty: allocated. `wire`: as forward's (dO is rounded from `blocks`).
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const gradient_matrix& dw_o,
-                   const gradient_vector& db_o, bool overlap = true, tensor5 blocks = {},
-                   const tensor5& received = {}) {
+                   const gradient_vector& db_o, bool overlap = true, tensor5 blocks = {}, const tensor5& received = {},
+                   wire5* wire = nullptr) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
     if (backwarded_) throw UsageError("mlacp::OutputProjection: a second backward of the same forward");
     backwarded_ = true;
@@ -91,7 +100,7 @@ class OutputProjection {
     const auto H = static_cast<std::int64_t>(local_output_.extent(2)),
                dv = static_cast<std::int64_t>(local_output_.extent(3));
     const auto dy2 = detail::as_matrix(dy, B * s, D);
-    AsyncCollective<tensor5> grad_a2a;
+    detail::WireCollective<ExecSpace, tensor5> grad_a2a;
     if (needs_attention_grad) {
       // dO is written directly in the all-to-all's send layout, [P, B, s, h, dv]: block j (rank j's heads) is the dgrad
       // through w_o's columns of those heads, so no pack runs between the dgrad and the launch. Scattering dim 0 sends
@@ -112,10 +121,12 @@ class OutputProjection {
                                                                                   static_cast<std::size_t>(h * dv)));
         }
       }
-      grad_a2a = seq_ == nullptr ? launch_all_to_all(space, blocks, 2, 0, *mesh_, names::do_a2a, received)
-                 : even ? launch_all_to_all(space, blocks, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()), *mesh_,
-                                            names::do_a2a, received)
-                        : launch_all_to_all(space, blocks, 2, 3, *seq_, *heads_, *mesh_, names::do_a2a, received);
+      grad_a2a = detail::launch_wire(space, blocks, received, wire, names::do_a2a, [&](const auto& v, const auto& r) {
+        return seq_ == nullptr ? launch_all_to_all(space, v, 2, 0, *mesh_, names::do_a2a, r)
+               : even ? launch_all_to_all(space, v, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()), *mesh_,
+                                          names::do_a2a, r)
+                      : launch_all_to_all(space, v, 2, 3, *seq_, *heads_, *mesh_, names::do_a2a, r);
+      });
     }
     tensor5 result;
     if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
