@@ -472,8 +472,9 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << ",\n  \"qk_rope_head_dim\": " << c.rope << ",\n  \"v_head_dim\": " << c.vdim
            << ",\n  \"kv_lora_rank\": " << c.latent << ",\n  \"bias\": " << (c.bias ? "true" : "false")
            << ",\n  \"dtype\": \"" << o.dtype << "\",\n  \"strategy\": \"" << mlacp::to_string(c.strategy)
-           << "\",\n  \"seed\": " << o.seed << ",\n  \"ranks\": " << P
-           << ",\n  \"overlap\": " << (c.overlap ? "true" : "false") << ",\n  \"cu_seqlens\": [";
+           << "\",\n  \"wire_dtype\": \"" << mlacp::to_string(c.wire_dtype) << "\",\n  \"seed\": " << o.seed
+           << ",\n  \"ranks\": " << P << ",\n  \"overlap\": " << (c.overlap ? "true" : "false")
+           << ",\n  \"cu_seqlens\": [";
       for (std::size_t i = 0; i < c.cu_seqlens.size(); ++i) json << (i ? ", " : "") << c.cu_seqlens[i];
       json << "]\n}\n";
       std::cout << "  dumped " << got.size() + 2 + params.size() + (c.cu_seqlens.empty() ? 0 : 1)
