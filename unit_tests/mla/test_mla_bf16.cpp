@@ -165,6 +165,38 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaBf16, ::testing::ValuesIn(cases()), case_name);
 
+// bf16 weight gradients on request: two micro-batches accumulate into bf16 Views (each backward computed in float and
+// added with one rounding) and agree with the float gradients of the same passes within bf16's rounding.
+TEST(MlaBf16Gradients, Bf16GradientsOnRequest) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto config = mlacp::test::make_config(2, 12 * mesh.size() + 1, 32, 4, 8, 4, 8, 16, true);
+  const auto w = mlacp::test::make_weights<bf16, Mem>(config, 11);
+  mlacp::MlaAttention<bf16> layer(config, w, mesh);
+  Tensor3<bf16> x("x", config.batch, layer.local_seq(), config.hidden),
+      dy("dy", config.batch, layer.local_seq(), config.hidden);
+  mlacp::test::fill(x, 12 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+  mlacp::test::fill(dy, 13 + static_cast<std::uint64_t>(mesh.rank()), 1.0);
+  mlacp::MlaAttention<bf16>::gradients_type g_float;
+  mlacp::MlaAttention<bf16>::bf16_gradients_type g_bf16;
+  static_assert(std::is_same_v<decltype(g_bf16.w_kvb)::value_type, bf16>, "bf16 gradients on request");
+  for (int micro = 0; micro < 2; ++micro) {
+    auto f1 = layer.forward(Space(), x);
+    layer.backward(Space(), f1, dy, g_float);
+    auto f2 = layer.forward(Space(), x);
+    layer.backward(Space(), f2, dy, g_bf16);
+  }
+  EXPECT_LE(relative_error(host_values(g_bf16.dx), host_values(g_float.dx)), 1e-2) << "dx";
+  mlacp::for_each_parameter(
+      [&](const mlacp::ParameterInfo& info, const auto& want, const auto& got) {
+        ASSERT_EQ(got.data() == nullptr, want.data() == nullptr) << info.name;
+        if (want.data() == nullptr) return;
+        const auto g = host_values(got), f = host_values(want);
+        EXPECT_LE(relative_error(g, f), 1e-2) << "d" << info.name;
+        EXPECT_GT(relative_error(g, f), 0.0) << "d" << info.name << " is not rounded to bf16";
+      },
+      g_float, g_bf16);
+}
+
 // The per-forward workspace of a bf16 layer is half of a float layer's: everything it saves is bf16 except the
 // softmax and RMSNorm statistics (float, [B, h, S] and [B*s]); the bytes handed to the collectives are half exactly.
 TEST(MlaBf16Memory, ForwardWorkspaceIsHalfOfFloats) {

@@ -283,6 +283,23 @@ class MlaAttention {
   /// the caller provides are used as they are (no temporary of a weight's size): with all of them provided, a steady
   /// loop allocates nothing.
   void backward(const ExecSpace& space, Forward& f, const tensor3& dy, gradients_type& grads) const {
+    backward_into(space, f, dy, grads);
+  }
+
+  /// bf16 weight gradients, on request (bf16 layers; the default, gradients_type, is float): the pass's weight
+  /// gradients are computed in float into the layer's own float buffers (allocated once, zeroed per call) and added
+  /// to `grads` with one rounding per element, so a sum over micro-batches rounds once per micro-batch, not once per
+  /// GEMM panel. dx is written as by the float overload.
+  using bf16_gradients_type = MlaGradients<T, memory_space, compat::bf16>;
+  template <class U = T, std::enable_if_t<std::is_same_v<U, compat::bf16>, int> = 0>
+  void backward(const ExecSpace& space, Forward& f, const tensor3& dy, bf16_gradients_type& grads) const {
+    backward_into(space, f, dy, grads);
+  }
+
+ private:
+  template <class G>
+  void backward_into(const ExecSpace& space, Forward& f, const tensor3& dy,
+                     MlaGradients<T, memory_space, G>& grads) const {
     const detail::EntryGuard entry(*mesh_, "mlacp::MlaAttention::backward");
     // Misuse and dy's shape are checked together, so that every rank takes part in the same agreement (checked mode)
     // and raises the same error, whichever rank misused the layer.
@@ -303,16 +320,25 @@ class MlaAttention {
       compat::ScopedRegion region("mlacp::MlaAttention::backward");
       const auto gemm_scope = bf16_gemm_scope();
       detail::allocate_missing(context_, grads, f.flags_);
+      // Weight gradients in another type than the schedules write (bf16 on request): into the float buffers first.
+      constexpr bool staged = !std::is_same_v<G, gradient_value_t<T>>;
+      gradients_type* target = nullptr;
+      if constexpr (staged) {
+        target = &staged_gradients(space, grads);
+      } else {
+        target = &grads;
+      }
       // Without a workspace (given back at forward: no gradient needed) the backward has nothing to compute or send.
       // The workspace came from this layer's schedule (the owner check above), so it has the schedule's type.
       if (f.ws_) {
         std::visit(
             [&](const auto& schedule) {
               using W = typename std::decay_t<decltype(schedule)>::workspace_type;
-              schedule.backward(space, {f.x_, f.flags_, static_cast<W&>(*f.ws_)}, dy, grads);
+              schedule.backward(space, {f.x_, f.flags_, static_cast<W&>(*f.ws_)}, dy, *target);
             },
             schedule_);
       }
+      if constexpr (staged) add_staged_gradients(space, grads);
       f.give_back();
     } catch (const std::exception& e) {
       mesh_->report_failure("mlacp::MlaAttention::backward: " + std::string(e.what()));  // the others raise too
@@ -357,6 +383,45 @@ class MlaAttention {
     return "";
   }
 
+  // The layer's float weight-gradient buffers for a backward into gradients of another type: one per gradient the
+  // caller's struct holds (allocated), of its shape, zeroed; dx is the caller's own.
+  template <class G>
+  gradients_type& staged_gradients(const ExecSpace& space, const MlaGradients<T, memory_space, G>& grads) const {
+    for_each_parameter(
+        [&](const ParameterInfo& info, auto& mine, const auto& theirs) {
+          if (theirs.data() == nullptr) {
+            mine = std::remove_reference_t<decltype(mine)>();
+            return;
+          }
+          if (detail::shape_of(mine) != detail::shape_of(theirs) || mine.data() == nullptr)
+            mine = detail::allocate_view<std::remove_reference_t<decltype(mine)>>(
+                std::string("mlacp::staged grad ") + info.name, detail::shape_of(theirs));
+          else
+            Kokkos::deep_copy(space, mine, 0.0f);
+        },
+        staged_, grads);
+    staged_.dx = grads.dx;
+    return staged_;
+  }
+  // grads += the staged float gradients, one rounding per element.
+  template <class G>
+  void add_staged_gradients(const ExecSpace& space, MlaGradients<T, memory_space, G>& grads) const {
+    for_each_parameter(
+        [&](const ParameterInfo&, const auto& mine, auto& theirs) {
+          if (theirs.data() == nullptr) return;
+          using D = typename std::remove_reference_t<decltype(theirs)>::non_const_value_type;
+          const auto* from = mine.data();
+          auto* to = theirs.data();
+          Kokkos::parallel_for(
+              "mlacp::add the staged gradients",
+              Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0,
+                                                                              static_cast<std::int64_t>(mine.size())),
+              KOKKOS_LAMBDA(const std::int64_t i) { to[i] = static_cast<D>(static_cast<float>(to[i]) + from[i]); });
+        },
+        staged_, grads);
+    staged_.dx = tensor3();
+  }
+
   // The layer's bf16 plan installed for one call (nothing for float and double).
   std::unique_ptr<ScopedBf16GemmPlan<ExecSpace>> bf16_gemm_scope() const {
     if (!bf16_plan_) return nullptr;
@@ -376,6 +441,7 @@ class MlaAttention {
   Core core_;
   DocumentLayout documents_;
   mutable std::optional<Bf16GemmPlan<ExecSpace>> bf16_plan_;  // bf16 layers only: a cache of shapes, like the pools
+  mutable gradients_type staged_;  // float weight gradients of a backward into bf16 ones (on request)
   context_type context_{config_, weights_, *mesh_, core_, documents_};
   schedule_type schedule_ = make_schedule();
 };

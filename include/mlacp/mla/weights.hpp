@@ -156,10 +156,11 @@ using MlaWeights = MlaParameters<T, MemSpace>;
 template <class T>
 using gradient_value_t = compat::accumulation_t<T>;
 
-/// Gradients of the weights (this rank's partial sums, MLA_SPEC "Weights"), in gradient_value_t<T>, and of the input
-/// x [B, s, D], in T (the input's own type).
-template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space>
-struct MlaGradients : MlaParameters<gradient_value_t<T>, MemSpace> {
+/// Gradients of the weights (this rank's partial sums, MLA_SPEC "Weights"), in G (by default gradient_value_t<T>; a
+/// bf16 layer also takes bf16 weight gradients on request, MlaAttention::backward), and of the input x [B, s, D], in T
+/// (the input's own type).
+template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space, class G = gradient_value_t<T>>
+struct MlaGradients : MlaParameters<G, MemSpace> {
   using input_value_type = T;
   detail::Tensor3<T, MemSpace> dx;  ///< [B, s, D]
 };

@@ -65,8 +65,9 @@ inline AgreementFields config_fields(const MlaConfig& c) {
 
 /// The caller's gradient Views that are provided (allocated) must have exactly their weight's shape (dx: x's), else
 /// a message naming the first that does not; "" when all fit. Empty Views are allocated later where needed.
-template <class Context>
-std::string gradients_error(const Context& ctx, const typename Context::gradients_type& g) {
+template <class Context, class G>
+std::string gradients_error(const Context& ctx,
+                            const MlaGradients<typename Context::value_type, typename Context::memory_space, G>& g) {
   using memory_space = typename Context::memory_space;
   const MlaConfig& c = ctx.config();
   std::string error;
@@ -81,7 +82,7 @@ std::string gradients_error(const Context& ctx, const typename Context::gradient
         const ParameterShape expected = info.shape(c), got = shape_of(view);
         if (got != expected) mismatch(info.name, got.str(), expected.str());
       },
-      static_cast<const MlaParameters<gradient_value_t<typename Context::value_type>, memory_space>&>(g));
+      static_cast<const MlaParameters<G, memory_space>&>(g));
   if (error.empty() && g.dx.data() != nullptr) {
     const std::array<std::size_t, 3> expected{static_cast<std::size_t>(c.batch),
                                               static_cast<std::size_t>(ctx.local_seq()),
@@ -137,9 +138,10 @@ void check_input(const Context& ctx, const typename Context::execution_space& sp
 
 /// Gradient Views the caller did not provide and that are needed are allocated (zeroed) with their shapes; provided
 /// ones (checked with every rank before anything ran, gradients_error) are used as they are.
-template <class Context>
-void allocate_missing(const Context& ctx, typename Context::gradients_type& g, const MlaRequiresGrad& r) {
-  using T = typename Context::value_type;
+template <class Context, class G>
+void allocate_missing(const Context& ctx,
+                      MlaGradients<typename Context::value_type, typename Context::memory_space, G>& g,
+                      const MlaRequiresGrad& r) {
   const MlaConfig& c = ctx.config();
   for_each_parameter(
       [&](const ParameterInfo& info, auto& view) {
@@ -147,7 +149,7 @@ void allocate_missing(const Context& ctx, typename Context::gradients_type& g, c
           view = allocate_view<std::remove_reference_t<decltype(view)>>(std::string("mlacp::grad ") + info.name,
                                                                         info.shape(c));
       },
-      static_cast<MlaParameters<gradient_value_t<T>, typename Context::memory_space>&>(g));
+      static_cast<MlaParameters<G, typename Context::memory_space>&>(g));
   if (r.x && g.dx.data() == nullptr)
     g.dx = typename Context::tensor3("mlacp::dx", static_cast<std::size_t>(c.batch),
                                      static_cast<std::size_t>(ctx.local_seq()), static_cast<std::size_t>(c.hidden));
