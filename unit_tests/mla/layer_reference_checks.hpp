@@ -41,6 +41,36 @@ LayerTensor<T> shard(const LayerTensor<T>& full, const Partition& part, int rank
   return local;
 }
 
+/// `to` (same extents) gets `from`'s values converted: bf16 and float widen to double exactly (the bf16 and bf16-wire
+/// tests run the float64 layer on the very values the narrower layer holds).
+template <class From, class To>
+void convert_into(const From& from, const To& to) {
+  using V = typename To::non_const_value_type;
+  auto h_from = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), from);
+  auto h_to = Kokkos::create_mirror_view(to);
+  for (std::size_t i = 0; i < h_from.size(); ++i)
+    h_to.data()[i] = static_cast<V>(static_cast<double>(h_from.data()[i]));
+  Kokkos::deep_copy(to, h_to);
+}
+/// Double weights with exactly `w`'s values.
+template <class T>
+MlaWeights<double, LayerMem> to_double(const MlaConfig& c, const MlaWeights<T, LayerMem>& w) {
+  auto out = MlaWeights<double, LayerMem>::allocate(c);
+  for_each_parameter(
+      [&](const ParameterInfo& info, const auto& from, const auto& to) {
+        if (info.present(c)) convert_into(from, to);
+      },
+      w, out);
+  return out;
+}
+/// A double tensor with exactly `v`'s values.
+template <class T>
+LayerTensor<double> to_double(const LayerTensor<T>& v) {
+  LayerTensor<double> out("double", v.extent(0), v.extent(1), v.extent(2));
+  convert_into(v, out);
+  return out;
+}
+
 /// The sum over the ranks of MPI_COMM_WORLD of a host vector (weight gradients are per-rank partial sums).
 inline std::vector<double> sum_over_ranks(std::vector<double> v) {
   MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);

@@ -39,28 +39,7 @@ using mlacp::test::relative_error;
 using mlacp::test::shard;
 using mlacp::test::sum_over_ranks;
 
-mlacp::MlaWeights<double, Mem> to_double(const mlacp::MlaConfig& c, const mlacp::MlaWeights<float, Mem>& w) {
-  auto out = mlacp::MlaWeights<double, Mem>::allocate(c);
-  mlacp::for_each_parameter(
-      [&](const mlacp::ParameterInfo& info, const auto& from, const auto& to) {
-        if (!info.present(c)) return;
-        auto h_from = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), from);
-        auto h_to = Kokkos::create_mirror_view(to);
-        for (std::size_t i = 0; i < h_from.size(); ++i) h_to.data()[i] = static_cast<double>(h_from.data()[i]);
-        Kokkos::deep_copy(to, h_to);
-      },
-      w, out);
-  return out;
-}
-
-Tensor3<double> to_double(const Tensor3<float>& v) {
-  Tensor3<double> out("double", v.extent(0), v.extent(1), v.extent(2));
-  auto h_from = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  auto h_to = Kokkos::create_mirror_view(out);
-  for (std::size_t i = 0; i < h_from.size(); ++i) h_to.data()[i] = static_cast<double>(h_from.data()[i]);
-  Kokkos::deep_copy(out, h_to);
-  return out;
-}
+using mlacp::test::to_double;
 
 struct Case {
   mlacp::MlaStrategy strategy;
