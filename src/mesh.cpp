@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -39,6 +41,14 @@ std::string reduce_scatter_label(std::int64_t code) {
   return code == static_cast<std::int64_t>(ReduceScatterAlgorithm::mpi) ? "mpi" : "pairwise";
 }
 std::string checked_label(std::int64_t code) { return code != 0 ? "on" : "off"; }
+
+// The ring as it travels in the agreement: C itself, or ring_node_code for Ring::node().
+constexpr std::int64_t ring_node_code = std::numeric_limits<std::int64_t>::min() / 2;
+const char* const ring_setting = "the ring of the two-level mesh (Mesh(comm, ring))";
+std::string ring_label(std::int64_t code) {
+  return code == ring_node_code ? "ring = node" : "ring = " + std::to_string(code);
+}
+std::int64_t ring_code(const Ring& ring) { return ring.per_node ? ring_node_code : ring.size; }
 
 // The algorithm MLACP_REDUCE_SCATTER asks for, or invalid_code with `error` set.
 std::int64_t reduce_scatter_from_environment(std::string& error) {
@@ -94,7 +104,15 @@ std::string disagreement(const std::string& where, const std::vector<std::int64_
 
 }  // namespace
 
-Mesh::Mesh(MPI_Comm comm, Ownership ownership)
+Mesh::Mesh(MPI_Comm comm, Ownership ownership) : Mesh(comm, ownership, 1) {}
+
+Mesh::Mesh(MPI_Comm comm, Ring ring, Ownership ownership) : Mesh(comm, ownership, ring_code(ring)) {
+  // The delegated constructor agreed on the ring and checked a ring size; the mesh is complete, so a throw from here
+  // on frees it (and any sub-mesh) in the destructor.
+  build_levels(ring);
+}
+
+Mesh::Mesh(MPI_Comm comm, Ownership ownership, std::int64_t ring)
     : checked_(checked_by_default()), check_finite_(check_finite_by_default()) {
   const bool finalized = mpi::finalized();
   if (!mpi::initialized() || finalized)
@@ -114,7 +132,7 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership)
   size_ = mpi::size(comm_);
   events::detail::set_trace_rank(mpi::rank(MPI_COMM_WORLD));  // the process's name in an MLACP_TRACE file
   try {
-    agree_on_environment();
+    agree_on_environment(ring);
     failure_ = std::make_unique<mpi::FailureChannel>(comm_);  // collective: after the agreement, on every rank
   } catch (...) {
     release();
@@ -122,23 +140,142 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership)
   }
 }
 
-void Mesh::agree_on_environment() {
+void Mesh::agree_on_environment(std::int64_t ring) {
   const std::string where = "mlacp::Mesh";
   std::string parse_error;
   const std::int64_t algorithm = reduce_scatter_from_environment(parse_error);
-  const auto all = gather_settings(comm_, size_, {algorithm, checked_ ? 1 : 0}, where);
-  const auto algorithms = ranks_by_value(all, 2, 0);
+  // The ring travels with the settings (one allgather, as before): a rank asking for another ring than its peers
+  // would split the communicator differently, or not at all, and hang them.
+  const auto all = gather_settings(comm_, size_, {algorithm, checked_ ? 1 : 0, ring}, where);
+  const auto algorithms = ranks_by_value(all, 3, 0);
   if (const auto invalid = algorithms.find(invalid_code); invalid != algorithms.end()) {
     if (!parse_error.empty()) throw InvalidArgument(parse_error);
     throw InvalidArgument(where + ": MLACP_REDUCE_SCATTER is neither 'pairwise' nor 'mpi' on rank(s) " +
                           rank_list(invalid->second) + " [the mesh was not created]");
   }
   const std::string consequence = "the mesh was not created";
-  std::string error = disagreement(where, all, 2, 0, reduce_scatter_setting, reduce_scatter_label, consequence);
-  if (error.empty()) error = disagreement(where, all, 2, 1, checked_setting, checked_label, consequence);
+  std::string error = disagreement(where, all, 3, 0, reduce_scatter_setting, reduce_scatter_label, consequence);
+  if (error.empty()) error = disagreement(where, all, 3, 1, checked_setting, checked_label, consequence);
+  if (error.empty()) error = disagreement(where, all, 3, 2, ring_setting, ring_label, consequence);
+  // Agreed, so every rank finds the same verdict on the ring size (the node layout is checked in build_levels).
+  if (error.empty() && ring != ring_node_code) error = detail::group_by_ring(size_, static_cast<int>(ring)).error;
   if (!error.empty()) throw InvalidArgument(error);
   reduce_scatter_ = static_cast<ReduceScatterAlgorithm>(algorithm);
 }
+
+void Mesh::build_levels(const Ring& ring) {
+  const std::string where = "mlacp::Mesh(" + ring.describe() + ")";
+  detail::MeshGrouping grouping;
+  if (ring.per_node) {
+    // Every rank learns every rank's node (the lowest rank on it), so that all find the same groups, or the same error.
+    const std::int64_t leader = mpi::node_leader(comm_);
+    const auto leaders = gather_settings(comm_, size_, {leader}, where);
+    grouping = detail::group_by_node(std::vector<int>(leaders.begin(), leaders.end()));
+    if (!grouping.error.empty()) throw InvalidArgument(grouping.error + " [the mesh was not created]");
+  } else {
+    grouping = detail::group_by_ring(size_, ring.size);  // checked already
+  }
+  if (grouping.ring_size == 1) return;  // flat: exactly today's mesh
+  const auto me = static_cast<std::size_t>(rank_);
+  const int group = grouping.group_of[me];
+  const int position = grouping.position_of[me];
+  // Both splits on every rank, in this order: the Ulysses group (same group, by position), then the ring (same
+  // position, by group).
+  auto adopt = [this](MPI_Comm part) {
+    std::unique_ptr<Mesh> level;
+    try {
+      level = std::make_unique<Mesh>(part, Ownership::borrow);
+    } catch (...) {
+      mpi::free_communicator(part);
+      throw;
+    }
+    level->owned_ = true;  // the split communicator is the sub-mesh's own
+    diagnostics::detail::count_communicator(+1);
+    level->host_staging_ = host_staging_;
+    level->check_finite_ = check_finite_;
+    return level;
+  };
+  ulysses_ = adopt(mpi::split(comm_, group, position));
+  ring_ = adopt(mpi::split(comm_, position, group));
+  ring_size_ = grouping.ring_size;
+}
+
+const Mesh& Mesh::ring_group() const {
+  if (!ring_)
+    throw UsageError(
+        "mlacp::Mesh::ring_group: this mesh is flat (ring = 1) and has no ring sub-mesh; check "
+        "ring_size() > 1 first");
+  return *ring_;
+}
+
+std::string Ring::describe() const { return per_node ? "ring = node" : "ring = " + std::to_string(size); }
+
+namespace detail {
+
+MeshGrouping group_by_ring(int ranks, int ring) {
+  MeshGrouping out;
+  if (ring <= 0) {
+    out.error = "mlacp::Mesh: ring = " + std::to_string(ring) +
+                "; expected a positive ring size C (the number of Ulysses groups) that divides the " +
+                std::to_string(ranks) + " ranks, or Ring::node()";
+    return out;
+  }
+  if (ranks % ring != 0) {
+    std::vector<int> divisors;
+    for (int d = 1; d <= ranks; ++d)
+      if (ranks % d == 0) divisors.push_back(d);
+    out.error = "mlacp::Mesh: ring = " + std::to_string(ring) + " does not divide the " + std::to_string(ranks) +
+                " ranks of the communicator; expected a divisor of " + std::to_string(ranks) + " (" +
+                rank_list(divisors) + "), so that each of the C Ulysses groups holds P / C ranks";
+    return out;
+  }
+  out.ring_size = ring;
+  out.ulysses_size = ranks / ring;
+  for (int r = 0; r < ranks; ++r) {
+    out.group_of.push_back(r / out.ulysses_size);
+    out.position_of.push_back(r % out.ulysses_size);
+  }
+  return out;
+}
+
+MeshGrouping group_by_node(const std::vector<int>& node_of_rank) {
+  MeshGrouping out;
+  std::vector<int> nodes;        // in order of their first rank
+  std::vector<int> sizes;        // ranks on each
+  std::vector<int> first_ranks;  // first rank of each
+  std::vector<int> position_of;
+  std::vector<int> group_of;
+  for (std::size_t r = 0; r < node_of_rank.size(); ++r) {
+    std::size_t g = 0;
+    while (g < nodes.size() && nodes[g] != node_of_rank[r]) ++g;
+    if (g == nodes.size()) {
+      nodes.push_back(node_of_rank[r]);
+      sizes.push_back(0);
+      first_ranks.push_back(static_cast<int>(r));
+    }
+    group_of.push_back(static_cast<int>(g));
+    position_of.push_back(sizes[g]++);
+  }
+  for (std::size_t g = 1; g < sizes.size(); ++g) {
+    if (sizes[g] == sizes[0]) continue;
+    std::ostringstream text;
+    text << "mlacp::Mesh: ring = node: the nodes hold different numbers of ranks (";
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      text << (i ? ", " : "") << "the node of rank " << first_ranks[i] << ": " << sizes[i]
+           << (sizes[i] == 1 ? " rank" : " ranks");
+    text << "); expected the same number of ranks on every node, as every Ulysses group (one per node) must hold P / "
+            "C ranks";
+    out.error = text.str();
+    return out;
+  }
+  out.ring_size = static_cast<int>(nodes.size());
+  out.ulysses_size = sizes.empty() ? 0 : sizes[0];
+  out.group_of = std::move(group_of);
+  out.position_of = std::move(position_of);
+  return out;
+}
+
+}  // namespace detail
 
 void Mesh::set_checked(bool checked) {
   const std::string where = "mlacp::Mesh::set_checked";
@@ -147,6 +284,8 @@ void Mesh::set_checked(bool checked) {
       disagreement(where, all, 1, 0, checked_setting, checked_label, "the setting was not changed on any rank");
   if (!error.empty()) throw InvalidArgument(error);
   checked_ = checked;
+  for (Mesh* level : {ulysses_.get(), ring_.get()})  // agreed over the whole mesh, so over each sub-mesh too
+    if (level != nullptr) level->checked_ = checked;
 }
 
 void Mesh::set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm) {
@@ -156,6 +295,8 @@ void Mesh::set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm) {
                                          "the setting was not changed on any rank");
   if (!error.empty()) throw InvalidArgument(error);
   reduce_scatter_ = algorithm;
+  for (Mesh* level : {ulysses_.get(), ring_.get()})
+    if (level != nullptr) level->reduce_scatter_ = algorithm;
 }
 
 Mesh::~Mesh() { release(); }
@@ -170,7 +311,10 @@ Mesh::Mesh(Mesh&& other) noexcept
       check_finite_(other.check_finite_),
       reduce_scatter_(other.reduce_scatter_),
       nccl_(std::move(other.nccl_)),
-      failure_(std::move(other.failure_)) {}
+      failure_(std::move(other.failure_)),
+      ring_size_(std::exchange(other.ring_size_, 1)),
+      ulysses_(std::move(other.ulysses_)),
+      ring_(std::move(other.ring_)) {}
 
 Mesh& Mesh::operator=(Mesh&& other) noexcept {
   if (this != &other) {
@@ -185,11 +329,17 @@ Mesh& Mesh::operator=(Mesh&& other) noexcept {
     reduce_scatter_ = other.reduce_scatter_;
     nccl_ = std::move(other.nccl_);
     failure_ = std::move(other.failure_);
+    ring_size_ = std::exchange(other.ring_size_, 1);
+    ulysses_ = std::move(other.ulysses_);
+    ring_ = std::move(other.ring_);
   }
   return *this;
 }
 
 void Mesh::release() noexcept {
+  ring_.reset();  // the sub-meshes free their own communicators
+  ulysses_.reset();
+  ring_size_ = 1;
   nccl_.reset();
   failure_.reset();  // before the communicator it is registered under
   if (owned_ && comm_ != MPI_COMM_NULL) {

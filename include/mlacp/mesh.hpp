@@ -5,9 +5,12 @@
 #include <mpi.h>
 #include <mlacp/config.hpp>
 
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mlacp {
 
@@ -29,6 +32,41 @@ enum class ReduceScatterAlgorithm {
   /// MPI_Ireduce_scatter_block: the MPI library's own algorithm.
   mpi,
 };
+
+/// The ring size of a two-level mesh (issue 21): P = U x C ranks, C Ulysses groups of U ranks each and U rings of C
+/// ranks each (one rank of every Ulysses group). `Ring(C)` (implicit from an int) makes the groups of consecutive ranks
+/// (group g holds ranks g*U .. g*U + U-1); `Ring::node()` makes one group per node (the ranks that share memory, by
+/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), in rank order, whatever the placement), so C = the number of nodes.
+/// The default, Ring(1), is today's flat Ulysses mesh.
+struct Ring {
+  Ring(int ring_size = 1)
+      : size(ring_size) {}  // NOLINT(google-explicit-constructor): Mesh(comm, 2) reads as the ring size
+  static Ring node() {
+    Ring r;
+    r.per_node = true;
+    return r;
+  }
+  int size = 1;           ///< C, when !per_node
+  bool per_node = false;  ///< one Ulysses group per node
+  /// "ring = 2" or "ring = node", for messages.
+  std::string describe() const;
+};
+
+namespace detail {
+/// Who is where in a two-level mesh of P ranks: the pure grouping logic of Mesh(comm, ring), without MPI.
+struct MeshGrouping {
+  int ulysses_size = 0;          ///< U: ranks per Ulysses group
+  int ring_size = 0;             ///< C: Ulysses groups (ranks per ring)
+  std::vector<int> group_of;     ///< per rank: its Ulysses group, which is its rank in its ring
+  std::vector<int> position_of;  ///< per rank: its rank in its Ulysses group, which is the ring it belongs to
+  std::string error;             ///< not empty: the input is refused (then the vectors are empty)
+};
+/// Groups of consecutive ranks: rank r is in group r / U at position r % U. Refuses C <= 0 and C not dividing P.
+MeshGrouping group_by_ring(int ranks, int ring);
+/// One group per distinct value of `node_of_rank` (any id per rank, e.g. the lowest rank of its node), ordered by
+/// their first rank; positions in rank order. Refuses nodes of different sizes, naming the sizes found.
+MeshGrouping group_by_node(const std::vector<int>& node_of_rank);
+}  // namespace detail
 
 /// A Ulysses (context-parallel) group over an MPI communicator. Move-only.
 ///
@@ -59,6 +97,12 @@ class Mesh {
   enum class Ownership { duplicate, borrow };
 
   explicit Mesh(MPI_Comm comm, Ownership ownership = Ownership::duplicate);
+  /// A two-level mesh (see Ring): collective over `comm`. Every rank must pass the same ring (agreed with the mesh's
+  /// settings, in the same allgather); a ring size that is not positive or does not divide P, or nodes of different
+  /// sizes for Ring::node(), is the same InvalidArgument on every rank. With C > 1 the mesh owns two more meshes
+  /// (ulysses_group() and ring_group(), each over its own communicator, freed with the mesh); with C = 1 it is
+  /// exactly Mesh(comm, ownership) and creates nothing more. comm(), rank() and size() stay the whole mesh's.
+  Mesh(MPI_Comm comm, Ring ring, Ownership ownership = Ownership::duplicate);
   ~Mesh();
   Mesh(Mesh&& other) noexcept;
   Mesh& operator=(Mesh&& other) noexcept;
@@ -70,6 +114,16 @@ class Mesh {
   int size() const noexcept { return size_; }
   bool owns_communicator() const noexcept { return owned_; }
 
+  /// U, C and this rank's place in the two-level mesh (U = P, C = 1, ulysses_rank = rank, ring_rank = 0 when flat).
+  int ulysses_size() const noexcept { return size_ / ring_size_; }
+  int ring_size() const noexcept { return ring_size_; }
+  int ulysses_rank() const noexcept { return ulysses_ ? ulysses_->rank() : rank_; }
+  int ring_rank() const noexcept { return ring_ ? ring_->rank() : 0; }
+  /// The Ulysses group of this rank (U ranks; the mesh itself when C = 1).
+  const Mesh& ulysses_group() const noexcept { return ulysses_ ? *ulysses_ : *this; }
+  /// The ring of this rank (C ranks, ordered by Ulysses group). Throws UsageError when C = 1 (no ring was created).
+  const Mesh& ring_group() const;
+
   bool checked() const noexcept { return checked_; }
   /// Collective over the mesh: every rank must pass the same value (a rank without the agreement would run different
   /// collectives than the others); otherwise every rank throws InvalidArgument naming the ranks of each value, and
@@ -80,13 +134,21 @@ class Mesh {
   /// that its inputs (x in forward, dy in backward) hold no NaN or Inf, on every rank, before any collective: one
   /// reduction over each input. Off by default.
   bool check_finite() const noexcept { return check_finite_; }
-  void set_check_finite(bool on) noexcept { check_finite_ = on; }
+  void set_check_finite(bool on) noexcept {
+    check_finite_ = on;
+    for (Mesh* level : {ulysses_.get(), ring_.get()})
+      if (level != nullptr) level->check_finite_ = on;
+  }
 
   /// Host staging: when on, MPI collectives copy through host buffers even where MPI could read the View's memory
   /// directly (for MPI libraries whose GPU support is unreliable, and to test the staging path on any machine). Off by
   /// default; device memory without MLACP_ENABLE_GPU_AWARE_MPI is always staged.
   bool host_staging() const noexcept { return host_staging_; }
-  void set_host_staging(bool on) noexcept { host_staging_ = on; }
+  void set_host_staging(bool on) noexcept {
+    host_staging_ = on;
+    for (Mesh* level : {ulysses_.get(), ring_.get()})
+      if (level != nullptr) level->host_staging_ = on;
+  }
 
   /// The reduce-scatter algorithm over MPI (default pairwise; MLACP_REDUCE_SCATTER=pairwise|mpi in the environment
   /// sets the default of new meshes). The setter is collective, as set_checked.
@@ -112,7 +174,9 @@ class Mesh {
 
  private:
   void release() noexcept;
-  void agree_on_environment();
+  Mesh(MPI_Comm comm, Ownership ownership, std::int64_t ring_code);
+  void agree_on_environment(std::int64_t ring_code);
+  void build_levels(const Ring& ring);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
@@ -124,6 +188,9 @@ class Mesh {
   ReduceScatterAlgorithm reduce_scatter_ = ReduceScatterAlgorithm::pairwise;
   std::shared_ptr<nccl::Communicator> nccl_;
   std::unique_ptr<mpi::FailureChannel> failure_;
+  int ring_size_ = 1;
+  std::unique_ptr<Mesh> ulysses_;  // C > 1 only
+  std::unique_ptr<Mesh> ring_;     // C > 1 only
 };
 
 namespace detail {

@@ -54,6 +54,32 @@ int size(MPI_Comm comm) {
   return s;
 }
 
+MPI_Comm split(MPI_Comm comm, int color, int key) {
+  MPI_Comm part = MPI_COMM_NULL;
+  if (MPI_Comm_split(comm, color, key, &part) != MPI_SUCCESS)
+    throw CommunicationError("mlacp::Mesh: MPI_Comm_split failed");
+  return part;
+}
+
+int node_leader(MPI_Comm comm) {
+  MPI_Comm shared = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank(comm), MPI_INFO_NULL, &shared) != MPI_SUCCESS)
+    throw CommunicationError("mlacp::Mesh: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  // Rank 0 of the node's communicator is the node's lowest rank of `comm` (the key is the rank): translate it.
+  MPI_Group shared_group = MPI_GROUP_NULL;
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Comm_group(shared, &shared_group);
+  MPI_Comm_group(comm, &group);
+  const int first = 0;
+  int leader = MPI_UNDEFINED;
+  MPI_Group_translate_ranks(shared_group, 1, &first, group, &leader);
+  MPI_Group_free(&shared_group);
+  MPI_Group_free(&group);
+  free_communicator(shared);
+  if (leader == MPI_UNDEFINED) throw CommunicationError("mlacp::Mesh: MPI_Group_translate_ranks of the node failed");
+  return leader;
+}
+
 std::string library_version() {
   char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int length = 0;

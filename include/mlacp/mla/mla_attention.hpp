@@ -148,10 +148,16 @@ class MlaAttention {
     if (error.empty()) error = detail::weights_error(config_, weights_, "weight");
     if (error.empty()) error = documents_error(config_.cu_seqlens);
     if (error.empty()) error = wire_error(mesh);
+    if (error.empty() && mesh.ring_size() > 1)
+      error =
+          "mlacp::MlaAttention: the mesh has ring = " + std::to_string(mesh.ring_size()) + " (" +
+          std::to_string(mesh.ulysses_size()) + " x " + std::to_string(mesh.ring_size()) +
+          "): ring attention over a two-level mesh (issue 21) is not implemented yet; expected a mesh with ring = 1";
     // Every setting the core reads is read and checked here, with the rest of the configuration (never lazily inside
     // a schedule, where ranks that hold no head would not reach it and their peers would wait in a collective).
     auto fields = detail::config_fields(config_);
     fields.push_back({"bytes per element of the layer's value type", static_cast<std::int64_t>(sizeof(T))});
+    fields.push_back({"the ring size of the mesh", static_cast<std::int64_t>(mesh.ring_size())});
     if constexpr (is_bf16) {
       // MLACP_BF16_GEMM is read here, checked and agreed with the rest (a bad name is one error on every rank).
       std::int64_t requested = -1;

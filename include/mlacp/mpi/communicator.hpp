@@ -30,6 +30,13 @@ void free_communicator(MPI_Comm& comm) noexcept;
 int rank(MPI_Comm comm);
 int size(MPI_Comm comm);
 
+/// MPI_Comm_split (collective over `comm`): the ranks of equal `color`, ordered by `key`. Throws CommunicationError.
+MPI_Comm split(MPI_Comm comm, int color, int key);
+
+/// The rank in `comm` of the lowest rank of `comm` on this rank's node (the ranks that MPI_Comm_split_type
+/// (MPI_COMM_TYPE_SHARED) puts together): an id of the node. Collective over `comm`; throws CommunicationError.
+int node_leader(MPI_Comm comm);
+
 /// The first line of MPI_Get_library_version.
 std::string library_version();
 
