@@ -13,12 +13,19 @@ class Mesh(_mlacp.Mesh):
     of shapes across ranks, errors raised on every rank; setting it is collective), ``check_finite``,
     ``host_staging``, ``reduce_scatter_algorithm`` (setting it is collective).
 
+    ``ring`` (issue 21) makes a two-level mesh of P = U x C ranks: ``ring=C`` (an int dividing P) forms C Ulysses
+    groups of U = P / C consecutive ranks and U rings of C ranks (one rank of every group); ``ring="node"`` forms one
+    Ulysses group per node (the ranks sharing memory, in rank order) and refuses nodes of different sizes. The default,
+    1, is flat Ulysses. ``ulysses_size``, ``ring_size``, ``ulysses_rank``, ``ring_rank``, ``ulysses_group`` and
+    ``ring_group`` (the sub-meshes; ``ring_group`` raises mlacp.UsageError when flat) describe it. The MLA layer
+    refuses ``ring > 1`` for now (ring attention is not implemented yet).
+
     One host thread at a time per communicator (every mesh over it): a second thread entering mlacp meanwhile
     raises mlacp.UsageError.
     """
 
-    def __init__(self, comm):
-        super().__init__(comm)
+    def __init__(self, comm, ring=1):
+        super().__init__(comm, ring)
         self.comm = comm  # what all_reduce_grads reduces over
 
     def agree(self, where, local_error, fields=(), usage=False):

@@ -17,6 +17,19 @@ namespace py = pybind11;
 
 namespace {
 
+// ring: an int C, or "node" (one Ulysses group per node).
+Ring ring_of(const py::handle& ring) {
+  if (py::isinstance<py::str>(ring)) {
+    const auto text = ring.cast<std::string>();
+    if (text == "node") return Ring::node();
+    throw mlacp::InvalidArgument("mlacp.Mesh: ring='" + text + "'; expected a positive int C or 'node'");
+  }
+  if (py::isinstance<py::bool_>(ring) || !py::isinstance<py::int_>(ring))
+    throw mlacp::InvalidArgument("mlacp.Mesh: ring=" + py::repr(ring).cast<std::string>() +
+                                 "; expected a positive int C or 'node'");
+  return Ring(ring.cast<int>());
+}
+
 MPI_Comm comm_of(const py::handle& comm) {
   MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
   if (handle == nullptr) throw py::error_already_set();  // mpi4py's TypeError: not an mpi4py.MPI.Comm
@@ -37,12 +50,25 @@ void bind_mesh(py::module_& m) {
   py::class_<Mesh, std::shared_ptr<Mesh>>(m, "Mesh", py::dynamic_attr(),
                                           "A Ulysses group over an mpi4py communicator (borrowed, never freed). "
                                           "Construction is collective over the communicator.")
-      .def(py::init([](const py::handle& comm) {
+      .def(py::init([](const py::handle& comm, const py::handle& ring) {
              const MPI_Comm c = comm_of(comm);
+             const Ring r = ring_of(ring);
              py::gil_scoped_release release;
-             return std::make_shared<Mesh>(c, Mesh::Ownership::borrow);
+             return std::make_shared<Mesh>(c, r, Mesh::Ownership::borrow);
            }),
-           py::arg("comm"), py::keep_alive<1, 2>())
+           py::arg("comm"), py::arg("ring") = 1, py::keep_alive<1, 2>())
+      .def_property_readonly("ulysses_size", &Mesh::ulysses_size, "U: ranks per Ulysses group (P / C).")
+      .def_property_readonly("ring_size", &Mesh::ring_size, "C: Ulysses groups, ranks per ring (1: flat Ulysses).")
+      .def_property_readonly("ulysses_rank", &Mesh::ulysses_rank, "This rank's rank in its Ulysses group.")
+      .def_property_readonly("ring_rank", &Mesh::ring_rank, "This rank's rank in its ring (its Ulysses group).")
+      .def_property_readonly(
+          "ulysses_group", [](const Mesh& mesh) -> const Mesh& { return mesh.ulysses_group(); },
+          py::return_value_policy::reference_internal,
+          "The Ulysses group's mesh (U ranks; the mesh itself when ring = 1).")
+      .def_property_readonly(
+          "ring_group", [](const Mesh& mesh) -> const Mesh& { return mesh.ring_group(); },
+          py::return_value_policy::reference_internal,
+          "The ring's mesh (C ranks, ordered by Ulysses group); UsageError when ring = 1.")
       .def_property_readonly("rank", &Mesh::rank)
       .def_property_readonly("size", &Mesh::size)
       .def_property_readonly("owns_communicator", &Mesh::owns_communicator)
@@ -73,6 +99,7 @@ void bind_mesh(py::module_& m) {
                              "Whether a rank (this one or another) reported a failure: every call on the mesh raises.")
       .def("__repr__", [](const Mesh& mesh) {
         return "mlacp.Mesh(rank=" + std::to_string(mesh.rank()) + ", size=" + std::to_string(mesh.size()) +
+               (mesh.ring_size() > 1 ? ", ring=" + std::to_string(mesh.ring_size()) : std::string()) +
                ", checked=" + (mesh.checked() ? "True" : "False") + ")";
       });
 
