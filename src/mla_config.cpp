@@ -34,6 +34,14 @@ WireDtype parse_wire_dtype(const std::string& name) {
   throw InvalidArgument("mlacp: wire dtype '" + name + "' is not known; expected 'same', 'bf16' or 'bf16_all'");
 }
 
+const char* to_string(RingLayout layout) noexcept { return layout == RingLayout::contiguous ? "contiguous" : "zigzag"; }
+
+RingLayout parse_ring_layout(const std::string& name) {
+  if (name == "contiguous") return RingLayout::contiguous;
+  if (name == "zigzag") return RingLayout::zigzag;
+  throw InvalidArgument("mlacp: ring layout '" + name + "' is not known; expected 'contiguous' or 'zigzag'");
+}
+
 std::string MlaConfig::error(int /*group_size: any positive S and H run on any group*/) const {
   std::ostringstream out;
   const std::pair<const char*, int> dims[] = {{"batch", batch}, {"seq", seq},   {"hidden", hidden}, {"heads", heads},
@@ -70,7 +78,7 @@ std::string MlaConfig::describe() const {
   std::ostringstream out;
   out << "B=" << batch << " S=" << seq << " D=" << hidden << " H=" << heads << " dn=" << nope << " dr=" << rope
       << " dv=" << vdim << " R=" << latent << " bias=" << (bias ? "yes" : "no") << " strategy=" << to_string(strategy)
-      << " wire=" << to_string(wire_dtype);
+      << " wire=" << to_string(wire_dtype) << " ring_layout=" << to_string(ring_layout);
   if (!cu_seqlens.empty()) out << " documents=" << cu_seqlens.size() - 1;
   return out.str();
 }

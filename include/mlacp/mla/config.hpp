@@ -34,6 +34,17 @@ const char* to_string(WireDtype wire) noexcept;
 /// "same", "bf16" or "bf16_all"; throws InvalidArgument naming the value otherwise.
 WireDtype parse_wire_dtype(const std::string& name);
 
+/// Which global tokens each ring chunk holds on a two-level mesh (Mesh(comm, ring) with C > 1; token_map.hpp has the
+/// formulas). Ring chunk g is what Ulysses group g holds together; each of its U ranks holds a contiguous part of it.
+enum class RingLayout {
+  contiguous,  ///< "contiguous": chunk g is part g of the S tokens split into C parts (causal work grows with g)
+  zigzag,      ///< "zigzag": the S tokens split into 2C parts; chunk g is parts g and 2C-1-g (balanced causal work)
+};
+
+const char* to_string(RingLayout layout) noexcept;
+/// "contiguous" or "zigzag"; throws InvalidArgument naming the value otherwise.
+RingLayout parse_ring_layout(const std::string& name);
+
 /// The dimensions of one MLA attention block (MLA_SPEC "Names"). `seq` is the global sequence length S.
 struct MlaConfig {
   int batch = 0;      ///< B
@@ -64,6 +75,9 @@ struct MlaConfig {
   /// reference); a bf16 layer's wire is bf16 already, so the setting changes nothing there. At P == 1 nothing is sent
   /// and nothing is rounded. Part of the configuration the ranks agree on.
   WireDtype wire_dtype = WireDtype::same;
+  /// The ring's token layout on a two-level mesh (RingLayout; ignored when the mesh's ring size is 1, where rank r
+  /// holds the contiguous part r of the S tokens). Part of the configuration the ranks agree on.
+  RingLayout ring_layout = RingLayout::zigzag;
 
   int qk_dim() const { return nope + rope; }
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,

@@ -57,6 +57,7 @@ inline AgreementFields config_fields(const MlaConfig& c) {
           {"strategy", static_cast<int>(c.strategy)},
           {"overlap", c.overlap},
           {"wire_dtype", static_cast<int>(c.wire_dtype)},
+          {"ring_layout", static_cast<int>(c.ring_layout)},
           {"rope_base (bit pattern of the double)", bits(c.rope_base)},
           {"rms_eps (bit pattern of the double)", bits(c.rms_eps)},
           {"cu_seqlens.size()", static_cast<std::int64_t>(c.cu_seqlens.size())},
