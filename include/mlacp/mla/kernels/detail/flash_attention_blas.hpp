@@ -19,12 +19,15 @@
 #include <Kokkos_Core.hpp>
 #include <mlacp/bf16_gemm.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/error.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_rows.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_scratch.hpp>
+#include <mlacp/progress.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -94,51 +97,93 @@ void flash_round_tile(const ExecSpace& space, const Src& src, const Dst& dst, st
         for (std::int64_t c = 0; c < cols; ++c) dst(r, c) = static_cast<D>(src(r, c));
       });
 }
+/// The queries and keys of one call of the generalised kernels: query rows [q_row, q_row + n_q) of the q View (and of
+/// o, lse, d_o, dq) hold the tokens at global positions [q_pos, q_pos + n_q), key rows [k_row, k_row + n_k) of k, v
+/// (dk, dv) those at [k_pos, k_pos + n_k). The square core is q_pos = q_row = k_pos = k_row = 0, n_q = n_k = S.
+/// Query tiles are aligned to q_row, key tiles to k_row.
+struct FlashRange {
+  std::int64_t q_pos = 0, q_row = 0, n_q = 0;
+  std::int64_t k_pos = 0, k_row = 0, n_k = 0;
+};
 
+/// Whether any query of [q_pos, q_pos + n_q) sees any key of [k_pos, k_pos + n_k): the keys the queries see form the
+/// one range [start_of(q_pos), q_pos + n_q - 1] (for_each_row_block above).
+template <class Docs>
+bool flash_range_visible(const Docs& docs, const FlashRange& rg) {
+  if (rg.n_q <= 0 || rg.n_k <= 0) return false;
+  return std::max(rg.k_pos, docs.start_of(rg.q_pos)) <= std::min(rg.k_pos + rg.n_k, rg.q_pos + rg.n_q) - 1;
+}
+
+/// Lets the collectives in flight progress between tiles (host spaces; progress.hpp says why).
+inline void flash_progress() {
+  if (mlacp::pending_collectives() > 0) mlacp::progress();
+}
+
+/// The forward of the queries of `rg` against its keys. merge == false: o and lse of those rows are overwritten with
+/// this call's attention (a row that sees no key: o = 0, lse = -inf). merge == true: they hold an earlier partial
+/// result (o normalised, lse its log-sum-exp; -inf: none) and are merged with this one by log-sum-exp; rows that see
+/// no key are left as they are. The running statistics start at m = -inf, l = 0, and a row with l = 0 has seen no key
+/// yet: its statistics and output start at the first key it sees. O accumulates in place where o is in the
+/// accumulation type and not merged into, else in the scratch ws.o_acc (rounded or merged into o per query tile).
 template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Docs, class T, class Mem>
-void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                        const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
-  const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_s = static_cast<std::int64_t>(q.extent(1));
-  const auto n_h = static_cast<std::int64_t>(q.extent(2)), d_v = static_cast<std::int64_t>(v.extent(3));
+void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                              const Docs& docs, const FlashRange& rg, bool merge, std::int64_t tile_q,
+                              std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
+  const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_h = static_cast<std::int64_t>(q.extent(2));
+  const auto d_v = static_cast<std::int64_t>(v.extent(3));
   const double scale = 1.0 / compat::math::sqrt(static_cast<double>(q.extent(3)));
-  tile_q = std::min(tile_q, n_s);
-  tile_k = std::min(tile_k, n_s);
   using o_type = typename O::non_const_value_type;
-  constexpr bool mixed = flash_mixed_precision<o_type>;
-  static_assert(std::is_same_v<T, compat::accumulation_t<o_type>>, "the scratch is in the accumulation type");
+  constexpr bool mixed = flash_mixed_precision<typename Q::non_const_value_type>;
+  constexpr bool o_is_acc = std::is_same_v<o_type, T>;
+  static_assert(std::is_same_v<T, compat::accumulation_t<typename Q::non_const_value_type>>,
+                "the scratch is in the accumulation type");
   ws.reserve_tiles(tile_q, tile_k);
-  if constexpr (mixed) ws.reserve_mixed(tile_q, tile_k, static_cast<std::int64_t>(q.extent(3)), d_v, n_s);
+  if constexpr (mixed) ws.reserve_mixed(tile_q, tile_k, static_cast<std::int64_t>(q.extent(3)), d_v, 0);
+  if (!o_is_acc || merge) FlashScratch<T, Mem>::grow(ws.o_acc, "mlacp::flash O accumulator", tile_q, d_v);
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   using lse_type = typename Lse::non_const_value_type;
+  const double neg_inf = -std::numeric_limits<double>::infinity();
   const auto m = ws.row_max, l = ws.row_sum;
+  const std::int64_t k_shift = rg.k_row - rg.k_pos;  // key row of a key position
   for (std::int64_t b = 0; b < n_b; ++b) {
     for (std::int64_t hd = 0; hd < n_h; ++hd) {
-      for (std::int64_t i0 = 0; i0 < n_s; i0 += tile_q) {
-        const std::int64_t nq = std::min(tile_q, n_s - i0);
-        const auto o_i = head_rows(o, b, hd, i0, nq);
-        // O_i accumulates in place (float, double) or in the float scratch (bf16), rounded into o at the end.
+      for (std::int64_t i0 = 0; i0 < rg.n_q; i0 += tile_q) {
+        flash_progress();
+        const std::int64_t nq = std::min(tile_q, rg.n_q - i0);
+        const std::int64_t p0 = rg.q_pos + i0, r0 = rg.q_row + i0;  // position and row of the tile's first query
+        const auto o_i = head_rows(o, b, hd, r0, nq);
+        // Keys [k_first, k_end) of the range (relative to k_pos): those any query of the tile can see.
+        const std::int64_t k_first = std::max(std::int64_t(0), docs.start_of(p0) - rg.k_pos);
+        const std::int64_t k_end = std::min(rg.n_k, p0 + nq - rg.k_pos);
         auto tile = [&](const auto& acc_i) {
           using acc_type = typename std::decay_t<decltype(acc_i)>::non_const_value_type;
+          Kokkos::parallel_for(
+              "mlacp::flash_forward_start", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
+                m(r) = neg_inf;
+                l(r) = 0.0;
+              });
           // Key tiles from the one holding the first query's document start up to the last query of the tile; keys
           // outside are never needed.
-          const std::int64_t j_begin = first_key_tile(docs, i0, tile_k);
-          for (std::int64_t j0 = j_begin; j0 < i0 + nq; j0 += tile_k) {
+          const std::int64_t j_begin = k_end > k_first ? k_first / tile_k * tile_k : k_end;
+          for (std::int64_t j0 = j_begin; j0 < k_end; j0 += tile_k) {
             const bool tile_first = j0 == j_begin;
+            const std::int64_t kp0 = rg.k_pos + j0;  // position of the key tile's first key
             for_each_row_block(
-                docs, i0, nq, j0, std::min(tile_k, i0 + nq - j0),
+                docs, p0, nq, kp0, std::min(tile_k, k_end - j0),
                 [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
-                  const std::int64_t row0 = i0 + a, jb = j0 + ka;
+                  const std::int64_t row0 = p0 + a, jb = kp0 + ka;  // positions
                   const auto s = rows_cols(ws.scores, 0, na, nk);
                   const auto acc_a = rows_cols(acc_i, a, na, d_v);
-                  gemm_values(space, "N", "T", T(1), head_rows(q, b, hd, row0, na), head_rows(k, b, hd, jb, nk), T(0),
-                              s);
+                  const auto k_b = head_rows(k, b, hd, jb + k_shift, nk);
+                  const auto v_b = head_rows(v, b, hd, jb + k_shift, nk);
+                  gemm_values(space, "N", "T", T(1), head_rows(q, b, hd, r0 + a, na), k_b, T(0), s);
                   // Some key of the block lies after some query, or before some query's document start.
                   const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
                   Kokkos::parallel_for(
                       "mlacp::flash_forward_softmax", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
                         const std::int64_t start = docs.start_of(row0 + r);
                         // No earlier key tile held a key of this row: its statistics and output start here.
-                        const bool row_first = start >= j0;
+                        const bool row_first = l(a + r) == 0.0;
                         const std::int64_t first = masked ? first_visible(start, jb, nk) : 0;
                         const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
                         const double alpha =
@@ -155,26 +200,63 @@ void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V&
                   if constexpr (mixed) {
                     const auto p = rows_cols(ws.scores_bf16, 0, na, nk);
                     flash_round_tile(space, s, p, na, nk);
-                    gemm_values(space, "N", "N", T(1), p, head_rows(v, b, hd, jb, nk), tile_first ? T(0) : T(1), acc_a);
+                    gemm_values(space, "N", "N", T(1), p, v_b, tile_first ? T(0) : T(1), acc_a);
                   } else {
-                    gemm_values(space, "N", "N", T(1), s, head_rows(v, b, hd, jb, nk), tile_first ? T(0) : T(1), acc_a);
+                    gemm_values(space, "N", "N", T(1), s, v_b, tile_first ? T(0) : T(1), acc_a);
                   }
                 });
           }
-          Kokkos::parallel_for(
-              "mlacp::flash_forward_finish", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
-                const auto inv = static_cast<acc_type>(1.0 / l(r));
-                for (std::int64_t c = 0; c < d_v; ++c) o_i(r, c) = static_cast<o_type>(acc_i(r, c) * inv);
-                lse(b, hd, i0 + r) = static_cast<lse_type>(m(r) + compat::math::log(l(r)));
-              });
+          if (!merge) {
+            Kokkos::parallel_for(
+                "mlacp::flash_forward_finish", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
+                  if (l(r) == 0.0) {  // no key seen: no attention
+                    for (std::int64_t c = 0; c < d_v; ++c) o_i(r, c) = o_type(0);
+                    lse(b, hd, r0 + r) = static_cast<lse_type>(neg_inf);
+                    return;
+                  }
+                  const auto inv = static_cast<acc_type>(1.0 / l(r));
+                  for (std::int64_t c = 0; c < d_v; ++c) o_i(r, c) = static_cast<o_type>(acc_i(r, c) * inv);
+                  lse(b, hd, r0 + r) = static_cast<lse_type>(m(r) + compat::math::log(l(r)));
+                });
+          } else {
+            Kokkos::parallel_for(
+                "mlacp::flash_forward_merge", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
+                  if (l(r) == 0.0) return;  // no key seen: the earlier result stands
+                  const double lse_new = m(r) + compat::math::log(l(r));
+                  const double lse_old = static_cast<double>(lse(b, hd, r0 + r));
+                  const double hi = lse_old > lse_new ? lse_old : lse_new;
+                  const double lse_all =
+                      lse_old == neg_inf
+                          ? lse_new
+                          : hi + compat::math::log(compat::math::exp(lse_old - hi) + compat::math::exp(lse_new - hi));
+                  const double w_old = lse_old == neg_inf ? 0.0 : compat::math::exp(lse_old - lse_all);
+                  const double w_new = compat::math::exp(lse_new - lse_all) / l(r);
+                  for (std::int64_t c = 0; c < d_v; ++c)
+                    o_i(r, c) = static_cast<o_type>(w_old * static_cast<double>(o_i(r, c)) +
+                                                    w_new * static_cast<double>(acc_i(r, c)));
+                  lse(b, hd, r0 + r) = static_cast<lse_type>(lse_all);
+                });
+          }
         };
-        if constexpr (mixed)
-          tile(rows_cols(ws.o_acc, 0, nq, d_v));
-        else
-          tile(o_i);
+        if constexpr (o_is_acc) {
+          if (!merge) {
+            tile(o_i);
+            continue;
+          }
+        }
+        tile(rows_cols(ws.o_acc, 0, nq, d_v));
       }
     }
   }
+}
+
+/// The square forward: o [B, S, h, dv] and lse [B, h, S] of every query against every key it sees.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Docs, class T, class Mem>
+void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                        const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
+  const auto n_s = static_cast<std::int64_t>(q.extent(1));
+  flash_forward_blas_range(space, q, k, v, o, lse, docs, FlashRange{0, 0, n_s, 0, 0, n_s}, false, std::min(tile_q, n_s),
+                           std::min(tile_k, n_s), ws);
 }
 
 /// Sets rows [row0, row0 + n) of head `hd` of batch `b` of a [B, S, h, d] View to zero.
@@ -218,86 +300,105 @@ void zero_rows(const ExecSpace& space, const Mat& m, std::int64_t n) {
       });
 }
 
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV,
-          class Docs, class T, class Mem>
-void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                         const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
-                         const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
-  const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_s = static_cast<std::int64_t>(q.extent(1));
+/// The backward of the queries of `rg` against its keys, reading the row term D of the q View's rows from row_term
+/// [(b * h + head) * q.extent(1) + row] (flash_row_term). accumulate == false: dq, dk, dv of the range's rows are
+/// overwritten (the square core; outputs stored narrower than the accumulation type accumulate in float scratch and are
+/// rounded into them once). accumulate == true: the range's contribution is added to them (outputs in the
+/// accumulation type only).
+template <class ExecSpace, class Q, class K, class V, class Lse, class DO, class DQ, class DK, class DV, class Docs,
+          class T, class Mem>
+void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, const V& v, const Lse& lse,
+                               const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk,
+                               bool do_dv, const Docs& docs, const FlashRange& rg, bool accumulate, std::int64_t tile_q,
+                               std::int64_t tile_k, FlashScratch<T, Mem>& ws,
+                               const detail::Vector<double, Mem>& row_term) {
+  const auto n_b = static_cast<std::int64_t>(q.extent(0)), n_rows = static_cast<std::int64_t>(q.extent(1));
   const auto n_h = static_cast<std::int64_t>(q.extent(2));
   const auto d_qk = static_cast<std::int64_t>(q.extent(3)), d_v = static_cast<std::int64_t>(v.extent(3));
   const double scale = 1.0 / compat::math::sqrt(static_cast<double>(d_qk));
-  tile_q = std::min(tile_q, n_s);
-  tile_k = std::min(tile_k, n_s);
   const bool need_ds = do_dq || do_dk;
   constexpr bool mixed = flash_mixed_precision<typename DO::non_const_value_type>;
+  // Outputs stored narrower than the accumulation type accumulate in float scratch, rounded into them once.
+  constexpr bool round_dq = !std::is_same_v<typename DQ::non_const_value_type, T>;
+  constexpr bool round_dk = !std::is_same_v<typename DK::non_const_value_type, T>;
+  constexpr bool round_dv = !std::is_same_v<typename DV::non_const_value_type, T>;
+  if (accumulate && ((round_dq && do_dq) || (round_dk && do_dk) || (round_dv && do_dv)))
+    throw InvalidArgument("mlacp::FlashAttentionCore: accumulated gradients must be in the accumulation type");
   ws.reserve_tiles(tile_q, tile_k);
-  if constexpr (mixed) ws.reserve_mixed(tile_q, tile_k, d_qk, d_v, n_s);
-  if (need_ds) ws.reserve_row_term(n_b * n_h * n_s);
+  if constexpr (mixed) ws.reserve_mixed(tile_q, tile_k, d_qk, d_v, round_dq ? rg.n_q : 0);
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-  const auto row_term = ws.row_term;
-  if (need_ds) flash_row_term(space, o, d_o, row_term);
   // One document: every query sees key 0, so the first key tile initialises dQ. Several: a query's first key lies in
-  // the tile of its document start, so dQ is zeroed first and only accumulated.
+  // the tile of its document start, so dQ is zeroed first and only accumulated. Accumulating: never initialised.
   const bool dq_zeroed = !docs.single();
-  // Where dQ, dK and dV accumulate: the outputs themselves (float, double), or float scratch rounded into them once
-  // (bf16): dK and dV per key tile, dQ per head.
+  const std::int64_t q_shift = rg.q_row - rg.q_pos, k_shift = rg.k_row - rg.k_pos;  // row of a position
+  // Where dQ, dK and dV accumulate: the outputs themselves, or float scratch rounded into them once (bf16): dK and dV
+  // per key tile, dQ per head. Rows by position.
   auto dq_rows = [&](std::int64_t b, std::int64_t hd, std::int64_t row0, std::int64_t n) {
-    if constexpr (mixed) {
+    if constexpr (round_dq) {
       (void)b, (void)hd;
-      return rows_cols(ws.dq_acc, row0, n, d_qk);
+      return rows_cols(ws.dq_acc, row0 - rg.q_pos, n, d_qk);
     } else {
-      return head_rows(dq, b, hd, row0, n);
+      return head_rows(dq, b, hd, row0 + q_shift, n);
     }
   };
   auto dk_rows = [&](std::int64_t b, std::int64_t hd, std::int64_t j0, std::int64_t row0, std::int64_t n) {
-    if constexpr (mixed) {
+    if constexpr (round_dk) {
       (void)b, (void)hd;
       return rows_cols(ws.dk_acc, row0 - j0, n, d_qk);
     } else {
       (void)j0;
-      return head_rows(dk, b, hd, row0, n);
+      return head_rows(dk, b, hd, row0 + k_shift, n);
     }
   };
   auto dv_rows = [&](std::int64_t b, std::int64_t hd, std::int64_t j0, std::int64_t row0, std::int64_t n) {
-    if constexpr (mixed) {
+    if constexpr (round_dv) {
       (void)b, (void)hd;
       return rows_cols(ws.dv_acc, row0 - j0, n, d_v);
     } else {
       (void)j0;
-      return head_rows(dv, b, hd, row0, n);
+      return head_rows(dv, b, hd, row0 + k_shift, n);
     }
   };
   for (std::int64_t b = 0; b < n_b; ++b) {
     for (std::int64_t hd = 0; hd < n_h; ++hd) {
       const std::int64_t lse_row = b * n_h + hd;
-      if (do_dq && dq_zeroed) {
-        if constexpr (mixed)
-          zero_rows(space, ws.dq_acc, n_s);
+      if (do_dq && dq_zeroed && !accumulate) {
+        if constexpr (round_dq)
+          zero_rows(space, ws.dq_acc, rg.n_q);
         else
-          zero_head_rows(space, dq, b, hd, 0, n_s);
+          zero_head_rows(space, dq, b, hd, rg.q_row, rg.n_q);
       }
-      for (std::int64_t j0 = 0; j0 < n_s; j0 += tile_k) {
-        const std::int64_t nk_tile = std::min(tile_k, n_s - j0);
+      for (std::int64_t jt = 0; jt < rg.n_k; jt += tile_k) {
+        flash_progress();
+        const std::int64_t j0 = rg.k_pos + jt;  // position of the key tile's first key
+        const std::int64_t nk_tile = std::min(tile_k, rg.n_k - jt);
         // dK_j and dV_j accumulate over the query blocks; the masked blocks reach only part of the key rows.
-        if constexpr (mixed) {
-          if (do_dk) zero_rows(space, ws.dk_acc, nk_tile);
-          if (do_dv) zero_rows(space, ws.dv_acc, nk_tile);
-        } else {
-          if (do_dk) zero_head_rows(space, dk, b, hd, j0, nk_tile);
-          if (do_dv) zero_head_rows(space, dv, b, hd, j0, nk_tile);
+        if (!accumulate) {
+          if constexpr (round_dk) {
+            if (do_dk) zero_rows(space, ws.dk_acc, nk_tile);
+          } else {
+            if (do_dk) zero_head_rows(space, dk, b, hd, j0 + k_shift, nk_tile);
+          }
+          if constexpr (round_dv) {
+            if (do_dv) zero_rows(space, ws.dv_acc, nk_tile);
+          } else {
+            if (do_dv) zero_head_rows(space, dv, b, hd, j0 + k_shift, nk_tile);
+          }
         }
         // Query tiles that see at least one key of this tile: from the one holding j0 to the end of the last key's
-        // document.
-        const std::int64_t i_end = query_end(docs, j0, nk_tile);
-        for (std::int64_t i0 = (j0 / tile_q) * tile_q; i0 < i_end; i0 += tile_q) {
+        // document (relative to q_pos).
+        const std::int64_t i_first = std::max(std::int64_t(0), j0 - rg.q_pos);
+        const std::int64_t i_end = std::min(rg.n_q, query_end(docs, j0, nk_tile) - rg.q_pos);
+        for (std::int64_t it = i_first / tile_q * tile_q; it < i_end; it += tile_q) {
+          const std::int64_t i0 = rg.q_pos + it;  // position of the query tile's first query
           for_each_row_block(
-              docs, i0, std::min(tile_q, n_s - i0), j0, nk_tile,
+              docs, i0, std::min(tile_q, rg.n_q - it), j0, nk_tile,
               [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
-                const std::int64_t row0 = i0 + a, jb = j0 + ka;
-                const auto q_a = head_rows(q, b, hd, row0, na);
-                const auto do_a = head_rows(d_o, b, hd, row0, na);
-                const auto k_j = head_rows(k, b, hd, jb, nk);
+                const std::int64_t row0 = i0 + a, jb = j0 + ka;  // positions
+                const std::int64_t qr = row0 + q_shift;          // row of the block's first query
+                const auto q_a = head_rows(q, b, hd, qr, na);
+                const auto do_a = head_rows(d_o, b, hd, qr, na);
+                const auto k_j = head_rows(k, b, hd, jb + k_shift, nk);
                 const auto p = rows_cols(ws.scores, 0, na, nk);
                 gemm_values(space, "N", "T", T(1), q_a, k_j, T(0), p);
                 const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
@@ -305,7 +406,7 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                     "mlacp::flash_backward_probabilities", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
                       const std::int64_t first = masked ? first_visible(docs.start_of(row0 + r), jb, nk) : 0;
                       const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
-                      probabilities_row(&p(r, 0), nk, first, last, scale, static_cast<double>(lse(b, hd, row0 + r)));
+                      probabilities_row(&p(r, 0), nk, first, last, scale, static_cast<double>(lse(b, hd, qr + r)));
                     });
                 // P and dS as the GEMMs that consume them take them: rounded to bf16 (mixed), else themselves.
                 auto operand = [&](const auto& tile, const auto& rounded) {
@@ -322,8 +423,8 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                 if (do_dv) gemm_values(space, "T", "N", T(1), p_op, do_a, T(1), dv_rows(b, hd, j0, jb, nk));
                 if (!need_ds) return;
                 const auto ds = rows_cols(ws.grads, 0, na, nk);
-                gemm_values(space, "N", "T", T(1), do_a, head_rows(v, b, hd, jb, nk), T(0), ds);
-                const std::int64_t d0 = lse_row * n_s + row0;
+                gemm_values(space, "N", "T", T(1), do_a, head_rows(v, b, hd, jb + k_shift, nk), T(0), ds);
+                const std::int64_t d0 = lse_row * n_rows + qr;
                 Kokkos::parallel_for(
                     "mlacp::flash_backward_ds", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
                       score_grad_row(&ds(r, 0), &p(r, 0), nk, scale, row_term(d0 + r));
@@ -331,20 +432,39 @@ void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V
                 const auto ds_op = operand(ds, ws.grads_bf16);
                 if (do_dk) gemm_values(space, "T", "N", T(1), ds_op, q_a, T(1), dk_rows(b, hd, j0, jb, nk));
                 if (do_dq)
-                  gemm_values(space, "N", "N", T(1), ds_op, k_j, !dq_zeroed && j0 == 0 ? T(0) : T(1),
+                  gemm_values(space, "N", "N", T(1), ds_op, k_j, !accumulate && !dq_zeroed && j0 == 0 ? T(0) : T(1),
                               dq_rows(b, hd, row0, na));
               });
         }
-        if constexpr (mixed) {
-          if (do_dk) flash_round_head_rows(space, ws.dk_acc, dk, b, hd, j0, nk_tile);
-          if (do_dv) flash_round_head_rows(space, ws.dv_acc, dv, b, hd, j0, nk_tile);
+        if constexpr (round_dk) {
+          if (do_dk) flash_round_head_rows(space, ws.dk_acc, dk, b, hd, j0 + k_shift, nk_tile);
+        }
+        if constexpr (round_dv) {
+          if (do_dv) flash_round_head_rows(space, ws.dv_acc, dv, b, hd, j0 + k_shift, nk_tile);
         }
       }
-      if constexpr (mixed) {
-        if (do_dq) flash_round_head_rows(space, ws.dq_acc, dq, b, hd, 0, n_s);
+      if constexpr (round_dq) {
+        if (do_dq) flash_round_head_rows(space, ws.dq_acc, dq, b, hd, rg.q_row, rg.n_q);
       }
     }
   }
+}
+
+/// The square backward: dq, dk, dv [B, S, h, d] (overwritten) of every query against every key it sees.
+template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV,
+          class Docs, class T, class Mem>
+void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
+                         const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
+                         const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
+  const auto n_s = static_cast<std::int64_t>(q.extent(1));
+  const bool need_ds = do_dq || do_dk;
+  if (need_ds) {
+    ws.reserve_row_term(static_cast<std::int64_t>(q.extent(0) * q.extent(2)) * n_s);
+    flash_row_term(space, o, d_o, ws.row_term);
+  }
+  flash_backward_blas_range(space, q, k, v, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs,
+                            FlashRange{0, 0, n_s, 0, 0, n_s}, false, std::min(tile_q, n_s), std::min(tile_k, n_s), ws,
+                            ws.row_term);
 }
 
 }  // namespace mlacp::detail
