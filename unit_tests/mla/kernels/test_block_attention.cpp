@@ -4,8 +4,8 @@
 // forward_block over every key chunk in ring order (its own first, first = true, then the others merged) and
 // backward_block over every (query chunk, key chunk) pair, against the square forward and backward of the whole
 // sequence: with and without packed documents crossing chunk boundaries (and a document of one token), S not divisible
-// by the chunk counts, an empty chunk, float, double and bf16 inputs (against double), for FlashAttentionCore's BLAS
-// path and CausalAttentionCore. Also TokenSegments and the team path's refusal.
+// by the chunk counts, an empty chunk, float, double and bf16 inputs (against double), for FlashAttentionCore's two
+// paths (BLAS and team) and CausalAttentionCore. Also TokenSegments, the trait and the checks.
 #include "kernel_test_support.hpp"
 
 #include <gtest/gtest.h>
@@ -243,13 +243,15 @@ void check_every_split(const Core& core, const Core& ref_core, const std::string
   }
 }
 
-mlacp::FlashAttentionCore flash(int tq, int tk) {
+mlacp::FlashAttentionCore flash(int tq, int tk, mlacp::FlashAttentionPath path = mlacp::FlashAttentionPath::blas) {
   mlacp::FlashAttentionOptions o;
   o.query_tile = tq;
   o.key_tile = tk;
-  o.path = mlacp::FlashAttentionPath::blas;
+  o.path = path;
   return mlacp::FlashAttentionCore(o);
 }
+
+mlacp::FlashAttentionCore team(int tq, int tk) { return flash(tq, tk, mlacp::FlashAttentionPath::team); }
 
 TEST(TokenSegments, RowsPositionsAndChecks) {
   TokenSegments s;
@@ -286,6 +288,13 @@ TEST(BlockAttention, FlashBlasFloatMatchesSquare) {
 
 TEST(BlockAttention, FlashBlasBf16MatchesDouble) {
   check_every_split<mlacp::compat::bf16, double>(flash(8, 16), flash(8, 16), "flash bf16");
+}
+
+TEST(BlockAttention, FlashTeamMatchesSquare) {
+  for (const auto& t : {std::pair{8, 16}, std::pair{5, 7}, std::pair{32, 32}})
+    check_every_split<double, double>(team(t.first, t.second), team(t.first, t.second),
+                                      "team " + std::to_string(t.first) + "x" + std::to_string(t.second));
+  check_every_split<float, float>(team(8, 16), team(8, 16), "team float");
 }
 
 TEST(BlockAttention, CausalCoreMatchesSquare) {
@@ -343,25 +352,26 @@ void check_no_visible_key(const Core& core) {
 
 TEST(BlockAttention, RowsThatSeeNoKey) {
   check_no_visible_key(flash(4, 4));
+  check_no_visible_key(team(4, 4));
   check_no_visible_key(mlacp::CausalAttentionCore{});
 }
 
-TEST(BlockAttention, ComputesBlocksTraitAndTeamPathRefusal) {
+TEST(BlockAttention, ComputesBlocksTraitAndChecks) {
   EXPECT_TRUE((mlacp::detail::core_computes_blocks<mlacp::CausalAttentionCore, ExecSpace>({})));
   EXPECT_TRUE((mlacp::detail::core_computes_blocks<mlacp::FlashAttentionCore, ExecSpace>(flash(8, 8))));
+  EXPECT_TRUE((mlacp::detail::core_computes_blocks<mlacp::FlashAttentionCore, ExecSpace>(team(8, 8))));
   struct NoBlocks {};
   EXPECT_FALSE((mlacp::detail::core_computes_blocks<NoBlocks, ExecSpace>({})));
-  mlacp::FlashAttentionOptions opts;
-  opts.path = mlacp::FlashAttentionPath::team;
-  const mlacp::FlashAttentionCore team(opts);
-  EXPECT_FALSE(team.computes_blocks<ExecSpace>());
-  EXPECT_FALSE((mlacp::detail::core_computes_blocks<mlacp::FlashAttentionCore, ExecSpace>(team)));
   View4<double> q("q", 1, 4, 1, 4), v("v", 1, 4, 1, 4);
   View3<double> lse("lse", 1, 1, 4);
   const auto rows = TokenSegments::contiguous(0, 4);
+  // The team path takes float and double only, as its square forward.
+  View4<mlacp::compat::bf16> qb("qb", 1, 4, 1, 4);
+  View4<float> of("of", 1, 4, 1, 4);
+  View3<float> lf("lf", 1, 1, 4);
   EXPECT_NE(invalid_argument_message([&] {
-              team.forward_block(ExecSpace(), q, q, v, v, lse, rows, rows, mlacp::DocumentLayout(), 4, true);
-            }).find("BLAS path only"),
+              team(4, 4).forward_block(ExecSpace(), qb, qb, qb, of, lf, rows, rows, mlacp::DocumentLayout(), 4, true);
+            }).find("team path takes float and double"),
             std::string::npos);
   // Positions past the sequence and mismatched rows are refused, naming them.
   EXPECT_NE(invalid_argument_message([&] {

@@ -188,7 +188,7 @@ class FlashAttentionCore {
   /// (empty: one document). o_acc [B, nq, h, dv] is in the accumulation type (float for bf16 inputs), lse_acc
   /// [B, h, nq]. first: both are overwritten with this block's attention (a row that sees no key: o 0, lse -inf); else
   /// merged by log-sum-exp with what they hold. Each (query segment, key segment) pair that holds a visible (query,
-  /// key) pair is one call of the generalised kernel; the others are skipped. BLAS path only (computes_blocks).
+  /// key) pair is one call of the generalised kernel; the others are skipped. Both paths (bf16: the BLAS path only).
   template <class ExecSpace, class Q, class K, class V, class OAcc, class LseAcc>
   void forward_block(const ExecSpace& space, const Q& q, const K& k, const V& v, const OAcc& o_acc,
                      const LseAcc& lse_acc, const TokenSegments& q_rows, const TokenSegments& k_rows,
@@ -201,30 +201,40 @@ class FlashAttentionCore {
     detail::block_check(who, q, k, v, o_acc, lse_acc, q_rows, k_rows, seq);
     const auto docs = documents.offsets_for<ExecSpace>(seq, who);
     const bool blas = use_blas<ExecSpace>();
-    if (!blas) throw InvalidArgument(no_team_blocks);
+    if constexpr (stored_narrower<Q>) {
+      if (!blas) throw InvalidArgument(no_bf16_team);
+    }
     if (q.extent(0) * q.extent(2) * q_rows.rows() == 0) return;
     const auto [tq, tk] = tiles(blas);
-    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
-      using Mem = typename ExecSpace::memory_space;
-      auto& ws = scratch<T, Mem>();
-      for (int s = 0; s < q_rows.segments(); ++s) {
-        bool merge = !first;
-        for (int t = 0; t < k_rows.segments(); ++t) {
-          const detail::FlashRange rg{q_rows.begin(s), q_rows.row_of_segment(s), q_rows.count(s),
-                                      k_rows.begin(t), k_rows.row_of_segment(t), k_rows.count(t)};
-          if (!detail::flash_range_visible(docs, rg)) continue;
-          detail::flash_forward_blas_range(space, q, k, v, o_acc, lse_acc, docs, rg, merge, tq, tk, ws);
-          merge = true;
-        }
-        // First, and no key of the block visible to the segment: no attention.
-        if (!merge) detail::block_no_attention(space, o_acc, lse_acc, q_rows.row_of_segment(s), q_rows.count(s));
+    using Mem = typename ExecSpace::memory_space;
+    const auto host_docs = documents.host(seq);
+    for (int s = 0; s < q_rows.segments(); ++s) {
+      bool merge = !first;
+      for (int t = 0; t < k_rows.segments(); ++t) {
+        const detail::FlashRange rg{q_rows.begin(s), q_rows.row_of_segment(s), q_rows.count(s),
+                                    k_rows.begin(t), k_rows.row_of_segment(t), k_rows.count(t)};
+        if (!detail::flash_range_visible(host_docs, rg)) continue;
+        run_path(
+            blas,
+            [&] {
+              if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible)
+                detail::flash_forward_blas_range(space, q, k, v, o_acc, lse_acc, docs, rg, merge, tq, tk,
+                                                 scratch<T, Mem>());
+            },
+            [&] {
+              if constexpr (!stored_narrower<Q>)
+                detail::flash_forward_team_range(space, q, k, v, o_acc, lse_acc, docs, rg, merge, tq, tk);
+            });
+        merge = true;
       }
+      // First, and no key of the block visible to the segment: no attention.
+      if (!merge) detail::block_no_attention(space, o_acc, lse_acc, q_rows.row_of_segment(s), q_rows.count(s));
     }
   }
 
   /// The backward of a block: o and lse are the final (merged over every key) forward of the queries, d_o its
   /// gradient; dq_acc [B, nq, h, dqk], dk_acc [B, nk, h, dqk], dv_acc [B, nk, h, dv] in the accumulation type are
-  /// accumulated (+=) with this block's contribution (each may be empty: not needed). BLAS path only.
+  /// accumulated (+=) with this block's contribution (each may be empty: not needed). Both paths (bf16: BLAS only).
   template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
   void backward_block(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
                       const DO& d_o, const DQ& dq_acc, const DK& dk_acc, const DV& dv_acc, const TokenSegments& q_rows,
@@ -245,34 +255,46 @@ class FlashAttentionCore {
     detail::block_gradient_check(who, q, k, v, d_o, dq_acc, dk_acc, dv_acc, do_dq, do_dk, do_dv);
     const auto docs = documents.offsets_for<ExecSpace>(seq, who);
     const bool blas = use_blas<ExecSpace>();
-    if (!blas) throw InvalidArgument(no_team_blocks);
+    if constexpr (stored_narrower<Q>) {
+      if (!blas) throw InvalidArgument(no_bf16_team);
+    }
     if (q.extent(0) * q.extent(2) * q_rows.rows() * k_rows.rows() == 0 || !(do_dq || do_dk || do_dv)) return;
     const auto [tq, tk] = tiles(blas);
-    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
-      using Mem = typename ExecSpace::memory_space;
-      auto& ws = scratch<T, Mem>();
-      bool row_term = false;
-      for (int s = 0; s < q_rows.segments(); ++s) {
-        for (int t = 0; t < k_rows.segments(); ++t) {
-          const detail::FlashRange rg{q_rows.begin(s), q_rows.row_of_segment(s), q_rows.count(s),
-                                      k_rows.begin(t), k_rows.row_of_segment(t), k_rows.count(t)};
-          if (!detail::flash_range_visible(docs, rg)) continue;
-          if (!row_term && (do_dq || do_dk)) {  // D of every query row, once per call
-            ws.reserve_row_term(static_cast<std::int64_t>(q.extent(0) * q.extent(1) * q.extent(2)));
-            detail::flash_row_term(space, o, d_o, ws.row_term);
-            row_term = true;
-          }
-          detail::flash_backward_blas_range(space, q, k, v, lse, d_o, dq_acc, dk_acc, dv_acc, do_dq, do_dk, do_dv, docs,
-                                            rg, true, tq, tk, ws, ws.row_term);
+    using Mem = typename ExecSpace::memory_space;
+    auto& ws = scratch<T, Mem>();
+    const auto host_docs = documents.host(seq);
+    bool row_term = false;
+    for (int s = 0; s < q_rows.segments(); ++s) {
+      for (int t = 0; t < k_rows.segments(); ++t) {
+        const detail::FlashRange rg{q_rows.begin(s), q_rows.row_of_segment(s), q_rows.count(s),
+                                    k_rows.begin(t), k_rows.row_of_segment(t), k_rows.count(t)};
+        if (!detail::flash_range_visible(host_docs, rg)) continue;
+        if (!row_term && (do_dq || do_dk)) {  // D of every query row, once per call
+          ws.reserve_row_term(static_cast<std::int64_t>(q.extent(0) * q.extent(1) * q.extent(2)));
+          detail::flash_row_term(space, o, d_o, ws.row_term);
+          row_term = true;
         }
+        run_path(
+            blas,
+            [&] {
+              if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible)
+                detail::flash_backward_blas_range(space, q, k, v, lse, d_o, dq_acc, dk_acc, dv_acc, do_dq, do_dk, do_dv,
+                                                  docs, rg, true, tq, tk, ws, ws.row_term);
+            },
+            [&] {
+              if constexpr (!stored_narrower<Q>)
+                detail::flash_backward_team_range(space, q, k, v, lse, d_o, dq_acc, dk_acc, dv_acc, do_dq, do_dk, do_dv,
+                                                  docs, rg, true, tq, tk, ws.row_term);
+            });
       }
     }
   }
 
-  /// Whether forward_block and backward_block run on ExecSpace (the BLAS path; the team path refuses them).
+  /// Whether forward_block and backward_block run on ExecSpace: both paths compute them (the team path on float and
+  /// double Views; a ring driver widens bf16 to float around a team-path core as the MLA layer does).
   template <class ExecSpace>
   bool computes_blocks() const {
-    return resolved_.query_tile > 0 ? resolved_.blas : use_blas<ExecSpace>();
+    return true;
   }
 
   /// Whether the core computes on bf16 Views itself on ExecSpace: the BLAS path does (bf16 tile products through the
@@ -303,11 +325,14 @@ class FlashAttentionCore {
   static constexpr const char* no_bf16_team =
       "mlacp::FlashAttentionCore: the team path takes float and double Views; expected the BLAS path for bf16 (the MLA "
       "layer widens bf16 to float around a team-path core)";
-  static constexpr const char* no_team_blocks =
-      "mlacp::FlashAttentionCore: forward_block and backward_block (ring attention) run on the BLAS path only; the "
-      "team "
-      "path does not compute blocks yet (computes_blocks() is false): expected a host execution space with path "
-      "automatic or blas";
+  // Runs blas_fn on the BLAS path, team_fn on the team path.
+  template <class BlasFn, class TeamFn>
+  static void run_path(bool blas, BlasFn&& blas_fn, TeamFn&& team_fn) {
+    if (blas)
+      blas_fn();
+    else
+      team_fn();
+  }
 
   // The resolved tiles when resolve() ran for this path, else read now (a core used on its own).
   std::pair<int, int> tiles(bool blas) const {
