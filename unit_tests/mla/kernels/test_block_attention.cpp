@@ -11,9 +11,11 @@
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/detail/pending_transport.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/kernels/flash_attention.hpp>
 #include <mlacp/mla/kernels/token_segments.hpp>
+#include <mlacp/progress.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -384,6 +386,43 @@ TEST(BlockAttention, ComputesBlocksTraitAndChecks) {
                                         mlacp::DocumentLayout(), 4, true);
             }).find("k (rows: k_rows.rows())"),
             std::string::npos);
+}
+
+/// A collective in flight that only counts how often mlacp::progress() advanced it.
+struct CountingTransport final : mlacp::detail::PendingTransport {
+  int progressed = 0;
+  bool test() override { return true; }
+  void wait() override {}
+  void complete_noexcept() noexcept override {}
+  void progress() noexcept override { ++progressed; }
+};
+
+/// While a collective is pending, the BLAS path calls mlacp::progress() once per query tile (forward) and per key tile
+/// (backward) of each (batch, head), and not at all when none is.
+TEST(BlockAttention, ProgressesPendingCollectivesPerTile) {
+  const std::int64_t s = 40;
+  const auto q_rows = TokenSegments::contiguous(20, 20), k_rows = TokenSegments::contiguous(0, 20);
+  View4<double> q("q", n_b, 20, n_h, d_qk), k("k", n_b, 20, n_h, d_qk), v("v", n_b, 20, n_h, d_v);
+  View4<double> o("o", n_b, 20, n_h, d_v), dq("dq", n_b, 20, n_h, d_qk), dk("dk", n_b, 20, n_h, d_qk);
+  View4<double> dv("dv", n_b, 20, n_h, d_v);
+  View3<double> lse("lse", n_b, n_h, 20);
+  from_vec(q, random_vec(q.span(), 1));
+  from_vec(k, random_vec(k.span(), 2));
+  from_vec(v, random_vec(v.span(), 3));
+  const auto core = flash(8, 8);  // 3 query tiles and 3 key tiles of 20 rows
+  ExecSpace space;
+  CountingTransport pending;
+  mlacp::detail::register_pending(&pending);
+  core.forward_block(space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
+  space.fence();
+  EXPECT_EQ(pending.progressed, n_b * n_h * 3);
+  core.backward_block(space, q, k, v, o, lse, o, dq, dk, dv, q_rows, k_rows, mlacp::DocumentLayout(), s);
+  space.fence();
+  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
+  mlacp::detail::unregister_pending(&pending);
+  core.forward_block(space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
+  space.fence();
+  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
 }
 
 }  // namespace
