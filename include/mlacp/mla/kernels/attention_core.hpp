@@ -30,7 +30,7 @@
 // (where ranks that hold no head would not see it). FlashAttentionCore does; a core without them keeps working.
 //
 // Ring attention (issue 21) computes attention in blocks: the queries of one ring chunk against the keys of another.
-// A core that can (FlashAttentionCore on its BLAS path, CausalAttentionCore) also provides
+// A core that can (FlashAttentionCore on both paths, bf16 on the BLAS path only; CausalAttentionCore) also provides
 //   template <class ExecSpace, class Q, class K, class V, class OAcc, class LseAcc>
 //   void forward_block(const ExecSpace&, const Q& q, const K& k, const V& v, const OAcc& o_acc, const LseAcc& lse_acc,
 //                      const TokenSegments& q_rows, const TokenSegments& k_rows, const DocumentLayout& documents,

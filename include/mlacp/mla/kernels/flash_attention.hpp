@@ -19,6 +19,12 @@
 // The core owns its scratch (allocated at the first call of a configuration, reused after), so calls through one core
 // object must be ordered: one execution-space instance, or fences between instances. Copies of a core do not share
 // scratch.
+//
+// Ring attention's blocks (forward_block, backward_block; the interface at the top of attention_core.hpp) run the same
+// kernels on positioned ranges (detail::FlashRange: query rows at global positions q_pos.., key rows at k_pos..): one
+// call per (query segment, key segment) pair that holds a visible (query, key) pair, the forward merged into o_acc and
+// lse_acc by log-sum-exp, the backward accumulated into dq, dk, dv. The square forward and backward are the range
+// q_pos = k_pos = 0, n_q = n_k = S. The block calls use the core's scratch too: the same ordering rule holds.
 #pragma once
 
 #include <Kokkos_Core.hpp>
