@@ -398,7 +398,7 @@ struct CountingTransport final : mlacp::detail::PendingTransport {
 };
 
 /// While a collective is pending, the BLAS path calls mlacp::progress() once per query tile (forward) and per key tile
-/// (backward) of each (batch, head), and not at all when none is.
+/// (backward) of each (batch, head), and not at all when none is; a block with no visible pair runs no tile.
 TEST(BlockAttention, ProgressesPendingCollectivesPerTile) {
   const std::int64_t s = 40;
   const auto q_rows = TokenSegments::contiguous(20, 20), k_rows = TokenSegments::contiguous(0, 20);
@@ -419,6 +419,12 @@ TEST(BlockAttention, ProgressesPendingCollectivesPerTile) {
   core.backward_block(space, q, k, v, o, lse, o, dq, dk, dv, q_rows, k_rows, mlacp::DocumentLayout(), s);
   space.fence();
   EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
+  // A block whose keys all follow its queries is skipped without any tile work: no tile loop, so no progress call.
+  core.forward_block(space, q, k, v, o, lse, k_rows, q_rows, mlacp::DocumentLayout(), s, true);
+  core.backward_block(space, q, k, v, o, lse, o, dq, dk, dv, k_rows, q_rows, mlacp::DocumentLayout(), s);
+  space.fence();
+  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
+  for (const double x : to_vec(lse)) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
   mlacp::detail::unregister_pending(&pending);
   core.forward_block(space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
   space.fence();
