@@ -21,7 +21,7 @@ from mpi4py import MPI as _MPI  # noqa: F401
 
 from . import _mlacp
 from ._mlacp import (CommunicationError, Error, InvalidArgument, MlaConfig, MlaRequiresGrad, MlaStrategy,
-                     ReduceScatterAlgorithm, UsageError, events, names, overlap_policy, set_overlap_policy,
+                     ReduceScatterAlgorithm, RingLayout, UsageError, events, names, overlap_policy, set_overlap_policy,
                      set_wait_timeout, wait_timeout)
 from .attention import MlaAttention
 from .gradients import all_reduce_grads
@@ -35,6 +35,6 @@ _atexit.register(_mlacp._finalize_kokkos)
 
 __all__ = [
     "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
-    "MlaStrategy", "ReduceScatterAlgorithm", "UsageError", "all_reduce_grads", "events", "names", "overlap_policy",
-    "set_overlap_policy", "set_wait_timeout", "wait_timeout"
+    "MlaStrategy", "ReduceScatterAlgorithm", "RingLayout", "UsageError", "all_reduce_grads", "events",
+    "names", "overlap_policy", "set_overlap_policy", "set_wait_timeout", "wait_timeout"
 ]
