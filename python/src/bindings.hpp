@@ -19,6 +19,8 @@ void bind_mesh(pybind11::module_& m);
 void bind_config(pybind11::module_& m);
 /// A RingLayout or its name ("contiguous" / "zigzag"; InvalidArgument naming the value otherwise).
 RingLayout ring_layout_of(const pybind11::handle& value);
+/// TokenMap: which global tokens each rank of a two-level mesh holds.
+void bind_token_map(pybind11::module_& m);
 /// The MLA layer over caller-owned (torch) storage, one class per value type.
 void bind_layer_float(pybind11::module_& m);
 void bind_layer_double(pybind11::module_& m);
