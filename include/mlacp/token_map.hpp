@@ -4,6 +4,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/partition.hpp>
@@ -112,8 +113,9 @@ namespace detail {
 /// Checks that `global` has map.seq() rows and `local` count(g, u) rows in dim 1, and that the other extents agree.
 template <class Global, class Local>
 void check_shard_views(const char* who, const TokenMap& map, int g, int u, const Global& global, const Local& local) {
-  static_assert(Global::rank == Local::rank, "mlacp::shard/unshard: the global and local Views must have one rank");
-  static_assert(Global::rank >= 2 && Global::rank <= 4,
+  static_assert(compat::view_rank_v<Global> == compat::view_rank_v<Local>,
+                "mlacp::shard/unshard: the global and local Views must have one rank");
+  static_assert(compat::view_rank_v<Global> >= 2 && compat::view_rank_v<Global> <= 4,
                 "mlacp::shard/unshard: Views of rank 2 to 4 ([B, S, ...], tokens in dim 1)");
   static_assert(std::is_same<typename Global::memory_space, typename Local::memory_space>::value,
                 "mlacp::shard/unshard: the global and local Views must be in the same memory space");
@@ -128,7 +130,7 @@ void check_shard_views(const char* who, const TokenMap& map, int g, int u, const
   if (static_cast<std::int64_t>(local.extent(1)) != count)
     fail("local.extent(1) = " + std::to_string(local.extent(1)) + "; expected the rank's token count " +
          std::to_string(count));
-  for (unsigned d = 0; d < Global::rank; ++d)
+  for (unsigned d = 0; d < static_cast<unsigned>(compat::view_rank_v<Global>); ++d)
     if (d != 1 && global.extent(d) != local.extent(d))
       fail("local.extent(" + std::to_string(d) + ") = " + std::to_string(local.extent(d)) + "; expected global's " +
            std::to_string(global.extent(d)));
@@ -137,9 +139,9 @@ void check_shard_views(const char* who, const TokenMap& map, int g, int u, const
 template <class View>
 auto rows(const View& v, std::int64_t begin, std::int64_t count) {
   const auto rows = Kokkos::make_pair(static_cast<std::size_t>(begin), static_cast<std::size_t>(begin + count));
-  if constexpr (View::rank == 2)
+  if constexpr (compat::view_rank_v<View> == 2)
     return Kokkos::subview(v, Kokkos::ALL, rows);
-  else if constexpr (View::rank == 3)
+  else if constexpr (compat::view_rank_v<View> == 3)
     return Kokkos::subview(v, Kokkos::ALL, rows, Kokkos::ALL);
   else
     return Kokkos::subview(v, Kokkos::ALL, rows, Kokkos::ALL, Kokkos::ALL);
