@@ -21,11 +21,12 @@ from mpi4py import MPI as _MPI  # noqa: F401
 
 from . import _mlacp
 from ._mlacp import (CommunicationError, Error, InvalidArgument, MlaConfig, MlaRequiresGrad, MlaStrategy,
-                     ReduceScatterAlgorithm, UsageError, events, names, overlap_policy, set_overlap_policy,
+                     ReduceScatterAlgorithm, RingLayout, UsageError, events, names, overlap_policy, set_overlap_policy,
                      set_wait_timeout, wait_timeout)
 from .attention import MlaAttention
 from .gradients import all_reduce_grads
 from .mesh import Mesh
+from .token_map import TokenMap
 
 __version__ = _mlacp.__version__
 
@@ -35,6 +36,6 @@ _atexit.register(_mlacp._finalize_kokkos)
 
 __all__ = [
     "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
-    "MlaStrategy", "ReduceScatterAlgorithm", "UsageError", "all_reduce_grads", "events", "names", "overlap_policy",
-    "set_overlap_policy", "set_wait_timeout", "wait_timeout"
+    "MlaStrategy", "ReduceScatterAlgorithm", "RingLayout", "TokenMap", "UsageError", "all_reduce_grads", "events",
+    "names", "overlap_policy", "set_overlap_policy", "set_wait_timeout", "wait_timeout"
 ]

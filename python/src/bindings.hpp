@@ -4,6 +4,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <mlacp/mla/config.hpp>
+
 namespace mlacp::python {
 
 /// mlacp's exception hierarchy as Python exceptions (Error, InvalidArgument, UsageError, CommunicationError).
@@ -13,8 +15,12 @@ void bind_errors(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
 /// mlacp::Mesh over an mpi4py communicator, and the agreement the Python layer uses for its own checks.
 void bind_mesh(pybind11::module_& m);
-/// MlaConfig, MlaStrategy and MlaRequiresGrad.
+/// MlaConfig, MlaStrategy, RingLayout and MlaRequiresGrad.
 void bind_config(pybind11::module_& m);
+/// A RingLayout or its name ("contiguous" / "zigzag"; InvalidArgument naming the value otherwise).
+RingLayout ring_layout_of(const pybind11::handle& value);
+/// TokenMap: which global tokens each rank of a two-level mesh holds.
+void bind_token_map(pybind11::module_& m);
 /// The MLA layer over caller-owned (torch) storage, one class per value type.
 void bind_layer_float(pybind11::module_& m);
 void bind_layer_double(pybind11::module_& m);

@@ -19,6 +19,15 @@ MlaStrategy strategy_of(const py::handle& value) {
   return value.cast<MlaStrategy>();
 }
 
+}  // namespace
+
+RingLayout ring_layout_of(const py::handle& value) {
+  if (py::isinstance<py::str>(value)) return parse_ring_layout(value.cast<std::string>());
+  return value.cast<RingLayout>();
+}
+
+namespace {
+
 std::string repr(const MlaConfig& c) {
   auto flag = [](bool b) { return b ? std::string("True") : std::string("False"); };
   return "mlacp.MlaConfig(batch=" + std::to_string(c.batch) + ", seq=" + std::to_string(c.seq) +
@@ -27,6 +36,7 @@ std::string repr(const MlaConfig& c) {
          ", latent=" + std::to_string(c.latent) + ", bias=" + flag(c.bias) + ", strategy='" + to_string(c.strategy) +
          "', rope_base=" + py::repr(py::float_(c.rope_base)).cast<std::string>() +
          ", rms_eps=" + py::repr(py::float_(c.rms_eps)).cast<std::string>() + ", overlap=" + flag(c.overlap) +
+         ", ring_layout='" + to_string(c.ring_layout) + "'" +
          (c.cu_seqlens.empty() ? std::string()
                                : ", cu_seqlens=" + py::repr(py::cast(c.cu_seqlens)).cast<std::string>()) +
          ")";
@@ -38,13 +48,18 @@ void bind_config(py::module_& m) {
   py::enum_<MlaStrategy>(m, "MlaStrategy", "How keys and values reach the head-sharded attention (MLA_SPEC).")
       .value("latent", MlaStrategy::latent)
       .value("expanded", MlaStrategy::expanded);
+  py::enum_<RingLayout>(m, "RingLayout",
+                        "Which global tokens each ring chunk holds on a two-level mesh (mlacp::RingLayout; "
+                        "mlacp.TokenMap has the map).")
+      .value("contiguous", RingLayout::contiguous)
+      .value("zigzag", RingLayout::zigzag);
 
   const MlaConfig defaults;
   py::class_<MlaConfig>(m, "MlaConfig",
                         "The dimensions of one MLA block (mlacp::MlaConfig; seq is the global sequence length S).")
       .def(py::init([](int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent, bool bias,
                        const py::object& strategy, double rope_base, double rms_eps, bool overlap,
-                       std::vector<std::int64_t> cu_seqlens) {
+                       std::vector<std::int64_t> cu_seqlens, const py::object& ring_layout) {
              MlaConfig c;
              c.batch = batch;
              c.seq = seq;
@@ -60,13 +75,15 @@ void bind_config(py::module_& m) {
              c.rms_eps = rms_eps;
              c.overlap = overlap;
              c.cu_seqlens = std::move(cu_seqlens);
+             c.ring_layout = ring_layout_of(ring_layout);
              return c;
            }),
            py::kw_only(), py::arg("batch") = 0, py::arg("seq") = 0, py::arg("hidden") = 0, py::arg("heads") = 0,
            py::arg("nope") = 0, py::arg("rope") = 0, py::arg("vdim") = 0, py::arg("latent") = 0,
            py::arg("bias") = defaults.bias, py::arg("strategy") = "latent", py::arg("rope_base") = defaults.rope_base,
            py::arg("rms_eps") = defaults.rms_eps, py::arg("overlap") = defaults.overlap,
-           py::arg("cu_seqlens") = std::vector<std::int64_t>{})
+           py::arg("cu_seqlens") = std::vector<std::int64_t>{},
+           py::arg("ring_layout") = to_string(defaults.ring_layout))
       .def(py::init<const MlaConfig&>(), py::arg("other"), "A copy.")
       .def_readwrite("batch", &MlaConfig::batch)
       .def_readwrite("seq", &MlaConfig::seq)
@@ -85,6 +102,10 @@ void bind_config(py::module_& m) {
       .def_readwrite("overlap", &MlaConfig::overlap)
       .def_readwrite("cu_seqlens", &MlaConfig::cu_seqlens,
                      "Packed documents: offsets 0 < ... < seq over the global sequence (empty: one document)")
+      .def_property(
+          "ring_layout", [](const MlaConfig& c) { return c.ring_layout; },
+          [](MlaConfig& c, const py::object& l) { c.ring_layout = ring_layout_of(l); },
+          "The ring's token layout on a two-level mesh: RingLayout or 'contiguous'/'zigzag' (mlacp.TokenMap)")
       .def("qk_dim", &MlaConfig::qk_dim)
       .def("error", &MlaConfig::error, py::arg("group_size"),
            "Why this configuration cannot run on a group of group_size ranks ('' when it can).")

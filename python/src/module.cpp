@@ -14,6 +14,7 @@ PYBIND11_MODULE(_mlacp, m) {
   mlacp::python::bind_runtime(m);
   mlacp::python::bind_mesh(m);
   mlacp::python::bind_config(m);
+  mlacp::python::bind_token_map(m);
   mlacp::python::bind_layer_float(m);
   mlacp::python::bind_layer_double(m);
   mlacp::python::bind_layer_bfloat16(m);
