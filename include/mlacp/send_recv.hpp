@@ -47,6 +47,7 @@ void check_send_recv_view(const View& view, const char* which, const std::string
 /// communicator whose error handler returns errors; MPI's default handler aborts). Two exchanges between the same
 /// pair may be in flight at once with different tags. Errors raised at launch, before anything is posted
 /// (InvalidArgument naming the value and what was expected): dest or source outside [0, P), a non-contiguous View,
+/// send and recv overlapping,
 /// negative tag (or one above MPI_TAG_UB), a View of more than INT_MAX values; a broken mesh raises
 /// CommunicationError. Registered as pending (mlacp::progress()), recorded by the event recorder, counted by
 /// collective_bytes().send_recv (the bytes of `send`), waited once; an unwaited handle completes at destruction.
@@ -84,6 +85,11 @@ AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendVie
                           std::to_string(mpi::tag_upper_bound()) + "] (MPI_TAG_UB)");
   detail::check_send_recv_view(send, "send", name);
   detail::check_send_recv_view(recv, "recv", name);
+  const auto address = [](const auto* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  if (send.size() > 0 && recv.size() > 0 && address(send.data()) < address(recv.data() + recv.size()) &&
+      address(recv.data()) < address(send.data() + send.size()))
+    throw InvalidArgument(where + "send '" + send.label() + "' and recv '" + recv.label() +
+                          "' overlap; expected separate Views (the transport writes recv while it reads send)");
   mesh.throw_if_broken("send_recv '" + name + "'");
 
   compat::ScopedRegion region("mlacp::launch_send_recv " + name);

@@ -202,6 +202,10 @@ TEST(SendRecv, RefusesBadPeersTagsAndNonContiguousViewsBeforePostingAnything) {
   EXPECT_TRUE(contains(what, "the send View 'cube' is not contiguous; expected a contiguous View")) << what;
   what = invalid_argument_of([&] { mlacp::launch_send_recv(Space(), plane, me, strided, me, mesh, "bad"); });
   EXPECT_TRUE(contains(what, "the recv View 'cube' is not contiguous")) << what;
+  what = invalid_argument_of([&] {
+    mlacp::launch_send_recv(Space(), send, me, Kokkos::subview(send, std::make_pair(2, 4)), me, mesh, "bad");
+  });
+  EXPECT_TRUE(contains(what, "overlap; expected separate Views")) << what;
   EXPECT_EQ(mlacp::pending_collectives(), 0u) << "nothing was posted";
   // Nothing was posted: a matched exchange with the same tag still pairs with the right message.
   auto ok = mlacp::launch_send_recv(Space(), send, next(me, 1, p), recv, next(me, -1, p), mesh, "after errors");
