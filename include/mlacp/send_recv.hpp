@@ -40,17 +40,16 @@ void check_send_recv_view(const View& view, const char* which, const std::string
 /// bf16), any rank, layout and extents; `send` is NOT copied: the handle keeps it alive and the caller must not write
 /// it until wait(); recv is written by the transport and returned by wait(). The execution-space instance is fenced
 /// before MPI reads `send`; device memory is staged through host buffers without GPU-aware MPI (as the collectives
-/// do) and with mesh.host_staging(). dest == source == rank copies locally on `space` at launch (nothing on the wire:
-/// not counted in collective_bytes, not pending). Counts
-/// may differ per pair: a receive larger than its message is fine (its values past the message are left as they
-/// were); a smaller one is MPI_ERR_TRUNCATE, raised at wait as CommunicationError naming the exchange (on a
-/// communicator whose error handler returns errors; MPI's default handler aborts). Two exchanges between the same
-/// pair may be in flight at once with different tags. Errors raised at launch, before anything is posted
-/// (InvalidArgument naming the value and what was expected): dest or source outside [0, P), a non-contiguous View,
-/// send and recv overlapping,
-/// negative tag (or one above MPI_TAG_UB), a View of more than INT_MAX values; a broken mesh raises
-/// CommunicationError. Registered as pending (mlacp::progress()), recorded by the event recorder, counted by
-/// collective_bytes().send_recv (the bytes of `send`), waited once; an unwaited handle completes at destruction.
+/// do) and with mesh.host_staging(). dest == source == rank copies locally on `space` at launch (nothing on the
+/// wire: not counted in collective_bytes, not pending). Counts may differ per pair: a receive larger than its message
+/// is fine (its values past the message are left as they were); a smaller one is MPI_ERR_TRUNCATE, raised at wait as
+/// CommunicationError naming the exchange (on a communicator whose error handler returns errors; MPI's default
+/// handler aborts). Two exchanges between the same pair may be in flight at once with different tags. Errors raised
+/// at launch, before anything is posted (InvalidArgument naming the value and what was expected): dest or source
+/// outside [0, P), a non-contiguous View, send and recv overlapping, a negative tag (or one above MPI_TAG_UB), a View
+/// of more than INT_MAX values; a broken mesh raises CommunicationError. Registered as pending (mlacp::progress()),
+/// recorded by the event recorder, counted by collective_bytes().send_recv (the bytes of `send`), waited once; an
+/// unwaited handle completes at destruction.
 template <class ExecSpace, class SendView, class RecvView>
 AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendView& send, int dest, const RecvView& recv,
                                            int source, const Mesh& mesh, const std::string& name = "send_recv",
