@@ -8,6 +8,7 @@ namespace {
 std::atomic<std::uint64_t> all_to_all_bytes{0};
 std::atomic<std::uint64_t> all_gather_bytes{0};
 std::atomic<std::uint64_t> reduce_scatter_bytes{0};
+std::atomic<std::uint64_t> send_recv_bytes{0};
 }  // namespace
 
 CollectiveBytes collective_bytes() noexcept {
@@ -15,6 +16,7 @@ CollectiveBytes collective_bytes() noexcept {
   out.all_to_all = all_to_all_bytes.load(std::memory_order_relaxed);
   out.all_gather = all_gather_bytes.load(std::memory_order_relaxed);
   out.reduce_scatter = reduce_scatter_bytes.load(std::memory_order_relaxed);
+  out.send_recv = send_recv_bytes.load(std::memory_order_relaxed);
   return out;
 }
 
@@ -22,6 +24,7 @@ void reset_collective_bytes() noexcept {
   all_to_all_bytes.store(0, std::memory_order_relaxed);
   all_gather_bytes.store(0, std::memory_order_relaxed);
   reduce_scatter_bytes.store(0, std::memory_order_relaxed);
+  send_recv_bytes.store(0, std::memory_order_relaxed);
 }
 
 namespace detail {
@@ -35,6 +38,9 @@ void count_collective_bytes(CountedCollective kind, std::uint64_t bytes) noexcep
       return;
     case CountedCollective::reduce_scatter:
       reduce_scatter_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      return;
+    case CountedCollective::send_recv:
+      send_recv_bytes.fetch_add(bytes, std::memory_order_relaxed);
       return;
   }
 }

@@ -9,3 +9,4 @@
 #include <mlacp/partition.hpp>
 #include <mlacp/progress.hpp>
 #include <mlacp/reduce_scatter.hpp>
+#include <mlacp/send_recv.hpp>

@@ -41,6 +41,22 @@ int start_exchange_blocks(const void* send, void* recv, int count, MPI_Datatype 
   return rc;
 }
 
+int start_send_recv(const void* send, int send_count, int dest, void* recv, int recv_count, int source, int tag,
+                    MPI_Datatype type, MPI_Comm comm, MPI_Request requests[2]) {
+  requests[0] = MPI_REQUEST_NULL;
+  requests[1] = MPI_REQUEST_NULL;
+  // The receive first, so that a message to this rank itself (dest == source == rank) finds it posted.
+  int rc = MPI_Irecv(recv, recv_count, type, source, tag, comm, &requests[1]);
+  if (rc != MPI_SUCCESS) return rc;
+  rc = MPI_Isend(send, send_count, type, dest, tag, comm, &requests[0]);
+  if (rc != MPI_SUCCESS && requests[1] != MPI_REQUEST_NULL) {
+    MPI_Cancel(&requests[1]);
+    MPI_Request_free(&requests[1]);
+    requests[1] = MPI_REQUEST_NULL;
+  }
+  return rc;
+}
+
 namespace {
 
 // A contiguous datatype of `unit` values of `type`, committed (MPI_DATATYPE_NULL on failure, with `rc` set).

@@ -25,6 +25,13 @@ bool finalized() noexcept {
   return flag != 0;
 }
 
+int tag_upper_bound() noexcept {
+  int* value = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag);
+  return flag != 0 && value != nullptr ? *value : 32767;
+}
+
 bool is_intercommunicator(MPI_Comm comm) {
   int flag = 0;
   MPI_Comm_test_inter(comm, &flag);

@@ -7,62 +7,80 @@
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 namespace mlacp::mpi {
 namespace {
 
+// One operation carried by one or more MPI requests (a collective: one; a send/receive pair: two). It completes
+// when all of them did; the first MPI error among them is raised once all completed.
 class RequestTransport final : public detail::PendingTransport {
  public:
-  RequestTransport(MPI_Request request, MPI_Comm comm, CollectiveInfo info)
-      : request_(request), comm_(comm), info_(std::move(info)) {}
+  RequestTransport(std::vector<MPI_Request> requests, MPI_Comm comm, CollectiveInfo info)
+      : requests_(std::move(requests)), comm_(comm), info_(std::move(info)) {}
   ~RequestTransport() override { complete_noexcept(); }
 
   bool test() override {
-    if (request_ == MPI_REQUEST_NULL) return true;
-    int done = 0;
-    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test of '" + info_.name + "'");
-    return done != 0;
+    bool all = true;
+    for (auto& request : requests_) {
+      if (request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test of '" + info_.name + "'");
+      all = all && done != 0;
+    }
+    return all;
   }
 
   void wait() override {
-    if (request_ == MPI_REQUEST_NULL) return;
-    // With the watchdog on or off, MPI's error code reaches the caller. A broken mesh leaves the request active: the
-    // handle's destructor parks it (complete_noexcept).
-    bool failed = false;
-    const int code = wait_watched(&request_, comm_, info_, &failed);
-    if (failed) throw_if_failed(comm_, "mlacp: wait of '" + info_.name + "'");
-    check_mpi(code, "MPI_Wait of '" + info_.name + "'");
+    // With the watchdog on or off, MPI's error code reaches the caller. A broken mesh leaves the requests active: the
+    // handle's destructor parks them (complete_noexcept).
+    int first_error = MPI_SUCCESS;
+    for (auto& request : requests_) {
+      if (request == MPI_REQUEST_NULL) continue;
+      bool failed = false;
+      const int code = wait_watched(&request, comm_, info_, &failed);
+      if (failed) throw_if_failed(comm_, "mlacp: wait of '" + info_.name + "'");
+      if (code != MPI_SUCCESS) {
+        if (first_error == MPI_SUCCESS) first_error = code;
+        request = MPI_REQUEST_NULL;  // a failed request is complete; MPI may have freed it already
+      }
+    }
+    check_mpi(first_error, "MPI_Wait of '" + info_.name + "'");
   }
 
   void progress() noexcept override {
-    if (request_ == MPI_REQUEST_NULL) return;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
-    int done = 0;
-    MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+    for (auto& request : requests_) {
+      if (request == MPI_REQUEST_NULL) continue;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
+      int done = 0;
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    }
   }
 
   void complete_noexcept() noexcept override {
-    if (request_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
-      bool failed = false;
-      const int code = wait_watched(&request_, comm_, info_, &failed);
-      if (failed) {
-        // The mesh is broken: this collective may never complete. The request is parked here; the handle keeps what
-        // it uses alive for good (parked()).
-        park(request_, nullptr);
-        parked_ = true;
-      } else if (code != MPI_SUCCESS) {
-        std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info_.name.c_str());
+    for (auto& request : requests_) {
+      if (request == MPI_REQUEST_NULL) continue;
+      if (!finalized && !parked_) {
+        bool failed = false;
+        const int code = wait_watched(&request, comm_, info_, &failed);
+        if (failed) {
+          // The mesh is broken: this operation may never complete. The requests are parked here; the handle keeps
+          // what they use alive for good (parked()).
+          parked_ = true;
+        } else if (code != MPI_SUCCESS) {
+          std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info_.name.c_str());
+        }
       }
+      if (parked_ && request != MPI_REQUEST_NULL) park(request, nullptr);
+      request = MPI_REQUEST_NULL;
     }
-    request_ = MPI_REQUEST_NULL;
   }
 
   bool parked() const noexcept override { return parked_; }
 
  private:
-  MPI_Request request_;
+  std::vector<MPI_Request> requests_;
   MPI_Comm comm_;
   CollectiveInfo info_;
   bool parked_ = false;
@@ -123,7 +141,12 @@ void abort_communicator(MPI_Comm comm) noexcept {
 
 std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request request, MPI_Comm comm,
                                                                  CollectiveInfo info) {
-  return std::make_unique<RequestTransport>(request, comm, std::move(info));
+  return std::make_unique<RequestTransport>(std::vector<MPI_Request>{request}, comm, std::move(info));
+}
+
+std::unique_ptr<detail::PendingTransport> make_request_pair_transport(MPI_Request send, MPI_Request recv, MPI_Comm comm,
+                                                                      CollectiveInfo info) {
+  return std::make_unique<RequestTransport>(std::vector<MPI_Request>{send, recv}, comm, std::move(info));
 }
 
 void check_mpi(int code, const std::string& what) {

@@ -247,8 +247,14 @@ std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, co
   };
   const auto parts = static_cast<std::size_t>(communicator.size());
   const bool uneven = !send_blocks.empty() || !recv_blocks.empty();
+  if (operation == detail::Operation::send_recv)
+    throw InvalidArgument("mlacp::nccl::launch '" + name +
+                          "': a send_recv; expected a collective (point-to-point exchanges start with "
+                          "nccl::launch_send_recv)");
   if (uneven) {
     switch (operation) {
+      case detail::Operation::send_recv:
+        break;  // refused above
       case detail::Operation::all_to_all:
         exchange_v(true);
         break;
@@ -285,6 +291,8 @@ std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, co
     }
   } else {
     switch (operation) {
+      case detail::Operation::send_recv:
+        break;  // refused above
       case detail::Operation::all_to_all:
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
         grouped = false;
@@ -317,6 +325,33 @@ std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, co
   auto transport = std::make_unique<StreamTransport>(nullptr, compute_stream, communicator, std::move(info));
   static const LaunchSteps steps = LaunchSteps::cuda();
   EventOwner done = enqueue(steps, communicator, compute_stream, calls, grouped, name);
+  transport->adopt(done.release());
+  return transport;
+}
+
+std::unique_ptr<detail::PendingTransport> launch_send_recv(const void* send, std::size_t send_count, int dest,
+                                                           void* recv, std::size_t recv_count, int source,
+                                                           ncclDataType_t type, Communicator& communicator,
+                                                           cudaStream_t compute_stream, CollectiveInfo info) {
+  const std::string name = info.name;
+  for (const int peer : {dest, source})
+    if (peer < 0 || peer >= communicator.size())
+      throw InvalidArgument("mlacp::nccl::launch_send_recv '" + name + "': peer " + std::to_string(peer) +
+                            "; expected a rank in [0, " + std::to_string(communicator.size()) + ")");
+  if ((send_count > 0 && send == nullptr) || (recv_count > 0 && recv == nullptr))
+    throw InvalidArgument("mlacp::nccl::launch_send_recv '" + name + "': a null " +
+                          (send_count > 0 && send == nullptr ? "send" : "receive") +
+                          " buffer; expected allocated buffers");
+  const cudaStream_t stream = communicator.stream();
+  const ncclComm_t comm = communicator.comm();
+  // Both in one group, so that a ring of exchanges (every rank sending to the next, receiving from the previous)
+  // cannot deadlock; NCCL matches them with the peers' calls in launch order.
+  const std::vector<PostedCall> calls{
+      {"ncclSend", [=] { return ncclSend(send, send_count, type, dest, comm, stream); }},
+      {"ncclRecv", [=] { return ncclRecv(recv, recv_count, type, source, comm, stream); }}};
+  auto transport = std::make_unique<StreamTransport>(nullptr, compute_stream, communicator, std::move(info));
+  static const LaunchSteps steps = LaunchSteps::cuda();
+  EventOwner done = enqueue(steps, communicator, compute_stream, calls, true, name);
   transport->adopt(done.release());
   return transport;
 }

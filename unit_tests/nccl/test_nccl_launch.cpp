@@ -213,4 +213,25 @@ TEST(NcclLaunch, Bf16ReduceScatterIsRefusedBeforeAnythingIsEnqueued) {
   EXPECT_TRUE(log.empty()) << "nothing created, nothing aborted";
 }
 
+// The point-to-point form (launch_send_recv's NCCL backend): a peer outside the communicator is refused before
+// anything is created or posted, and the collective entry point refuses a send_recv (it has its own).
+TEST(NcclLaunch, SendRecvRefusesABadPeerBeforeAnythingIsEnqueued) {
+  std::vector<std::string> log;
+  mlacp::Mesh mesh(MPI_COMM_SELF);
+  mlacp::nccl::Communicator communicator(mesh, fake_creation(log));
+  mlacp::CollectiveInfo info;
+  info.name = "ring kv";
+  float send[4] = {}, recv[4] = {};
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] { mlacp::nccl::launch_send_recv(send, 4, 1, recv, 4, 0, ncclFloat32, communicator, nullptr, info); },
+      "mlacp::nccl::launch_send_recv 'ring kv': peer 1; expected a rank in [0, 1)");
+  mlacp::test::expect_error<mlacp::InvalidArgument>(
+      [&] {
+        mlacp::nccl::launch(mlacp::detail::Operation::send_recv, send, recv, 4, ncclFloat32, 4, communicator, nullptr,
+                            info);
+      },
+      "mlacp::nccl::launch 'ring kv': a send_recv; expected a collective");
+  EXPECT_TRUE(log.empty()) << "nothing created, nothing aborted";
+}
+
 }  // namespace

@@ -179,10 +179,10 @@ AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
       std::move(launch.send_blocks),
       std::move(launch.recv_blocks)};
   // What this launch hands to the wire (collective_bytes.hpp): the send buffer, in the collective's value type.
-  detail::count_collective_bytes(launch.operation == detail::Operation::all_to_all ? CountedCollective::all_to_all
-                                 : launch.operation == detail::Operation::all_gather
-                                     ? CountedCollective::all_gather
-                                     : CountedCollective::reduce_scatter,
+  detail::count_collective_bytes(launch.operation == detail::Operation::all_to_all   ? CountedCollective::all_to_all
+                                 : launch.operation == detail::Operation::all_gather ? CountedCollective::all_gather
+                                 : launch.operation == detail::Operation::send_recv  ? CountedCollective::send_recv
+                                                                                    : CountedCollective::reduce_scatter,
                                  static_cast<std::uint64_t>(launch.send.size() * sizeof(T)));
   detail::StartedTransport started = detail::TransportFor<ExecSpace>::start(space, mesh, request);
   std::function<void()> finish = [arrived = std::move(started.arrived), finish = std::move(launch.finish)]() {

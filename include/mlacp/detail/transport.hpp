@@ -23,6 +23,7 @@ enum class Operation {
   all_gather,          ///< send (one block) to every rank; block i of recv from rank i
   reduce_scatter_sum,  ///< recv (one block) = the sum over ranks of their send block j = this rank
   exchange_blocks,     ///< as all_to_all, but this rank's own block is neither sent nor copied (pairwise sum)
+  send_recv,  ///< point-to-point: all of send to rank `dest`, recv (up to its size) from rank `source`, with `tag`
 };
 
 /// The per-peer blocks of a buffer of an uneven (v) collective, in values: peer j's block is
@@ -50,6 +51,10 @@ struct TransportRequest {
   PeerBlocks send_blocks;
   PeerBlocks recv_blocks;
   bool uneven() const noexcept { return !send_blocks.empty() || !recv_blocks.empty(); }
+  /// send_recv only: the peers (ranks of the mesh) and the MPI tag (NCCL matches in launch order instead).
+  int dest = -1;
+  int source = -1;
+  int tag = 0;
 };
 
 /// What a backend hands back for one started collective.

@@ -28,6 +28,12 @@ int start_reduce_scatter_block(const void* send, void* recv, int count, MPI_Data
 int start_exchange_blocks(const void* send, void* recv, int count, MPI_Datatype type, MPI_Comm comm, int* counts,
                           int* displacements, MPI_Request* request);
 
+/// The point-to-point exchange of launch_send_recv: MPI_Irecv of up to `recv_count` values from `source` into
+/// requests[1], then MPI_Isend of `send_count` values to `dest` into requests[0], both with `tag` on `comm`. On an
+/// error neither request is left active (a posted receive is cancelled and freed).
+int start_send_recv(const void* send, int send_count, int dest, void* recv, int recv_count, int source, int tag,
+                    MPI_Datatype type, MPI_Comm comm, MPI_Request requests[2]);
+
 /// One side of an uneven (v) collective in MPI's terms. MPI counts and displacements are ints: they are expressed in
 /// units of a contiguous datatype of `unit` values, the greatest common divisor of every count and offset of the
 /// blocks (a collective's blocks are whole slices of its partitioned dimension, so a count or offset in units is at

@@ -17,6 +17,9 @@ namespace mlacp::mpi {
 bool initialized() noexcept;
 bool finalized() noexcept;
 
+/// The largest tag MPI allows (MPI_TAG_UB, at least 32767).
+int tag_upper_bound() noexcept;
+
 /// Whether `comm` is an inter-communicator.
 bool is_intercommunicator(MPI_Comm comm);
 

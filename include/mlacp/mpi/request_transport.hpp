@@ -18,6 +18,11 @@ namespace mlacp::mpi {
 std::unique_ptr<detail::PendingTransport> make_request_transport(MPI_Request request, MPI_Comm comm,
                                                                  CollectiveInfo info);
 
+/// The same for a point-to-point exchange (launch_send_recv): its MPI_Isend and MPI_Irecv requests, completed together;
+/// wait() raises the first MPI error among them (e.g. MPI_ERR_TRUNCATE of the receive) once both completed.
+std::unique_ptr<detail::PendingTransport> make_request_pair_transport(MPI_Request send, MPI_Request recv, MPI_Comm comm,
+                                                                      CollectiveInfo info);
+
 /// Completes `request` on `comm` by polling: returns MPI's error code once it completed. Every poll also tests the
 /// failure channels of `comm`: when one is broken, sets `*mesh_failed` (when given) and returns MPI_SUCCESS with the
 /// request still active (the caller raises or parks it); without `mesh_failed` a broken mesh is not looked at. Past

@@ -49,12 +49,12 @@ struct Transport {
         throw InvalidArgument("mlacp: " + name + ": MPI's own reduce-scatter cannot sum bf16 (MPI has no bf16 sum)");
     }
     detail::StartedTransport started;
-    MPI_Request handle = MPI_REQUEST_NULL;
+    MPI_Request handles[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // a send_recv's send and receive; else [0]
     if (reads_directly<MemSpace>() && !mesh.host_staging()) {
       compat::fence(space, name + ": send buffer complete before MPI reads it");
-      check_mpi(issue(request, request.send.data(), request.recv.data(), mesh, started, &handle),
+      check_mpi(issue(request, request.send.data(), request.recv.data(), mesh, started, handles),
                 name + ": MPI launch");
-      started.transport = make_request_transport(handle, mesh.comm(), request.info);
+      started.transport = transport_of(request, handles, mesh);
       return started;
     }
     const auto host_send =
@@ -62,10 +62,12 @@ struct Transport {
     const auto host_recv =
         detail::allocate_buffer<T, Kokkos::HostSpace>(space, name + " host recv", request.recv.size());
     Kokkos::deep_copy(space, host_send.view, request.send);
+    // A receive may be longer than its message: what the message does not cover keeps recv's values, as unstaged.
+    if (request.operation == detail::Operation::send_recv) Kokkos::deep_copy(space, host_recv.view, request.recv);
     compat::fence(space, name + ": host staging complete before MPI reads it");
-    check_mpi(issue(request, host_send.view.data(), host_recv.view.data(), mesh, started, &handle),
+    check_mpi(issue(request, host_send.view.data(), host_recv.view.data(), mesh, started, handles),
               name + ": MPI launch");
-    started.transport = make_request_transport(handle, mesh.comm(), request.info);
+    started.transport = transport_of(request, handles, mesh);
     started.arrived = [space, recv = request.recv, staged = host_recv.view]() {
       Kokkos::deep_copy(space, recv, staged);
     };
@@ -75,13 +77,30 @@ struct Transport {
   }
 
  private:
-  // Starts `request` with `send` and `recv` (its buffers, or their host copies).
+  template <class T, class MemSpace>
+  static std::unique_ptr<detail::PendingTransport> transport_of(const detail::TransportRequest<T, MemSpace>& request,
+                                                                const MPI_Request* handles, const Mesh& mesh) {
+    if (request.operation == detail::Operation::send_recv)
+      return make_request_pair_transport(handles[0], handles[1], mesh.comm(), request.info);
+    return make_request_transport(handles[0], mesh.comm(), request.info);
+  }
+
+  // Starts `request` with `send` and `recv` (its buffers, or their host copies): into handles[0], and a send_recv's
+  // receive into handles[1].
   template <class T, class MemSpace>
   static int issue(const detail::TransportRequest<T, MemSpace>& request, const T* send, T* recv, const Mesh& mesh,
                    detail::StartedTransport& started, MPI_Request* handle) {
+    if (request.operation == detail::Operation::send_recv) {
+      // launch_send_recv refused counts beyond MPI's int before anything was posted.
+      return start_send_recv(send, static_cast<int>(request.send.size()), request.dest, recv,
+                             static_cast<int>(request.recv.size()), request.source, request.tag, datatype<T>(),
+                             mesh.comm(), handle);
+    }
     if (request.uneven()) return issue_uneven(request, send, recv, mesh, started, handle);
     const int n = static_cast<int>(request.count);  // validate_collective refused blocks beyond MPI's int count
     switch (request.operation) {
+      case detail::Operation::send_recv:
+        break;  // above
       case detail::Operation::all_to_all:
         return start_all_to_all(send, recv, n, datatype<T>(), mesh.comm(), handle);
       case detail::Operation::all_gather:
@@ -106,6 +125,8 @@ struct Transport {
                           const Mesh& mesh, detail::StartedTransport& started, MPI_Request* handle) {
     const std::string& name = request.info.name;
     switch (request.operation) {
+      case detail::Operation::send_recv:
+        break;  // never uneven (issue)
       case detail::Operation::all_to_all:
       case detail::Operation::exchange_blocks: {
         auto sent = std::make_shared<BlocksInUnits>(in_units(request.send_blocks, name + " (send blocks)"));

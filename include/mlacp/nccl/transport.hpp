@@ -155,6 +155,14 @@ std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, co
                                                  CollectiveInfo info, const detail::PeerBlocks& send_blocks = {},
                                                  const detail::PeerBlocks& recv_blocks = {});
 
+/// Enqueues a point-to-point exchange (launch_send_recv): ncclSend of `send_count` values to `dest` and ncclRecv of
+/// `recv_count` values from `source`, in one group on the communicator's stream, after `compute_stream`'s work. NCCL
+/// has no tags: exchanges between two ranks match in launch order, and a receive's count must equal its message's.
+std::unique_ptr<detail::PendingTransport> launch_send_recv(const void* send, std::size_t send_count, int dest,
+                                                           void* recv, std::size_t recv_count, int source,
+                                                           ncclDataType_t type, Communicator& communicator,
+                                                           cudaStream_t compute_stream, CollectiveInfo info);
+
 struct Transport {
   /// ncclReduceScatter always.
   static bool reduces_natively(const Mesh&) { return true; }
@@ -177,6 +185,12 @@ struct Transport {
                                                   const detail::TransportRequest<T, MemSpace>& request) {
     detail::StartedTransport started;
     started.resources.emplace_back(communicator);  // the transport polls and may abort it until it completes
+    if (request.operation == detail::Operation::send_recv) {
+      started.transport = launch_send_recv(request.send.data(), request.send.size(), request.dest, request.recv.data(),
+                                           request.recv.size(), request.source, datatype<T>(), *communicator,
+                                           compute_stream, request.info);
+      return started;
+    }
     if constexpr (std::is_same_v<T, bf16>) {
       if (request.operation == detail::Operation::reduce_scatter_sum) {
         const std::string& name = request.info.name;
