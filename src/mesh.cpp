@@ -352,12 +352,25 @@ void Mesh::release() noexcept {
 
 void Mesh::report_failure(const std::string& what) const noexcept {
   if (failure_) failure_->report(what);
+  // A two-level mesh: the peers of this rank's Ulysses group and ring may be waiting in a collective of a sub-mesh,
+  // whose own failure channel is the one they watch; each learns it there (and, raising, reports on in turn).
+  for (const Mesh* level : {ulysses_.get(), ring_.get()})
+    if (level != nullptr) level->report_failure(what);
 }
 
-bool Mesh::broken() const noexcept { return comm_ != MPI_COMM_NULL && mpi::channels_failed(comm_); }
+bool Mesh::broken() const noexcept {
+  if (comm_ == MPI_COMM_NULL) return false;
+  if (mpi::channels_failed(comm_)) return true;
+  for (const Mesh* level : {ulysses_.get(), ring_.get()})
+    if (level != nullptr && level->broken()) return true;
+  return false;
+}
 
 void Mesh::throw_if_broken(const std::string& where) const {
-  if (comm_ != MPI_COMM_NULL) mpi::throw_if_failed(comm_, where);
+  if (comm_ == MPI_COMM_NULL) return;
+  mpi::throw_if_failed(comm_, where);
+  for (const Mesh* level : {ulysses_.get(), ring_.get()})
+    if (level != nullptr) level->throw_if_broken(where);
 }
 
 namespace detail {
