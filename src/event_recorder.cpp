@@ -4,6 +4,7 @@
 
 #include <mlacp/error.hpp>
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -143,7 +144,12 @@ void record(EventKind kind, const std::string& name) {
     r.ring_next = (r.ring_next + 1) % recent_capacity;
     r.ring_size = std::min(r.ring_size + 1, recent_capacity);
   }
-  if (on) r.list.push_back(Event{kind, name, std::chrono::duration<double>(now - r.origin).count(), nanoseconds(now)});
+  if (on) {
+    timespec cpu{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+    r.list.push_back(Event{kind, name, std::chrono::duration<double>(now - r.origin).count(), nanoseconds(now),
+                           static_cast<double>(cpu.tv_sec) + 1e-9 * static_cast<double>(cpu.tv_nsec)});
+  }
 }
 
 std::vector<RecentEvent> recent() {

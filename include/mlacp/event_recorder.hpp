@@ -36,6 +36,9 @@ struct Event {
   /// The same instant as steady-clock nanoseconds since the clock's epoch: not reset by clear(), and on Linux the
   /// same clock in every process of one machine (the time axis of the Chrome trace).
   std::int64_t clock_ns;
+  /// The recording thread's CPU time at that instant, in seconds (CLOCK_THREAD_CPUTIME_ID): the CPU a phase used,
+  /// which an oversubscribed or shared machine does not inflate as it does wall time (the ring's balance report).
+  double thread_cpu_s = 0;
 };
 
 namespace events {
