@@ -104,6 +104,12 @@ void bind_runtime(py::module_& m) {
            {"do_a2a", mlacp::names::do_a2a},
            {"payload_all_gather", mlacp::names::payload_all_gather},
            {"latent_reduce_scatter", mlacp::names::latent_reduce_scatter},
+           {"ring_payload", mlacp::names::ring_payload},
+           {"ring_k", mlacp::names::ring_k},
+           {"ring_v", mlacp::names::ring_v},
+           {"ring_d_payload", mlacp::names::ring_d_payload},
+           {"ring_dk", mlacp::names::ring_dk},
+           {"ring_dv", mlacp::names::ring_dv},
            {"w_q_fprop", mlacp::names::w_q_fprop},
            {"w_kva_fprop", mlacp::names::w_kva_fprop},
            {"w_kvb_fprop", mlacp::names::w_kvb_fprop},
@@ -120,7 +126,9 @@ void bind_runtime(py::module_& m) {
            {"q_backward", mlacp::names::q_backward},
            {"k_backward", mlacp::names::k_backward},
            {"v_backward", mlacp::names::v_backward},
-           {"payload_backward", mlacp::names::payload_backward}})
+           {"payload_backward", mlacp::names::payload_backward},
+           {"ring_expand", mlacp::names::ring_expand},
+           {"ring_kv_backward", mlacp::names::ring_kv_backward}})
     names.attr(attribute) = value;
 }
 

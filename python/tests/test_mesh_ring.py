@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 """mlacp.Mesh(comm, ring=C): the two-level mesh of issue 21 (C Ulysses groups of U = P / C consecutive ranks, U rings
-of C ranks), ring="node", ring=1 as the flat mesh, bad rings refused on every rank, the MLA layer's refusal."""
+of C ranks), ring="node", ring=1 as the flat mesh, bad rings refused on every rank, and ring attention through the
+module against the reference (TokenMap shards)."""
 import pytest
 import torch
 from conftest import small_config
+from mla_reference import reference, relative_error, tolerance
 
 import mlacp
 
@@ -47,10 +49,33 @@ def test_ring_not_dividing_p_is_refused_on_every_rank(comm):
     comm.Barrier()
 
 
-def test_mla_layer_refuses_a_two_level_mesh(comm):
-    if comm.size < 2:
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["double", "float"])
+@pytest.mark.parametrize("strategy", ["latent", "expanded"])
+def test_ring_layer_matches_reference(comm, strategy, dtype, layout):
+    """Ring attention through the module: each rank holds its TokenMap tokens of x and dy (uneven S, a document
+    crossing the chunks); y and dx are the reference's rows of those tokens, the weight gradients its sums."""
+    if comm.size < 2 or comm.size % 2:
         pytest.skip("needs a ring of 2")
     mesh = mlacp.Mesh(comm, ring=2)
-    with pytest.raises(mlacp.InvalidArgument, match="ring attention over a two-level mesh"):
-        mlacp.MlaAttention(small_config(), mesh, dtype=torch.float64, seed=1)
-    comm.Barrier()
+    config = small_config(strategy=strategy, bias=True, seq=19, ring_layout=layout, cu_seqlens=[0, 7, 8, 19])
+    layer = mlacp.MlaAttention(config, mesh, dtype=dtype, seed=7)
+    token_map = mlacp.TokenMap.of(mesh, config.seq, layout)
+    index = token_map.indices(mesh.ring_rank, mesh.ulysses_rank)
+    generator = torch.Generator().manual_seed(11)
+    x_full = torch.randn(config.batch, config.seq, config.hidden, generator=generator, dtype=torch.float64).to(dtype)
+    dy_full = torch.randn(x_full.shape, generator=generator, dtype=torch.float64).to(dtype)
+    x_local = token_map.shard(x_full, mesh).requires_grad_()
+    assert torch.equal(x_local, x_full[:, index])
+    y_local = layer(x_local)
+    y_local.backward(token_map.shard(dy_full, mesh))
+    mlacp.all_reduce_grads(layer)
+    y_ref, dx_ref, grads_ref = reference(config, layer, x_full, dy_full)
+    errors = {"y": relative_error(y_local, y_ref[:, index]), "dx": relative_error(x_local.grad, dx_ref[:, index])}
+    for name, p in layer.named_parameters():
+        errors["d" + name] = relative_error(p.grad, grads_ref[name])
+    assert max(errors.values()) <= tolerance(dtype), errors
+    # unshard puts the rank's rows back in global order.
+    out = torch.zeros_like(x_full)
+    token_map.unshard(y_local.detach(), mesh, out)
+    assert torch.equal(out[:, index], y_local.detach())

@@ -55,30 +55,40 @@ TEST(Names, EveryRecordedEventOfTheLayerIsNamedByTheHeader) {
                                        names::q_backward,
                                        names::k_backward,
                                        names::v_backward,
-                                       names::payload_backward};
-  mlacp::Mesh mesh(MPI_COMM_WORLD);
-  for (const auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-    const auto config = mlacp::test::make_config(1, 4 * mesh.size(), 8, 2 * mesh.size(), 4, 2, 3, 5, true, strategy);
-    mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 5), mesh);
-    mlacp::detail::Tensor3<double, Mem> x("x", 1, layer.local_seq(), 8), dy("dy", 1, layer.local_seq(), 8);
-    mlacp::test::fill(x, 3, 1.0);
-    mlacp::test::fill(dy, 4, 1.0);
-    mlacp::events::clear();
-    mlacp::events::enable(true);
-    auto f = layer.forward(Space(), x);
-    layer.backward(Space(), f, dy);
-    mlacp::events::enable(false);
-    const auto events = mlacp::events::snapshot();
-    ASSERT_FALSE(events.empty());
-    // Checked mode also records each agreement, named by the call or collective it guards.
-    const std::string agreement = " (checked-mode agreement)";
-    for (const auto& e : events) {
-      const bool is_agreement = e.name.size() > agreement.size() &&
-                                e.name.compare(e.name.size() - agreement.size(), agreement.size(), agreement) == 0;
-      if (is_agreement) continue;
-      EXPECT_TRUE(known.count(e.name)) << "'" << e.name << "' is not in mla/names.hpp";
+                                       names::payload_backward,
+                                       names::ring_payload,
+                                       names::ring_k,
+                                       names::ring_v,
+                                       names::ring_d_payload,
+                                       names::ring_dk,
+                                       names::ring_dv,
+                                       names::ring_expand,
+                                       names::ring_kv_backward};
+  // Flat, and (P > 1) a ring of P: the ring's exchanges and phases are named by the header too.
+  for (const int ring : {1, mlacp::test::world_size()})
+    for (const auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+      mlacp::Mesh mesh(MPI_COMM_WORLD, ring);
+      const auto config = mlacp::test::make_config(1, 4 * mesh.size(), 8, 2 * mesh.size(), 4, 2, 3, 5, true, strategy);
+      mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 5), mesh);
+      mlacp::detail::Tensor3<double, Mem> x("x", 1, layer.local_seq(), 8), dy("dy", 1, layer.local_seq(), 8);
+      mlacp::test::fill(x, 3, 1.0);
+      mlacp::test::fill(dy, 4, 1.0);
+      mlacp::events::clear();
+      mlacp::events::enable(true);
+      auto f = layer.forward(Space(), x);
+      layer.backward(Space(), f, dy);
+      mlacp::events::enable(false);
+      const auto events = mlacp::events::snapshot();
+      ASSERT_FALSE(events.empty());
+      // Checked mode also records each agreement, named by the call or collective it guards.
+      const std::string agreement = " (checked-mode agreement)";
+      for (const auto& e : events) {
+        const bool is_agreement = e.name.size() > agreement.size() &&
+                                  e.name.compare(e.name.size() - agreement.size(), agreement.size(), agreement) == 0;
+        if (is_agreement) continue;
+        EXPECT_TRUE(known.count(e.name)) << "'" << e.name << "' is not in mla/names.hpp";
+      }
     }
-  }
 }
 
 }  // namespace

@@ -175,15 +175,4 @@ TEST(MeshLayout, RingNodeOnOneMachineIsFlat) {
   EXPECT_EQ(&mesh.ulysses_group(), &mesh);
 }
 
-TEST(MeshLayout, MlaLayerRefusesATwoLevelMesh) {
-  const int p = mlacp::test::world_size();
-  if (p < 2) GTEST_SKIP() << "needs a ring of 2";
-  mlacp::Mesh mesh(MPI_COMM_WORLD, 2);
-  const auto c = mlacp::test::make_config(1, 12, 16, 2, 4, 2, 3, 6, false, mlacp::MlaStrategy::latent);
-  const auto weights = mlacp::test::make_weights<double, Mem>(c, 3);
-  mlacp::test::expect_error<mlacp::InvalidArgument>(
-      [&] { mlacp::MlaAttention<double> layer(c, weights, mesh); },
-      "ring attention over a two-level mesh (issue 21) is not implemented yet; expected a mesh with ring = 1");
-}
-
 }  // namespace

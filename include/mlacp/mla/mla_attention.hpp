@@ -148,11 +148,7 @@ class MlaAttention {
     if (error.empty()) error = detail::weights_error(config_, weights_, "weight");
     if (error.empty()) error = documents_error(config_.cu_seqlens);
     if (error.empty()) error = wire_error(mesh);
-    if (error.empty() && mesh.ring_size() > 1)
-      error =
-          "mlacp::MlaAttention: the mesh has ring = " + std::to_string(mesh.ring_size()) + " (" +
-          std::to_string(mesh.ulysses_size()) + " x " + std::to_string(mesh.ring_size()) +
-          "): ring attention over a two-level mesh (issue 21) is not implemented yet; expected a mesh with ring = 1";
+    if (error.empty() && mesh.ring_size() > 1) error = ring_error(mesh);
     // Every setting the core reads is read and checked here, with the rest of the configuration (never lazily inside
     // a schedule, where ranks that hold no head would not reach it and their peers would wait in a collective).
     auto fields = detail::config_fields(config_);
@@ -196,8 +192,13 @@ class MlaAttention {
   /// others floor(S/P) (heads: the same rule with H), contiguous in rank order (partition.hpp).
   const Partition& seq_partition() const { return context_.seq_partition(); }
   const Partition& head_partition() const { return context_.head_partition(); }
-  /// This rank's tokens (x and dy are [B, local_seq(), D]), from global token seq_partition().offset(rank).
+  /// This rank's tokens (x and dy are [B, local_seq(), D]), from global token seq_partition().offset(rank) when the
+  /// mesh is flat; on a two-level mesh the global tokens token_map().ranges(ring_rank, ulysses_rank).
   int local_seq() const { return context_.local_seq(); }
+  /// Which global tokens each rank holds (token_map.hpp): on a flat mesh rank r holds Partition(S, P) part r; on a
+  /// two-level mesh U x C, chunk g = mesh.ring_rank() of the configuration's ring layout, split over its Ulysses group
+  /// (seq_partition() is then that split, in chunk-local indices). x, dy, y and dx follow it (shard / unshard).
+  const TokenMap& token_map() const { return context_.token_map(); }
   /// This rank's heads in the attention, from global head head_partition().offset(rank).
   int local_heads() const { return context_.local_heads(); }
 
@@ -366,6 +367,26 @@ class MlaAttention {
     return "mlacp::MlaAttention: cu_seqlens has " + std::to_string(cu_seqlens.size() - 1) +
            " documents but the attention core takes no DocumentLayout; expected a core with a trailing "
            "`const DocumentLayout&` in forward and backward (attention_core.hpp) or one document";
+  }
+
+  // A two-level mesh whose ring this layer cannot run ("" when it can): the core must compute positioned blocks
+  // (forward_block / backward_block, attention_core.hpp), on bf16 Views itself for a bf16 layer.
+  std::string ring_error(const Mesh& mesh) const {
+    const std::string where = "mlacp::MlaAttention: the mesh has ring = " + std::to_string(mesh.ring_size()) + " (" +
+                              std::to_string(mesh.ulysses_size()) + " x " + std::to_string(mesh.ring_size()) + ")";
+    if (!detail::core_computes_blocks<Core, ExecSpace>(core_))
+      return where +
+             " but the attention core computes no positioned blocks on this execution space; expected a core "
+             "with forward_block and backward_block (FlashAttentionCore's BLAS path, CausalAttentionCore; "
+             "attention_core.hpp) or ring = 1";
+    if constexpr (is_bf16) {
+      if (!detail::core_computes_bf16<Core, ExecSpace>(core_))
+        return where +
+               " on a bf16 layer but the attention core does not compute on bf16 Views; expected "
+               "FlashAttentionCore's BLAS path (ring attention has no float copies of the travelling chunks) "
+               "or ring = 1";
+    }
+    return "";
   }
 
   // config.wire_dtype on a layer that cannot use it ("" when it can): a double layer (the accuracy reference) takes

@@ -29,6 +29,13 @@ inline constexpr const char* o_a2a = "O a2a";    ///< the attention output, head
 inline constexpr const char* do_a2a = "dO a2a";  ///< its gradient, token-local -> head-local
 inline constexpr const char* payload_all_gather = "payload all-gather";        ///< latent strategy
 inline constexpr const char* latent_reduce_scatter = "latent reduce-scatter";  ///< latent strategy
+// The ring of a two-level mesh (ring_attention.hpp): each step's exchange with the ring's neighbours.
+inline constexpr const char* ring_payload = "ring payload";      ///< latent strategy: the latent payload chunk
+inline constexpr const char* ring_k = "ring K";                  ///< expanded strategy: the K chunk
+inline constexpr const char* ring_v = "ring V";                  ///< expanded strategy: the V chunk
+inline constexpr const char* ring_d_payload = "ring d-payload";  ///< latent: the chunk's payload-gradient accumulator
+inline constexpr const char* ring_dk = "ring dK";                ///< expanded: the chunk's dK accumulator
+inline constexpr const char* ring_dv = "ring dV";                ///< expanded: the chunk's dV accumulator
 
 // ---- compute phases (ComputePhase: one Kokkos Tools region and one recorded event each) ----
 inline constexpr const char* w_q_fprop = "w_q fprop";
@@ -48,5 +55,7 @@ inline constexpr const char* q_backward = "q backward";
 inline constexpr const char* k_backward = "k backward";
 inline constexpr const char* v_backward = "v backward";
 inline constexpr const char* payload_backward = "payload backward";
+inline constexpr const char* ring_expand = "ring w_kvb expand";      ///< latent ring: a received chunk's K and V
+inline constexpr const char* ring_kv_backward = "ring kv backward";  ///< latent ring: a chunk's w_kvb dgrad and wgrad
 
 }  // namespace mlacp::names

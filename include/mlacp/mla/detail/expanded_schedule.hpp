@@ -5,6 +5,7 @@
 #pragma once
 
 #include <mlacp/mla/detail/forward_workspace.hpp>
+#include <mlacp/mla/detail/ring_attention.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
 #include <mlacp/mla/detail/shared_steps.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
@@ -105,7 +106,7 @@ class ExpandedSchedule {
     w.v_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::v, ctx.seq_partition(), ctx.head_partition());
     w.k_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::k, ctx.seq_partition(), ctx.head_partition());
     w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
-    const int S = cfg.seq, h = ctx.local_heads();
+    const int S = ctx.attention_seq(), h = ctx.local_heads();
     w.v_pair.launch_forward(space, value, kv_grad, ctx.into(w.v_heads, "mlacp::v heads", B, S, h, dv),
                             ctx.wire(scratch_.v_wire));
     w.k_pair.launch_forward(space, key, kv_grad, ctx.into(w.k_heads, "mlacp::k heads", B, S, h, dn + dr),
@@ -116,6 +117,12 @@ class ExpandedSchedule {
     w.q_saved = w.q_pair.wait_forward();
     w.k_saved = w.k_pair.wait_forward();
     w.v_saved = w.v_pair.wait_forward();
+    if (ctx.ring()) {
+      // Ring attention: K and V of the rank's heads travel round the ring, chunk by chunk.
+      return attend_and_project(ctx, scratch_, space, p, [&] {
+        ring_.forward_expanded(space, ctx, p, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
+      });
+    }
     return attend_and_project(ctx, scratch_, space, p);
   }
 
@@ -129,7 +136,19 @@ class ExpandedSchedule {
     /// The output projection's backward (dO all-to-all beside the w_o wgrad) and the attention backward: dq, dk, dv.
     /// False when nothing upstream of the attention needs a gradient (then no other step has anything to do).
     bool attention() {
-      active_ = output_and_attention_backward(ctx(), schedule_->scratch_, space_, p_, dy_, *g_, grads_);
+      if (!ctx().ring()) {
+        active_ = output_and_attention_backward(ctx(), schedule_->scratch_, space_, p_, dy_, *g_, grads_);
+        return active_;
+      }
+      // Ring: K and V travel round the ring again and their gradients' accumulators home behind them; the own
+      // chunk's dK and dV are complete once the last exchange is waited (launch_dk, after dQ's launch).
+      active_ =
+          output_and_attention_backward(ctx(), schedule_->scratch_, space_, p_, dy_, *g_, grads_, [&](const auto& d_o) {
+            const auto& w = p_.w;
+            schedule_->ring_.backward_expanded(space_, ctx(), p_, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o,
+                                               grads_.dq, grads_.dk, grads_.dv);
+            ring_pending_ = true;
+          });
       return active_;
     }
     /// The inverse all-to-alls of dQ, dK, dV are launched (each when its input needs its gradient).
@@ -138,6 +157,8 @@ class ExpandedSchedule {
              qk());
     }
     void launch_dk() {
+      if (ring_pending_) schedule_->ring_.finish_backward(space_);
+      ring_pending_ = false;
       launch(p_.w.k_pair, grads_.dk, schedule_->scratch_.dk_blocks, schedule_->scratch_.dk_wire, "mlacp::dK blocks",
              qk());
     }
@@ -244,7 +265,7 @@ class ExpandedSchedule {
     gradients_type* g_;
     AttentionGradients<tensor4> grads_;
     tensor5 dq_blocks_, dk_blocks_, dv_blocks_;
-    bool active_ = false, dq_waited_ = false, dk_waited_ = false, dv_waited_ = false;
+    bool active_ = false, dq_waited_ = false, dk_waited_ = false, dv_waited_ = false, ring_pending_ = false;
   };
 
   /// Accumulates the pass's gradients into `g` (allocated where needed).
@@ -256,6 +277,7 @@ class ExpandedSchedule {
   const context_type* ctx_;
   mutable pool_type pool_;
   mutable scratch_type scratch_;
+  mutable RingAttention<T, ExecSpace, Core> ring_;  // ring attention's buffers (two-level meshes only)
 };
 
 }  // namespace mlacp::detail

@@ -74,7 +74,7 @@ std::string gradients_error(const Context& ctx,
   std::string error;
   auto mismatch = [&](const char* name, const std::string& got, const std::string& expected) {
     error = std::string("mlacp::MlaAttention::backward: gradient ") + name + " has shape " + got + "; expected " +
-            expected + " on rank " + std::to_string(ctx.mesh().rank());
+            expected + " on rank " + std::to_string(ctx.whole_mesh().rank());
   };
   // The parameters' gradients, with the table's shapes (parameter_table.hpp).
   for_each_parameter(
@@ -103,7 +103,7 @@ void check_input(const Context& ctx, const typename Context::execution_space& sp
                  const char* name, const typename Context::tensor3& t, const MlaRequiresGrad& r,
                  const std::string& usage_error, const std::string& other_error, const AgreementFields& extra = {}) {
   const MlaConfig& c = ctx.config();
-  const Mesh& mesh = ctx.mesh();
+  const Mesh& mesh = ctx.whole_mesh();
   const auto B = static_cast<std::size_t>(c.batch), s = static_cast<std::size_t>(ctx.local_seq());
   const auto D = static_cast<std::size_t>(c.hidden);
   std::string error = usage_error;

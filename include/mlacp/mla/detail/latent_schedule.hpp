@@ -7,6 +7,7 @@
 
 #include <mlacp/all_gather.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
+#include <mlacp/mla/detail/ring_attention.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
 #include <mlacp/mla/detail/shared_steps.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
@@ -24,9 +25,10 @@ struct LatentForwardWorkspace : ForwardWorkspace<T, ExecSpace> {
   tensor3 latent;                          ///< [B, S, R], the gathered normalised latent
   tensor4 k, v;                            ///< [B, S, h, dqk], [B, S, h, dv]: head-local k, v expanded from it
   LatentKVLinear<T, ExecSpace> latent_kv;  ///< its backward (w_kvb's gradients, the latent reduce-scatter)
+  tensor3 ring_payload;                    ///< ring: [B, Sg, R+dr], the own chunk's payload (the ring's first chunk)
 
   std::size_t owned_bytes() const override {
-    return ForwardWorkspace<T, ExecSpace>::owned_bytes() + bytes_of(latent, k, v);
+    return ForwardWorkspace<T, ExecSpace>::owned_bytes() + bytes_of(latent, k, v, ring_payload);
   }
   void release() override {
     ForwardWorkspace<T, ExecSpace>::release();
@@ -85,7 +87,7 @@ class LatentSchedule {
   tensor3 forward(const ExecSpace& space, const pass_type& p) const {
     const context_type& ctx = *ctx_;
     const MlaConfig& c = ctx.config();
-    const int B = c.batch, S = c.seq, s = ctx.local_seq(), h = ctx.local_heads(), dn = c.nope;
+    const int B = c.batch, S = ctx.attention_seq(), s = ctx.local_seq(), h = ctx.local_heads(), dn = c.nope;
     const int dv = c.vdim, dr = c.rope, R = c.latent;
     auto& w = p.w;
     tensor4 q = project_q(ctx, space, p);
@@ -93,17 +95,28 @@ class LatentSchedule {
     w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
     w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr),
                             ctx.wire(scratch_.q_wire));
-    // The payload [RMSNorm(c), RoPE(k_pe)]: both written straight into the all-gather's input, no copies.
-    const tensor3& payload = ensure(scratch_.payload, "mlacp::payload", B, s, R + dr);
+    // The payload [RMSNorm(c), RoPE(k_pe)]: both written straight into the all-gather's input, no copies. On a ring
+    // the gathered chunk is kept in the workspace (the backward passes it round the ring again).
+    const bool ring = ctx.ring(), grouped = ctx.mesh().size() > 1;
+    const tensor3& payload = ring && !grouped ? ensure(w.ring_payload, "mlacp::ring payload", B, s, R + dr)
+                                              : ensure(scratch_.payload, "mlacp::payload", B, s, R + dr);
     const tensor3& kv_a = project_kv_a(ctx, space, p, payload);
     rope_forward(space, as_rank4(kv_a), R, as_rank4(payload), R, ctx.rope_table(space, p));
-    tensor3 gathered = launch_wire(space, payload, ctx.into(scratch_.gathered, "mlacp::gathered payload", B, S, R + dr),
-                                   ctx.wire(scratch_.payload_wire), names::payload_all_gather,
-                                   [&](const auto& view, const auto& into) {
-                                     return launch_all_gather(space, view, 1, ctx.seq_partition(), ctx.mesh(),
-                                                              names::payload_all_gather, into);
-                                   })
-                           .wait();
+    const tensor3 gathered_into = ring ? ctx.into(w.ring_payload, "mlacp::ring payload", B, S, R + dr)
+                                       : ctx.into(scratch_.gathered, "mlacp::gathered payload", B, S, R + dr);
+    tensor3 gathered =
+        launch_wire(space, payload, gathered_into, ctx.wire(scratch_.payload_wire), names::payload_all_gather,
+                    [&](const auto& view, const auto& into) {
+                      return launch_all_gather(space, view, 1, ctx.seq_partition(), ctx.mesh(),
+                                               names::payload_all_gather, into);
+                    })
+            .wait();
+    if (ring) {
+      // Ring attention: each chunk (this one first) is expanded for the rank's heads as it comes round.
+      w.q_saved = w.q_pair.wait_forward();
+      return attend_and_project(ctx, scratch_, space, p,
+                                [&] { ring_.forward_latent(space, ctx, p, w.q_saved, w.ring_payload, w.o, w.lse); });
+    }
     const tensor3& kv = ensure(scratch_.kv, "mlacp::kv", B, S, h * (dn + dv));
     // The shared key is read from the gathered payload by assemble_kv: no k_pe copy.
     w.latent_kv.forward(space, gathered, ctx.rows_of(ctx.weights().w_kvb), ctx.part_of(ctx.weights().b_kvb), ctx.mesh(),
@@ -127,7 +140,27 @@ class LatentSchedule {
     /// The output projection's backward (dO all-to-all beside the w_o wgrad) and the attention backward: dq, dk, dv.
     /// False when nothing upstream of the attention needs a gradient (then no other step has anything to do).
     bool attention() {
-      active_ = output_and_attention_backward(ctx(), schedule_->scratch_, space_, p_, dy_, *g_, grads_);
+      if (!ctx().ring()) {
+        active_ = output_and_attention_backward(ctx(), schedule_->scratch_, space_, p_, dy_, *g_, grads_);
+        return active_;
+      }
+      // Ring: the attention backward passes the chunks round the ring again, expanding each, and sends the payload
+      // gradient's partial sums home behind them; w_kvb's gradients accumulate chunk by chunk.
+      const context_type& x = ctx();
+      const MlaConfig& c = x.config();
+      const MlaRequiresGrad& r = p_.flags;
+      active_ =
+          output_and_attention_backward(x, schedule_->scratch_, space_, p_, dy_, *g_, grads_, [&](const auto& d_o) {
+            const bool payload = needs_payload(r);
+            schedule_->ring_.backward_latent(
+                space_, x, p_, p_.w.q_saved, p_.w.ring_payload, p_.w.o, p_.w.lse, d_o, grads_.dq,
+                payload ? ensure(schedule_->scratch_.grad_payload, "mlacp::d payload", c.batch, x.attention_seq(),
+                                 c.latent + c.rope)
+                        : tensor3(),
+                r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
+                r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part());
+            ring_pending_ = true;
+          });
       return active_;
     }
     /// The inverse all-to-all of dQ is launched (when the Q branch needs dQ).
@@ -150,10 +183,12 @@ class LatentSchedule {
     /// while it is in flight. The reduce-scatter is still in flight when it returns.
     void kv() {
       if (!active_ || !needs_kv(p_.flags)) return;
+      if (ctx().ring()) return ring_kv();
       const context_type& x = ctx();
       const MlaConfig& c = x.config();
       const MlaRequiresGrad& r = p_.flags;
-      const int B = c.batch, S = c.seq, h = x.local_heads(), dn = c.nope, dv = c.vdim, dr = c.rope, R = c.latent;
+      const int B = c.batch, S = x.attention_seq(), h = x.local_heads(), dn = c.nope, dv = c.vdim, dr = c.rope,
+                R = c.latent;
       scratch_type& scratch = schedule_->scratch_;
       const bool payload = needs_payload(r);
       ComputePhase<ExecSpace> phase(space_, names::kv_backward);
@@ -180,7 +215,9 @@ class LatentSchedule {
     void payload() {
       if (!kv_launched_) return;
       kv_launched_ = false;
-      const tensor3 d_payload = p_.w.latent_kv.wait_backward();
+      const tensor3 d_payload = !ctx().ring()       ? p_.w.latent_kv.wait_backward()
+                                : reduce_.pending() ? reduce_.wait()
+                                                    : std::exchange(reduced_, tensor3());
       if (!needs_payload(p_.flags)) return;
       const int R = ctx().config().latent;
       ComputePhase<ExecSpace> phase(space_, names::payload_backward);
@@ -203,6 +240,25 @@ class LatentSchedule {
    private:
     const context_type& ctx() const { return *schedule_->ctx_; }
 
+    // Ring: the payload gradient's accumulator comes home (the ring's last exchange, waited here, after dQ's launch)
+    // and the Ulysses group reduce-scatters it over the heads, as the flat layer does.
+    void ring_kv() {
+      if (ring_pending_) schedule_->ring_.finish_backward(space_);
+      ring_pending_ = false;
+      kv_launched_ = true;
+      if (!needs_payload(p_.flags)) return;
+      const context_type& x = ctx();
+      const MlaConfig& c = x.config();
+      scratch_type& scratch = schedule_->scratch_;
+      reduce_ = launch_wire(
+          space_, scratch.grad_payload,
+          x.into(scratch.d_payload, "mlacp::d payload local", c.batch, x.local_seq(), c.latent + c.rope),
+          x.wire_reduce(scratch.reduce_wire), names::latent_reduce_scatter, [&](const auto& v, const auto& into) {
+            return launch_reduce_scatter(space_, v, 1, x.seq_partition(), x.mesh(), names::latent_reduce_scatter, into);
+          });
+      if (!c.overlap) reduced_ = reduce_.wait();
+    }
+
     const LatentSchedule* schedule_;
     ExecSpace space_;
     pass_type p_;
@@ -210,7 +266,9 @@ class LatentSchedule {
     gradients_type* g_;
     AttentionGradients<tensor4> grads_;
     tensor5 dq_blocks_;
-    bool active_ = false, dq_waited_ = false, kv_launched_ = false;
+    WireCollective<ExecSpace, tensor3> reduce_;  // ring: the latent reduce-scatter, from ring_kv() to payload()
+    tensor3 reduced_;                            // ring, overlap off: the reduce-scatter's result, waited at its launch
+    bool active_ = false, dq_waited_ = false, kv_launched_ = false, ring_pending_ = false;
   };
 
   /// Accumulates the pass's gradients into `g` (allocated where needed).
@@ -222,6 +280,7 @@ class LatentSchedule {
   const context_type* ctx_;
   mutable pool_type pool_;
   mutable scratch_type scratch_;
+  mutable RingAttention<T, ExecSpace, Core> ring_;  // ring attention's buffers (two-level meshes only)
 };
 
 }  // namespace mlacp::detail

@@ -14,6 +14,7 @@
 #include <mlacp/mla/kernels/rope.hpp>
 #include <mlacp/mla/weights.hpp>
 #include <mlacp/partition.hpp>
+#include <mlacp/token_map.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <cstdint>
@@ -86,19 +87,41 @@ class ScheduleContext {
   using core_tensor4 = Tensor4<core_value_type, memory_space>;
   static constexpr bool widens_for_core = !std::is_same_v<core_value_type, T>;
 
+  /// `mesh` is the layer's whole mesh; on a two-level mesh (ring size C > 1) every Ulysses collective runs on its
+  /// Ulysses group (mesh()), the ring's exchanges on its ring (ring_mesh()), and the tokens are split by the
+  /// configuration's ring layout (token_map()).
   ScheduleContext(const MlaConfig& config, const weights_type& weights, const Mesh& mesh, const Core& core,
                   const DocumentLayout& documents)
       : config_(&config),
         weights_(&weights),
-        mesh_(&mesh),
+        whole_(&mesh),
+        mesh_(&mesh.ulysses_group()),
+        ring_(mesh.ring_size() > 1 ? &mesh.ring_group() : nullptr),
         core_(&core),
         documents_(&documents),
-        seq_part_(split(config.seq, mesh.size())),
-        head_part_(split(config.heads, mesh.size())) {}
+        token_map_(config.seq > 0 ? config.seq : 0, mesh.ulysses_size(), mesh.ring_size(), config.ring_layout),
+        seq_part_(ring_ ? token_map_.chunk_partition(ring_->rank()) : split(config.seq, mesh.size())),
+        head_part_(split(config.heads, mesh_->size())) {}
 
   const MlaConfig& config() const { return *config_; }
   const weights_type& weights() const { return *weights_; }
+  /// The Ulysses group: where the all-to-alls, the latent all-gather and reduce-scatter run (the whole mesh when flat).
   const Mesh& mesh() const { return *mesh_; }
+  /// The layer's whole mesh: where the inputs are agreed and failures reported.
+  const Mesh& whole_mesh() const { return *whole_; }
+  /// Ring attention (a two-level mesh with C > 1): this rank's ring, its place in it, and the token map.
+  bool ring() const { return ring_ != nullptr; }
+  const Mesh& ring_mesh() const { return *ring_; }
+  int ring_rank() const { return ring_ ? ring_->rank() : 0; }
+  int ring_size() const { return ring_ ? ring_->size() : 1; }
+  const TokenMap& token_map() const { return token_map_; }
+  /// The attention core (the ring calls its block forms directly, ring_attention.hpp).
+  const Core& core() const { return *core_; }
+  /// The tokens of the head-local attention operands (q, k, v, o [B, attention_seq(), h, *]): S when flat, this rank's
+  /// ring chunk (token_map().chunk_size(ring_rank())) on a ring.
+  int attention_seq() const {
+    return ring_ ? static_cast<int>(token_map_.chunk_size(ring_->rank())) : (config_->seq > 0 ? config_->seq : 0);
+  }
   /// The packed documents of config().cu_seqlens, the same on every rank; empty: one document.
   const DocumentLayout& documents() const { return *documents_; }
   /// How the tokens and the heads are split over the ranks (Partition's rule: the first S mod P ranks hold one token
@@ -170,11 +193,15 @@ class ScheduleContext {
   /// count), one table for the layer built on first use. Packed documents: the position within each token's document,
   /// restarting at 0 at its start, kept with the pass's documents; rebuilt in place (no allocation after the
   /// workspace's first) when the pass brought another layout than the workspace's last.
+  ///
+  /// On a ring the positions stay global: the rank's tokens are the global ranges token_map().ranges(g, u) (one range,
+  /// or two with the zigzag layout, whose positions go through the explicit table as packed documents do).
   const RopeTable<memory_space>& rope_table(const ExecSpace& space, ForwardDocuments<memory_space>& d) const {
-    const std::int64_t offset = seq_part_.offset(mesh_->rank());
+    const auto& ranges = token_map_.ranges(ring_rank(), mesh_->rank());
+    const std::int64_t offset = ranges.empty() ? 0 : ranges.front().begin;
     const int width = config_->rope;
     const double base = config_->rope_base;
-    if (d.layout.single()) {
+    if (d.layout.single() && ranges.size() <= 1) {
       if (!one_document_rope_.matches(local_seq(), offset, width, base))
         one_document_rope_ = make_rope_table(space, local_seq(), offset, width, base);
       return one_document_rope_;
@@ -182,7 +209,12 @@ class ScheduleContext {
     if (!d.stale) return d.table;
     const auto s = static_cast<std::size_t>(local_seq());
     ensure(d.positions, "mlacp::rope positions", s);
-    fill_rope_positions(space, d.positions, offset, d.layout);
+    std::size_t row = 0;
+    for (const TokenRange& range : ranges) {
+      const auto n = static_cast<std::size_t>(range.count);
+      fill_rope_positions(space, Kokkos::subview(d.positions, std::make_pair(row, row + n)), range.begin, d.layout);
+      row += n;
+    }
     if (!(d.table.cos.data() != nullptr && d.table.cos.extent(0) == s && d.table.width == width &&
           d.table.base == base))
       d.table = allocate_rope_table<memory_space>(static_cast<std::int64_t>(s), width, base);
@@ -259,7 +291,9 @@ class ScheduleContext {
 
   const MlaConfig* config_;
   const weights_type* weights_;
+  const Mesh* whole_;
   const Mesh* mesh_;
+  const Mesh* ring_;
   template <class... Args>
   void call_core_forward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
     if constexpr (core_takes_documents_v<Core, ExecSpace, core_tensor4, core_tensor3>)
@@ -312,6 +346,7 @@ class ScheduleContext {
 
   const Core* core_;
   const DocumentLayout* documents_;
+  TokenMap token_map_;
   Partition seq_part_;
   Partition head_part_;
   mutable RopeTable<memory_space> one_document_rope_;

@@ -56,22 +56,30 @@ const typename Context::tensor3& project_kv_a(const Context& ctx, const typename
 
 /// The attention core on the saved head-local q, k, v, then the output projection (its all-to-all, through the
 /// scratch's wire buffers when it moves bf16, and w_o): y.
+/// `attend()` computes o and lse from what the schedule saved: the core on the saved q, k, v (flat), or the ring
+/// (ring_attention.hpp), which records its own phases.
+template <class Context, class Scratch, class Attend>
+typename Context::tensor3 attend_and_project(const Context& ctx, Scratch& scratch,
+                                             const typename Context::execution_space& space,
+                                             const typename Context::pass_type& p, Attend&& attend) {
+  const MlaConfig& c = ctx.config();
+  const int B = c.batch, S = ctx.attention_seq(), s = ctx.local_seq(), h = ctx.local_heads();
+  auto& w = p.w;
+  ensure(w.o, "mlacp::o", B, S, h, c.vdim);
+  ensure(w.lse, "mlacp::lse", B, h, S);
+  attend();
+  return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
+                            ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
+                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim), ctx.wire(scratch.o_wire));
+}
 template <class Context, class Scratch>
 typename Context::tensor3 attend_and_project(const Context& ctx, Scratch& scratch,
                                              const typename Context::execution_space& space,
                                              const typename Context::pass_type& p) {
-  const MlaConfig& c = ctx.config();
-  const int B = c.batch, S = c.seq, s = ctx.local_seq(), h = ctx.local_heads();
-  auto& w = p.w;
-  ensure(w.o, "mlacp::o", B, S, h, c.vdim);
-  ensure(w.lse, "mlacp::lse", B, h, S);
-  {
+  return attend_and_project(ctx, scratch, space, p, [&] {
     ComputePhase<typename Context::execution_space> phase(space, names::attention_fprop);
-    ctx.core_forward(space, p, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
-  }
-  return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
-                            ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
-                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim), ctx.wire(scratch.o_wire));
+    ctx.core_forward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse);
+  });
 }
 
 // ---- backward ----
@@ -86,15 +94,16 @@ struct AttentionGradients {
 /// The output projection's backward (dO all-to-all overlapped with the w_o wgrad), then the attention backward on
 /// head-local data into the scratch. False when nothing upstream of the attention needs a gradient (then nothing more
 /// runs and `out` stays empty).
-template <class Context, class Scratch>
+/// `attend(d_o)` computes out's gradients from dO: the core (flat, the overload below) or the ring.
+template <class Context, class Scratch, class AttendBackward>
 bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const typename Context::execution_space& space,
                                    const typename Context::pass_type& p, const typename Context::tensor3& dy,
                                    typename Context::gradients_type& g,
-                                   AttentionGradients<typename Context::tensor4>& out) {
+                                   AttentionGradients<typename Context::tensor4>& out, AttendBackward&& attend) {
   using tensor5 = typename Context::tensor5;
   const MlaConfig& c = ctx.config();
   const MlaRequiresGrad& r = p.flags;
-  const int B = c.batch, S = c.seq, h = ctx.local_heads();
+  const int B = c.batch, S = ctx.attention_seq(), h = ctx.local_heads();
   auto& w = p.w;
   const bool attention = needs_attention(r);
   auto d_o = w.out_proj.backward(
@@ -109,9 +118,18 @@ bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const t
     out.dk = ensure(scratch.dk, "mlacp::dk", B, S, h, c.qk_dim());
     out.dv = ensure(scratch.dv, "mlacp::dv", B, S, h, c.vdim);
   }
-  ComputePhase<typename Context::execution_space> phase(space, names::attention_bprop);
-  ctx.core_backward(space, p, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o, out.dq, out.dk, out.dv);
+  attend(d_o);
   return true;
+}
+template <class Context, class Scratch>
+bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const typename Context::execution_space& space,
+                                   const typename Context::pass_type& p, const typename Context::tensor3& dy,
+                                   typename Context::gradients_type& g,
+                                   AttentionGradients<typename Context::tensor4>& out) {
+  return output_and_attention_backward(ctx, scratch, space, p, dy, g, out, [&](const auto& d_o) {
+    ComputePhase<typename Context::execution_space> phase(space, names::attention_bprop);
+    ctx.core_backward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse, d_o, out.dq, out.dk, out.dv);
+  });
 }
 
 /// The token-local dq as the head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads

@@ -1,0 +1,476 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Ring attention across the rings of a two-level mesh (issue 21, Mesh(comm, ring) with C > 1). Each rank holds the
+// queries of its ring chunk (its Ulysses group's tokens, token_map.hpp) for its heads; chunk by chunk, over C steps,
+// it receives the keys of the other chunks from its ring predecessor, passes the chunk it holds to its successor, and
+// merges the attention of its queries over each chunk by log-sum-exp (the core's forward_block). Every step's
+// exchange is launched before the compute on the current chunk and waited after it (launch_send_recv, two buffers per
+// stream), so the next chunk travels while this one is computed.
+//
+// What travels depends on the strategy: the latent strategy passes the latent payload [RMSNorm(c), RoPE(k_pe)]
+// (R + dr numbers per token, whatever the head count) and expands each chunk for the rank's heads on arrival (its rows
+// of w_kvb, as after the Ulysses all-gather); the expanded strategy passes K and V of the rank's heads.
+//
+// The backward passes the chunks again (the keys are recomputed, not kept: memory O(S/C)) and sends each chunk's
+// gradient accumulator (the latent payload's gradient partial sums, or dK and dV) one step behind, back round the
+// ring to the chunk's owner: at step t the accumulator of the chunk held at step t - 1 arrives while step t computes,
+// takes step t's contribution and leaves; the last exchange, which brings the owner its finished accumulator, is
+// waited by finish_backward(), so that the caller can launch its next collective before it.
+//
+// Accumulation: the running output, dq and the travelling gradients are in T's accumulation type (float for bf16: one
+// rounding at the end, not one per step); the latent strategy's per-chunk dK and dV are rounded to T for the w_kvb
+// GEMMs, as the flat layer's are.
+#pragma once
+
+#include <mlacp/compat.hpp>
+#include <mlacp/error.hpp>
+#include <mlacp/mla/detail/schedule_context.hpp>
+#include <mlacp/mla/kernels/attention_core.hpp>
+#include <mlacp/mla/kernels/detail/kv_layout.hpp>
+#include <mlacp/mla/kernels/detail/linear.hpp>
+#include <mlacp/mla/kernels/token_segments.hpp>
+#include <mlacp/mla/names.hpp>
+#include <mlacp/send_recv.hpp>
+#include <mlacp/token_map.hpp>
+#include <mlacp/view_types.hpp>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mlacp::detail {
+
+/// The global positions of a chunk's rows as the core's block calls take them.
+inline TokenSegments segments_of(const std::vector<TokenRange>& ranges) {
+  TokenSegments segments;
+  for (const TokenRange& r : ranges) segments.add(r.begin, r.count);
+  return segments;
+}
+
+/// dst[i] (+)= src[i] over n values, converting (accumulate: add).
+template <class ExecSpace, class Src, class Dst>
+void ring_copy(const ExecSpace& space, const Src* src, Dst* dst, std::int64_t n, bool accumulate) {
+  if (n == 0) return;
+  Kokkos::parallel_for(
+      "mlacp::ring accumulate", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const float widened = static_cast<float>(src[i]);
+        if constexpr (std::is_same_v<Src, Dst>) {
+          dst[i] = accumulate ? Dst(dst[i] + src[i]) : src[i];
+        } else {
+          dst[i] = accumulate ? static_cast<Dst>(static_cast<float>(dst[i]) + widened) : static_cast<Dst>(widened);
+        }
+      });
+}
+
+template <class T, class ExecSpace, class Core>
+class RingAttention {
+ public:
+  using memory_space = typename ExecSpace::memory_space;
+  using A = compat::accumulation_t<T>;
+  using context_type = ScheduleContext<T, ExecSpace, Core>;
+  using pass_type = typename context_type::pass_type;
+  using tensor3 = Tensor3<T, memory_space>;
+  using tensor4 = Tensor4<T, memory_space>;
+  using lse_view = Tensor3<A, memory_space>;
+  template <class X>
+  using flat = Vector<X, memory_space>;
+  template <class X>
+  using view3 = Tensor3<X, memory_space, Unmanaged>;
+  template <class X>
+  using view4 = Tensor4<X, memory_space, Unmanaged>;
+  using gradient_rows = typename context_type::gradient_rows;
+  using gradient_part = typename context_type::gradient_part;
+
+  /// Bytes of the buffers the ring owns (its per-configuration scratch).
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const auto& s : data_) n += bytes_of(s.slot[0], s.slot[1]);
+    for (const auto& s : grad_) n += bytes_of(s.slot[0], s.slot[1], s.contribution);
+    return n + bytes_of(o_acc_, dq_acc_, k_, v_, kv_, latent_, dk_acc_, dv_acc_, dk_, dv_, dkv_, dkpe_, d_latent_);
+  }
+
+  // ---- forward ----
+
+  /// Expanded strategy: q [B, Sg, h, dqk] and the own chunk's k [B, Sg, h, dqk], v [B, Sg, h, dv] -> o [B, Sg, h, dv],
+  /// lse [B, h, Sg]; K and V travel.
+  void forward_expanded(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
+                        const tensor4& k, const tensor4& v, const tensor4& o, const lse_view& lse) {
+    const MlaConfig& c = ctx.config();
+    const int h = ctx.local_heads(), dqk = c.qk_dim(), dv = c.vdim;
+    if (h == 0) return;  // the whole ring holds no head (its ranks share their Ulysses position)
+    reserve_data(ctx, {{k.data(), h * dqk, names::ring_k}, {v.data(), h * dv, names::ring_v}});
+    attend(space, ctx, p, q, o, lse, [&](int /*step*/, int chunk, const std::array<const T*, 2>& data) {
+      const std::int64_t n = ctx.token_map().chunk_size(chunk);
+      return std::make_pair(view4<const T>(data[0], c.batch, n, h, dqk), view4<const T>(data[1], c.batch, n, h, dv));
+    });
+  }
+
+  /// Latent strategy: q and the own chunk's payload [B, Sg, R+dr] (its w_kvb rows `w_sel`, `b_sel`) -> o, lse; the
+  /// payload travels and each chunk is expanded into the rank's heads on arrival.
+  void forward_latent(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
+                      const tensor3& payload, const tensor4& o, const lse_view& lse) {
+    const MlaConfig& c = ctx.config();
+    const int h = ctx.local_heads();
+    if (h == 0) return;  // the whole ring holds no head
+    reserve_data(ctx, {{payload.data(), c.latent + c.rope, names::ring_payload}});
+    reserve_expansion(ctx);
+    attend(space, ctx, p, q, o, lse, [&](int /*step*/, int chunk, const std::array<const T*, 2>& data) {
+      expand(space, ctx, chunk, data[0]);
+      const std::int64_t n = ctx.token_map().chunk_size(chunk);
+      return std::make_pair(view4<const T>(k_.data(), c.batch, n, h, c.qk_dim()),
+                            view4<const T>(v_.data(), c.batch, n, h, c.vdim));
+    });
+  }
+
+  // ---- backward ----
+
+  /// Expanded strategy: dq [B, Sg, h, dqk] (empty: not needed) is written; the own chunk's dK and dV travel round the
+  /// ring and are written into dk, dv by finish_backward (empty: not needed; then nothing but K and V travels).
+  void backward_expanded(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
+                         const tensor4& k, const tensor4& v, const tensor4& o, const lse_view& lse, const tensor4& d_o,
+                         const tensor4& dq, const tensor4& dk, const tensor4& dv) {
+    const MlaConfig& c = ctx.config();
+    const int h = ctx.local_heads(), dqk = c.qk_dim(), dvd = c.vdim;
+    finish_ = nullptr;
+    if (h == 0) return;  // no head: dq, dk and dv are empty
+    reserve_data(ctx, {{k.data(), h * dqk, names::ring_k}, {v.data(), h * dvd, names::ring_v}});
+    const bool kv = dk.data() != nullptr || dv.data() != nullptr;
+    if (kv) reserve_grad(ctx, {{h * dqk, names::ring_dk}, {h * dvd, names::ring_dv}});
+    finish_ = [this, dk, dv](const ExecSpace& s) {
+      if (dk.data()) ring_copy(s, own_grad(0).data(), dk.data(), static_cast<std::int64_t>(dk.size()), false);
+      if (dv.data()) ring_copy(s, own_grad(1).data(), dv.data(), static_cast<std::int64_t>(dv.size()), false);
+    };
+    differentiate(space, ctx, p, q, o, lse, d_o, dq, kv,
+                  [&](int chunk, const std::array<const T*, 2>& data, const std::array<A*, 2>& into) {
+                    const std::int64_t n = ctx.token_map().chunk_size(chunk);
+                    const view4<const T> k_j(data[0], c.batch, n, h, dqk), v_j(data[1], c.batch, n, h, dvd);
+                    view4<A> dk_j, dv_j;
+                    if (kv) {
+                      dk_j = view4<A>(into[0], c.batch, n, h, dqk);
+                      dv_j = view4<A>(into[1], c.batch, n, h, dvd);
+                      Kokkos::deep_copy(space, dk_j, A(0));
+                      Kokkos::deep_copy(space, dv_j, A(0));
+                    }
+                    block_backward(space, ctx, p, q, o, lse, d_o, chunk, k_j, v_j, dk_j, dv_j);
+                  });
+  }
+
+  /// Latent strategy: dq as above; the own chunk's payload gradient (all ring ranks' contributions for the rank's
+  /// heads) travels round the ring and is written into grad_payload [B, Sg, R+dr] by finish_backward (empty: not
+  /// needed); dw_sel / db_sel (the rank's rows of w_kvb's and b_kvb's gradients; empty: not needed) accumulate every
+  /// chunk's contribution as it is computed.
+  void backward_latent(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
+                       const tensor3& payload, const tensor4& o, const lse_view& lse, const tensor4& d_o,
+                       const tensor4& dq, const tensor3& grad_payload, const gradient_rows& dw_sel,
+                       const gradient_part& db_sel) {
+    const MlaConfig& c = ctx.config();
+    const int B = c.batch, h = ctx.local_heads(), dn = c.nope, dvd = c.vdim, dr = c.rope, R = c.latent;
+    finish_ = nullptr;
+    if (h == 0) {  // no head: no contribution to the payload's gradient (the reduce-scatter still takes its zeros)
+      if (grad_payload.data() != nullptr) Kokkos::deep_copy(space, grad_payload, T(0));
+      return;
+    }
+    reserve_data(ctx, {{payload.data(), R + dr, names::ring_payload}});
+    reserve_expansion(ctx);
+    const int n_max = static_cast<int>(ctx.token_map().max_chunk_size());
+    ensure(dk_acc_, "mlacp::ring dk", B, n_max, h, dn + dr);
+    ensure(dv_acc_, "mlacp::ring dv", B, n_max, h, dvd);
+    ensure(dkv_, "mlacp::ring d kv", B, n_max, h * (dn + dvd));
+    ensure(dkpe_, "mlacp::ring d k_pe", B, n_max, dr);
+    ensure(d_latent_, "mlacp::ring d latent", B, n_max, R);
+    if constexpr (!std::is_same_v<A, T>) {
+      ensure(dk_, "mlacp::ring dk (rounded)", B, n_max, h, dn + dr);
+      ensure(dv_, "mlacp::ring dv (rounded)", B, n_max, h, dvd);
+    }
+    const bool travels = grad_payload.data() != nullptr;
+    const bool kv = travels || dw_sel.data() != nullptr || db_sel.data() != nullptr;
+    if (travels) reserve_grad(ctx, {{R + dr, names::ring_d_payload}});
+    finish_ = [this, grad_payload](const ExecSpace& s) {
+      if (grad_payload.data())
+        ring_copy(s, own_grad(0).data(), grad_payload.data(), static_cast<std::int64_t>(grad_payload.size()), false);
+    };
+    const auto rows = ctx.rows_of(ctx.weights().w_kvb);
+    differentiate(space, ctx, p, q, o, lse, d_o, dq, travels,
+                  [&](int chunk, const std::array<const T*, 2>& data, const std::array<A*, 2>& into) {
+                    const std::int64_t n = ctx.token_map().chunk_size(chunk);
+                    expand(space, ctx, chunk, data[0]);
+                    const view4<const T> k_j(k_.data(), B, n, h, dn + dr), v_j(v_.data(), B, n, h, dvd);
+                    view4<A> dk_j, dv_j;
+                    if (kv) {
+                      dk_j = view4<A>(dk_acc_.data(), B, n, h, dn + dr);
+                      dv_j = view4<A>(dv_acc_.data(), B, n, h, dvd);
+                      Kokkos::deep_copy(space, dk_j, A(0));
+                      Kokkos::deep_copy(space, dv_j, A(0));
+                    }
+                    block_backward(space, ctx, p, q, o, lse, d_o, chunk, k_j, v_j, dk_j, dv_j);
+                    if (!kv) return;
+                    ComputePhase<ExecSpace> phase(space, names::ring_kv_backward);
+                    // dK, dV in T (rounded once for bf16) -> d(kv) and the shared key's gradient, as the flat layer.
+                    const view4<T> dk_t = rounded(space, dk_j, dk_);
+                    const view4<T> dv_t = rounded(space, dv_j, dv_);
+
+                    const view3<T> dkv(dkv_.data(), B, n, h * (dn + dvd)), dkpe(dkpe_.data(), B, n, dr);
+                    disassemble_kv_grad(space, dk_t, dv_t, view4<T>(dkv.data(), B, n, h, dn + dvd), dkpe, dn);
+                    const auto dkv2 = as_matrix(dkv, B * n, h * (dn + dvd));
+                    const view3<T> latent_j(latent_.data(), B, n, R);
+                    if (travels) {
+                      const view3<T> d_latent(d_latent_.data(), B, n, R);
+                      linear_dgrad(space, dkv2, rows, T(0), as_matrix(d_latent, B * n, R));
+                      join_columns(space, d_latent, dkpe, view3<A>(into[0], B, n, R + dr));
+                    }
+                    if (dw_sel.data() != nullptr) linear_wgrad(space, dkv2, as_matrix(latent_j, B * n, R), dw_sel);
+                    if (db_sel.data() != nullptr) bias_grad(space, dkv2, db_sel);
+                  });
+  }
+
+  /// Waits the exchange that brings this rank its own chunk's finished gradient accumulator and writes it where the
+  /// backward call said (dk/dv, or the payload gradient). A no-op when nothing travelled.
+  void finish_backward(const ExecSpace& space) {
+    for (auto& s : grad_)
+      if (s.pending.pending()) s.pending.wait();
+    if (finish_) finish_(space);
+    finish_ = nullptr;
+  }
+
+ private:
+  struct DataStream {
+    const T* own = nullptr;
+    int width = 0;
+    const char* name = "";
+    flat<T> slot[2];
+    AsyncCollective<view3<T>> pending;
+  };
+  struct GradStream {
+    int width = 0;
+    const char* name = "";
+    flat<A> slot[2];
+    flat<A> contribution;
+    AsyncCollective<view3<A>> pending;
+  };
+  struct DataSpec {
+    const T* own;
+    int width;
+    const char* name;
+  };
+  struct GradSpec {
+    int width;
+    const char* name;
+  };
+
+  // Tags keep the streams between the same two ranks apart (data, then gradients).
+  static constexpr int data_tag = 21;
+  static constexpr int grad_tag = 31;
+
+  std::size_t chunk_values(const context_type& ctx, int width) const {
+    return static_cast<std::size_t>(ctx.config().batch) * static_cast<std::size_t>(ctx.token_map().max_chunk_size()) *
+           static_cast<std::size_t>(width);
+  }
+
+  void reserve_data(const context_type& ctx, std::initializer_list<DataSpec> specs) {
+    data_count_ = 0;
+    for (const DataSpec& spec : specs) {
+      DataStream& s = data_[data_count_++];
+      s.own = spec.own;
+      s.width = spec.width;
+      s.name = spec.name;
+      for (auto& slot : s.slot) ensure(slot, "mlacp::ring chunk", chunk_values(ctx, spec.width));
+    }
+  }
+  void reserve_grad(const context_type& ctx, std::initializer_list<GradSpec> specs) {
+    grad_count_ = 0;
+    for (const GradSpec& spec : specs) {
+      GradStream& s = grad_[grad_count_++];
+      s.width = spec.width;
+      s.name = spec.name;
+      for (auto& slot : s.slot) ensure(slot, "mlacp::ring gradient", chunk_values(ctx, spec.width));
+      ensure(s.contribution, "mlacp::ring contribution", chunk_values(ctx, spec.width));
+    }
+  }
+  void reserve_expansion(const context_type& ctx) {
+    const MlaConfig& c = ctx.config();
+    const int B = c.batch, n = static_cast<int>(ctx.token_map().max_chunk_size()), h = ctx.local_heads();
+    ensure(k_, "mlacp::ring k", B, n, h, c.qk_dim());
+    ensure(v_, "mlacp::ring v", B, n, h, c.vdim);
+    ensure(kv_, "mlacp::ring kv", B, n, h * (c.nope + c.vdim));
+    ensure(latent_, "mlacp::ring latent", B, n, c.latent);
+  }
+
+  // The own chunk's gradient accumulator, after the last exchange: the slot the last step received into.
+  view3<A> own_grad(int stream) {
+    return view3<A>(grad_[stream].slot[(ring_size_ - 1) % 2].data(), batch_, own_rows_, grad_[stream].width);
+  }
+
+  // The rank's heads' k, v of the chunk whose payload is `payload` (latent strategy), into k_, v_ (first n rows).
+  void expand(const ExecSpace& space, const context_type& ctx, int chunk, const T* payload) {
+    const MlaConfig& c = ctx.config();
+    const int B = c.batch, h = ctx.local_heads(), dn = c.nope, dv = c.vdim, dr = c.rope, R = c.latent;
+    const std::int64_t n = ctx.token_map().chunk_size(chunk);
+    ComputePhase<ExecSpace> phase(space, names::ring_expand);
+    const view3<const T> pay(payload, B, n, R + dr);
+    const view3<T> latent(latent_.data(), B, n, R), kv(kv_.data(), B, n, h * (dn + dv));
+    copy_columns(space, pay, 0, latent, 0, R);
+    linear_forward(space, as_matrix(latent, B * n, R), ctx.rows_of(ctx.weights().w_kvb),
+                   ctx.part_of(ctx.weights().b_kvb), as_matrix(kv, B * n, h * (dn + dv)));
+    assemble_kv(space, view4<T>(kv.data(), B, n, h, dn + dv), pay, view4<T>(k_.data(), B, n, h, dn + dr),
+                view4<T>(v_.data(), B, n, h, dv), dn, R);
+  }
+
+  // A chunk's dK or dV in T: the accumulator itself (float, double), or its rounding into `slot` (bf16).
+  static view4<T> rounded(const ExecSpace& space, const view4<A>& src, const tensor4& slot) {
+    if constexpr (std::is_same_v<A, T>) {
+      (void)space, (void)slot;
+      return src;
+    } else {
+      const view4<T> dst(slot.data(), src.extent(0), src.extent(1), src.extent(2), src.extent(3));
+      ring_copy(space, src.data(), dst.data(), static_cast<std::int64_t>(src.size()), false);
+      return dst;
+    }
+  }
+
+  // Launches every data stream's exchange for step t: the chunk held now to the successor, the next from the
+  // predecessor into slot t % 2.
+  void launch_data(const ExecSpace& space, const context_type& ctx, int t, const std::array<const T*, 2>& current) {
+    const int C = ctx.ring_size(), g = ctx.ring_rank();
+    const int held = (g - t + C) % C, next = (g - t - 1 + 2 * C) % C;
+    const auto& map = ctx.token_map();
+    for (int i = 0; i < data_count_; ++i) {
+      DataStream& s = data_[i];
+      const view3<const T> send(current[i], batch_, map.chunk_size(held), s.width);
+      const view3<T> recv(s.slot[t % 2].data(), batch_, map.chunk_size(next), s.width);
+      s.pending =
+          launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name, data_tag + i);
+    }
+  }
+  void wait_data(int t, std::array<const T*, 2>& current) {
+    for (int i = 0; i < data_count_; ++i) {
+      data_[i].pending.wait();
+      current[i] = data_[i].slot[t % 2].data();
+    }
+  }
+
+  void prepare(const context_type& ctx) {
+    batch_ = ctx.config().batch;
+    ring_size_ = ctx.ring_size();
+    own_rows_ = ctx.token_map().chunk_size(ctx.ring_rank());
+  }
+
+  // The forward over the ring: `keys(step, chunk, data)` gives the chunk's k, v from the data streams' pointers.
+  template <class Keys>
+  void attend(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q, const tensor4& o,
+              const lse_view& lse, Keys&& keys) {
+    prepare(ctx);
+    const int C = ctx.ring_size(), g = ctx.ring_rank();
+    const auto& map = ctx.token_map();
+    const MlaConfig& c = ctx.config();
+    const TokenSegments q_rows = segments_of(map.chunk(g));
+    // The running output: o itself when it is in the accumulation type, else float scratch rounded into o at the end.
+    view4<A> o_acc;
+    if constexpr (std::is_same_v<A, T>) {
+      o_acc = view4<A>(o.data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
+    } else {
+      ensure(o_acc_, "mlacp::ring o (float)", o.extent(0), o.extent(1), o.extent(2), o.extent(3));
+      o_acc = view4<A>(o_acc_.data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
+    }
+    std::array<const T*, 2> current{data_[0].own, data_count_ > 1 ? data_[1].own : nullptr};
+    for (int t = 0; t < C; ++t) {
+      const int chunk = (g - t + C) % C;
+      if (t + 1 < C) launch_data(space, ctx, t, current);
+      if constexpr (core_has_blocks<Core, ExecSpace>::value) {
+        const auto [k_j, v_j] = keys(t, chunk, current);
+        ComputePhase<ExecSpace> phase(space, names::attention_fprop);
+        ctx.core().forward_block(space, q, k_j, v_j, o_acc, lse, q_rows, segments_of(map.chunk(chunk)),
+                                 p.w.documents.layout, static_cast<std::int64_t>(c.seq), t == 0);
+      } else {
+        // The layer refuses a two-level mesh for a core without blocks at construction (MlaAttention::ring_error).
+        (void)keys, (void)p, (void)q_rows;
+        throw UsageError("mlacp: ring attention with a core that computes no positioned blocks");
+      }
+      if (t + 1 < C) wait_data(t, current);
+    }
+    if constexpr (!std::is_same_v<A, T>)
+      ring_copy(space, o_acc.data(), o.data(), static_cast<std::int64_t>(o.size()), false);
+  }
+
+  template <class DK, class DV>
+  void block_backward(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
+                      const tensor4& o, const lse_view& lse, const tensor4& d_o, int chunk, const view4<const T>& k_j,
+                      const view4<const T>& v_j, const DK& dk_j, const DV& dv_j) {
+    const auto& map = ctx.token_map();
+    ComputePhase<ExecSpace> phase(space, names::attention_bprop);
+    if constexpr (core_has_blocks<Core, ExecSpace>::value) {
+      ctx.core().backward_block(space, q, k_j, v_j, o, lse, d_o, dq_view_, dk_j, dv_j,
+                                segments_of(map.chunk(ctx.ring_rank())), segments_of(map.chunk(chunk)),
+                                p.w.documents.layout, static_cast<std::int64_t>(ctx.config().seq));
+    } else {
+      (void)q, (void)k_j, (void)v_j, (void)o, (void)lse, (void)d_o, (void)dk_j, (void)dv_j, (void)p, (void)map;
+      throw UsageError("mlacp: ring attention with a core that computes no positioned blocks");
+    }
+  }
+
+  // The backward over the ring. `contribute(chunk, data, into)` computes this rank's contribution to the chunk's
+  // gradient accumulators into the `into` pointers (when `travels`) and adds its part of dq.
+  template <class Contribute>
+  void differentiate(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
+                     const tensor4& o, const lse_view& lse, const tensor4& d_o, const tensor4& dq, bool travels,
+                     Contribute&& contribute) {
+    (void)p, (void)q, (void)o, (void)lse, (void)d_o;
+    prepare(ctx);
+    if (!travels) grad_count_ = 0;
+    const int C = ctx.ring_size(), g = ctx.ring_rank();
+    const auto& map = ctx.token_map();
+    // dq accumulates over the chunks: dq itself in the accumulation type, else float scratch rounded at the end.
+    dq_view_ = view4<A>();
+    if (dq.data() != nullptr) {
+      if constexpr (std::is_same_v<A, T>) {
+        dq_view_ = view4<A>(dq.data(), dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+      } else {
+        ensure(dq_acc_, "mlacp::ring dq (float)", dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+        dq_view_ = view4<A>(dq_acc_.data(), dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+      }
+      Kokkos::deep_copy(space, dq_view_, A(0));
+    }
+    std::array<const T*, 2> current{data_[0].own, data_count_ > 1 ? data_[1].own : nullptr};
+    for (int t = 0; t < C; ++t) {
+      const int chunk = (g - t + C) % C;
+      if (t + 1 < C) launch_data(space, ctx, t, current);
+      // Step 0 writes its contribution straight into the slot it sends; later steps into the contribution buffer,
+      // added to the arriving accumulator once it is there.
+      std::array<A*, 2> into{nullptr, nullptr};
+      for (int i = 0; i < grad_count_; ++i) into[i] = t == 0 ? grad_[i].slot[1].data() : grad_[i].contribution.data();
+      contribute(chunk, current, into);
+      const std::int64_t n = map.chunk_size(chunk), prev_chunk_rows = map.chunk_size((chunk - 1 + C) % C);
+      for (int i = 0; i < grad_count_; ++i) {
+        GradStream& s = grad_[i];
+        const std::int64_t values = static_cast<std::int64_t>(batch_) * n * s.width;
+        if (t > 0) {
+          s.pending.wait();
+          ring_copy(space, s.contribution.data(), s.slot[(t + 1) % 2].data(), values, true);
+        }
+        const view3<A> send(s.slot[(t + 1) % 2].data(), batch_, n, s.width);
+        const view3<A> recv(s.slot[t % 2].data(), batch_, prev_chunk_rows, s.width);
+        s.pending =
+            launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name, grad_tag + i);
+      }
+      if (t + 1 < C) wait_data(t, current);
+    }
+    if constexpr (!std::is_same_v<A, T>) {
+      if (dq.data() != nullptr)
+        ring_copy(space, dq_view_.data(), dq.data(), static_cast<std::int64_t>(dq.size()), false);
+    }
+  }
+
+  std::array<DataStream, 2> data_;
+  std::array<GradStream, 2> grad_;
+  int data_count_ = 0, grad_count_ = 0;
+  int batch_ = 0, ring_size_ = 1;
+  std::int64_t own_rows_ = 0;
+  Tensor4<A, memory_space> o_acc_, dq_acc_, dk_acc_, dv_acc_;
+  view4<A> dq_view_;
+  tensor4 k_, v_, dk_, dv_;
+  tensor3 kv_, latent_, dkv_, dkpe_, d_latent_;
+  std::function<void(const ExecSpace&)> finish_;
+};
+
+}  // namespace mlacp::detail
