@@ -16,9 +16,11 @@
 #include <mlacp/collective_bytes.hpp>
 #include <mlacp/collectives.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/flop_count.hpp>
 #include <mlacp/mla/mla_attention.hpp>
 #include <mlacp/testing/synthetic.hpp>
+#include <mlacp/token_map.hpp>
 #include <mlacp/version.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -55,6 +57,7 @@ struct Options {
   std::string dump;
   std::string json;       // "" = no JSON report
   double tolerance = -1;  // < 0: MLA_SPEC's (1e-10 double, 1e-4 float, 2e-2 bf16)
+  mlacp::Ring ring;       // --ring C | node: the two-level mesh (ring attention); default flat
 };
 
 const char* usage =
@@ -62,12 +65,15 @@ const char* usage =
     "                       [--latent R] [--strategy latent|expanded] [--dtype float|double|bf16] [--bias] [--seed N]\n"
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
     "                       [--no-reference] [--cu-seqlens 0,a,b,...,S] [--wire-dtype same|bf16|bf16_all]\n"
+    "                       [--ring C|node] [--ring-layout zigzag|contiguous]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
     "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n"
     "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
     "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n"
     "--wire-dtype bf16 (float only) sends the all-to-alls and the latent all-gather as bf16 (bf16_all: the latent\n"
-    "reduce-scatter's partial sums too); the default tolerance is then MLA_SPEC's bf16 one, 2e-2.\n";
+    "reduce-scatter's partial sums too); the default tolerance is then MLA_SPEC's bf16 one, 2e-2.\n"
+    "--ring C runs ring attention on a two-level mesh of P = U x C ranks (C Ulysses groups of U consecutive ranks;\n"
+    "--ring node: one group per node); --ring-layout picks which tokens each ring chunk holds (default zigzag).\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -109,6 +115,10 @@ Options parse(int argc, char** argv) {
         if (used != value.size()) throw std::invalid_argument("");
       } else if (flag == "--strategy") {
         c.strategy = mlacp::parse_strategy(value);
+      } else if (flag == "--ring") {
+        o.ring = value == "node" ? mlacp::Ring::node() : mlacp::Ring(std::stoi(value));
+      } else if (flag == "--ring-layout") {
+        c.ring_layout = mlacp::parse_ring_layout(value);
       } else if (flag == "--wire-dtype") {
         c.wire_dtype = mlacp::parse_wire_dtype(value);
         if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;  // MLA_SPEC's bf16 bound
@@ -191,16 +201,30 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
 }
 
-// The full [B, S, D] tensor on rank 0 from every rank's [B, s_r, D] shard (empty elsewhere); rank r's tokens are
-// rows part.offset(r) .. part.offset(r) + part.count(r) - 1 (the layer's seq_partition()).
-std::vector<double> gather_tokens(const std::vector<double>& local, int B, int D, const mlacp::Partition& part,
+// Every rank's global token ranges (the layer's TokenMap at each rank's place in the mesh), known on every rank.
+std::vector<std::vector<mlacp::TokenRange>> ranges_of_ranks(const mlacp::TokenMap& map, const mlacp::Mesh& mesh) {
+  const int place[2] = {mesh.ring_rank(), mesh.ulysses_rank()};
+  std::vector<int> places(2 * static_cast<std::size_t>(mesh.size()));
+  MPI_Allgather(place, 2, MPI_INT, places.data(), 2, MPI_INT, mesh.comm());
+  std::vector<std::vector<mlacp::TokenRange>> out;
+  for (int r = 0; r < mesh.size(); ++r) out.push_back(map.ranges(places[2 * r], places[2 * r + 1]));
+  return out;
+}
+
+// The full [B, S, D] tensor on rank 0 from every rank's [B, s_r, D] shard (empty elsewhere): rank r's rows are the
+// global tokens of its ranges, in order (the layer's token map; Partition(S, P) on a flat mesh).
+std::vector<double> gather_tokens(const std::vector<double>& local, int B, int D,
+                                  const std::vector<std::vector<mlacp::TokenRange>>& ranges, std::size_t S,
                                   const mlacp::Mesh& mesh) {
   const int P = mesh.size();
-  const auto S = static_cast<std::size_t>(part.total());
   std::vector<int> counts(static_cast<std::size_t>(P)), displs(static_cast<std::size_t>(P));
+  int offset = 0;
   for (int r = 0; r < P; ++r) {
-    counts[static_cast<std::size_t>(r)] = static_cast<int>(part.count(r)) * B * D;
-    displs[static_cast<std::size_t>(r)] = static_cast<int>(part.offset(r)) * B * D;
+    std::int64_t tokens = 0;
+    for (const auto& range : ranges[static_cast<std::size_t>(r)]) tokens += range.count;
+    counts[static_cast<std::size_t>(r)] = static_cast<int>(tokens) * B * D;
+    displs[static_cast<std::size_t>(r)] = offset;
+    offset += counts[static_cast<std::size_t>(r)];
   }
   std::vector<double> all(mesh.rank() == 0 ? S * static_cast<std::size_t>(B) * static_cast<std::size_t>(D) : 0);
   MPI_Gatherv(local.data(), static_cast<int>(local.size()), MPI_DOUBLE, all.data(), counts.data(), displs.data(),
@@ -208,10 +232,14 @@ std::vector<double> gather_tokens(const std::vector<double>& local, int B, int D
   if (mesh.rank() != 0) return {};
   std::vector<double> full(all.size());
   for (int r = 0; r < P; ++r) {
-    const auto s = static_cast<std::size_t>(part.count(r)), offset = static_cast<std::size_t>(part.offset(r));
-    for (std::size_t b = 0; b < static_cast<std::size_t>(B); ++b)
-      for (std::size_t t = 0; t < s; ++t)
-        std::copy_n(&all[(offset * B + b * s + t) * D], D, &full[(b * S + offset + t) * D]);
+    const auto base = static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]);
+    const auto s = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)] / (B * D));
+    for (std::size_t b = 0; b < static_cast<std::size_t>(B); ++b) {
+      std::size_t t = 0;
+      for (const auto& range : ranges[static_cast<std::size_t>(r)])
+        for (std::int64_t i = 0; i < range.count; ++i, ++t)
+          std::copy_n(&all[base + (b * s + t) * D], D, &full[(b * S + static_cast<std::size_t>(range.begin + i)) * D]);
+    }
   }
   return full;
 }
@@ -310,6 +338,45 @@ mlacp::MlaWeights<Ref, Mem> reference_weights(const mlacp::MlaConfig& c, const m
   }
 }
 
+// How evenly the ranks share the attention core's work (the ring layout's purpose): this rank's visible (query, key)
+// pairs times its heads (its attention FLOPs are proportional), and the thread CPU time of its attention phases over
+// one more forward + backward, recorded; max / min over the ranks of each.
+struct AttentionBalance {
+  double pairs_max = 0, pairs_min = 0, cpu_max = 0, cpu_min = 0;
+  double pairs_ratio() const { return pairs_min > 0 ? pairs_max / pairs_min : INFINITY; }
+  double cpu_ratio() const { return cpu_min > 0 ? cpu_max / cpu_min : INFINITY; }
+};
+
+template <class Layer, class View>
+AttentionBalance attention_balance(const Layer& layer, const View& x, const View& dy, const mlacp::Mesh& mesh) {
+  AttentionBalance out;
+  if (mlacp::events::enabled()) return out;  // a trace is being recorded (MLACP_TRACE): leave it alone
+  mlacp::events::clear();
+  mlacp::events::enable(true);
+  {
+    auto forward = layer.forward(Space(), x);
+    layer.backward(Space(), forward, dy);
+  }
+  mlacp::events::enable(false);
+  double cpu = 0, begun = 0;
+  for (const auto& e : mlacp::events::snapshot()) {
+    if (e.name != mlacp::names::attention_fprop && e.name != mlacp::names::attention_bprop) continue;
+    if (e.kind == mlacp::EventKind::compute_begin) begun = e.thread_cpu_s;
+    if (e.kind == mlacp::EventKind::compute_end) cpu += e.thread_cpu_s - begun;
+  }
+  mlacp::events::clear();
+  const double pairs =
+      static_cast<double>(mlacp::causal_pairs(layer.token_map(), mesh.ring_rank(), layer.documents())) *
+      layer.local_heads();
+  double values[4] = {pairs, -pairs, cpu, -cpu};
+  MPI_Allreduce(MPI_IN_PLACE, values, 4, MPI_DOUBLE, MPI_MAX, mesh.comm());
+  out.pairs_max = values[0];
+  out.pairs_min = -values[1];
+  out.cpu_max = values[2];
+  out.cpu_min = -values[3];
+  return out;
+}
+
 template <class T>
 int run(const Options& o, const mlacp::Mesh& mesh) {
   const auto& c = o.config;
@@ -336,10 +403,9 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     dy_full = Tensor3("dy", c.batch, c.seq, c.hidden);
     mlacp::testing::synthetic::fill(x_full, o.seed + 100, 1.0);
     mlacp::testing::synthetic::fill(dy_full, o.seed + 200, 1.0);
-    const auto begin = static_cast<std::size_t>(layer.seq_partition().offset(rank));
-    const auto tokens = std::make_pair(begin, begin + static_cast<std::size_t>(s));
-    Kokkos::deep_copy(x, Kokkos::subview(x_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
-    Kokkos::deep_copy(dy, Kokkos::subview(dy_full, Kokkos::ALL(), tokens, Kokkos::ALL()));
+    // This rank's tokens: its ranges of the layer's token map (one contiguous range on a flat mesh).
+    mlacp::shard(space, layer.token_map(), mesh.ring_rank(), mesh.ulysses_rank(), x_full, x);
+    mlacp::shard(space, layer.token_map(), mesh.ring_rank(), mesh.ulysses_rank(), dy_full, dy);
   } else {
     mlacp::testing::synthetic::fill(x, o.seed + 100 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
     mlacp::testing::synthetic::fill(dy, o.seed + 200 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
@@ -369,14 +435,17 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   const double median = times[times.size() / 2];
   // Before the reference runs on rank 0: the distributed layer's own high-water mark.
   const double peak_rss = peak_rss_bytes(mesh.comm());
+  const AttentionBalance balance = attention_balance(layer, x, dy, mesh);
   const mlacp::MlaFlops flops = mlacp::mla_flops(c, P);
   const double fraction = flops.total() / gemm.flops_per_s / median;
 
   // Distributed results, assembled on rank 0 in global order; weight gradients summed over ranks.
   std::vector<std::pair<std::string, std::vector<double>>> got;
   if (need_full) {
-    got.emplace_back("y", gather_tokens(to_host(y), c.batch, c.hidden, layer.seq_partition(), mesh));
-    got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, c.hidden, layer.seq_partition(), mesh));
+    const auto ranges = ranges_of_ranks(layer.token_map(), mesh);
+    const auto S = static_cast<std::size_t>(c.seq);
+    got.emplace_back("y", gather_tokens(to_host(y), c.batch, c.hidden, ranges, S, mesh));
+    got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, c.hidden, ranges, S, mesh));
     // Weight gradients in the parameter table's order (parameter_table.hpp): "d" + name, those the layer has.
     mlacp::for_each_parameter(
         [&](const mlacp::ParameterInfo& info, const auto& gradient) {
@@ -388,12 +457,17 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
 
   int verdict = 0;
   if (rank == 0) {
-    std::cout << "mlacp-mla-block: " << c.describe() << " dtype=" << o.dtype << " P=" << P << " seed=" << o.seed
+    std::cout << "mlacp-mla-block: " << c.describe() << " dtype=" << o.dtype << " P=" << P
+              << " (U=" << mesh.ulysses_size() << " x C=" << mesh.ring_size() << ") seed=" << o.seed
               << (c.overlap ? "" : " (blocking collectives)") << "\n";
     std::cout << "  iteration time (max over ranks): median " << std::setprecision(4) << median * 1e3 << " ms, min "
               << times.front() * 1e3 << " ms over " << o.iters << " iteration(s) after " << o.warmup << " warm-up\n";
     std::cout << "  peak resident memory (max over ranks): " << std::setprecision(4) << peak_rss / (1 << 20)
               << " MiB\n";
+    std::cout << "  attention balance (" << mlacp::to_string(c.ring_layout) << ", U=" << mesh.ulysses_size()
+              << " x C=" << mesh.ring_size() << "): visible pairs x heads max/min " << std::setprecision(4)
+              << balance.pairs_ratio() << ", attention thread CPU time max/min " << balance.cpu_ratio() << " ("
+              << balance.cpu_max * 1e3 << " / " << balance.cpu_min * 1e3 << " ms)\n";
     std::cout << "  bytes handed to the layer's collectives per iteration (rank 0): " << std::setprecision(4)
               << wire_bytes_per_iteration / (1 << 20) << " MiB; forward workspace "
               << layer.forward_workspace_bytes() / double(1 << 20) << " MiB\n";
@@ -472,7 +546,9 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << ",\n  \"qk_rope_head_dim\": " << c.rope << ",\n  \"v_head_dim\": " << c.vdim
            << ",\n  \"kv_lora_rank\": " << c.latent << ",\n  \"bias\": " << (c.bias ? "true" : "false")
            << ",\n  \"dtype\": \"" << o.dtype << "\",\n  \"strategy\": \"" << mlacp::to_string(c.strategy)
-           << "\",\n  \"wire_dtype\": \"" << mlacp::to_string(c.wire_dtype) << "\",\n  \"seed\": " << o.seed
+           << "\",\n  \"wire_dtype\": \"" << mlacp::to_string(c.wire_dtype)
+           << "\",\n  \"ulysses_size\": " << mesh.ulysses_size() << ",\n  \"ring_size\": " << mesh.ring_size()
+           << ",\n  \"ring_layout\": \"" << mlacp::to_string(c.ring_layout) << "\",\n  \"seed\": " << o.seed
            << ",\n  \"ranks\": " << P << ",\n  \"overlap\": " << (c.overlap ? "true" : "false")
            << ",\n  \"cu_seqlens\": [";
       for (std::size_t i = 0; i < c.cu_seqlens.size(); ++i) json << (i ? ", " : "") << c.cu_seqlens[i];
@@ -493,6 +569,10 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << "\", \"strategy\": \"" << mlacp::to_string(c.strategy) << "\", \"wire_dtype\": \""
            << mlacp::to_string(c.wire_dtype) << "\", \"overlap\": " << (c.overlap ? "true" : "false")
            << ", \"warmup\": " << o.warmup << ", \"iters\": " << o.iters
+           << ", \"ulysses_size\": " << mesh.ulysses_size() << ", \"ring_size\": " << mesh.ring_size()
+           << ", \"ring_layout\": \"" << mlacp::to_string(c.ring_layout) << "\""
+           << ", \"attention_pairs_max_over_min\": " << jnum(balance.pairs_ratio())
+           << ", \"attention_cpu_max_over_min\": " << jnum(balance.cpu_ratio())
            << ", \"forward_workspace_bytes\": " << layer.forward_workspace_bytes()
            << ", \"collective_bytes_per_iteration\": " << jnum(wire_bytes_per_iteration)
            << ", \"protocol\": \"per iteration: barrier, forward + backward, fence, time = max over ranks; median\""
@@ -527,7 +607,7 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     try {
       const Options options = parse(argc, argv);
-      mlacp::Mesh mesh(MPI_COMM_WORLD);
+      mlacp::Mesh mesh(MPI_COMM_WORLD, options.ring);
       code = options.dtype == "float"  ? run<float>(options, mesh)
              : options.dtype == "bf16" ? run<mlacp::bf16>(options, mesh)
                                        : run<double>(options, mesh);
