@@ -198,6 +198,17 @@ void Mesh::build_levels(const Ring& ring) {
   ulysses_ = adopt(mpi::split(comm_, group, position));
   ring_ = adopt(mpi::split(comm_, position, group));
   ring_size_ = grouping.ring_size;
+  // A failure reported on a sub-mesh names the failed rank by its rank in this mesh: the members of a Ulysses group in
+  // position order, those of a ring in group order (the splits' keys).
+  std::vector<int> group_members(static_cast<std::size_t>(grouping.ulysses_size)),
+      ring_members(static_cast<std::size_t>(grouping.ring_size));
+  for (int r = 0; r < size_; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (grouping.group_of[i] == group) group_members[static_cast<std::size_t>(grouping.position_of[i])] = r;
+    if (grouping.position_of[i] == position) ring_members[static_cast<std::size_t>(grouping.group_of[i])] = r;
+  }
+  if (ulysses_->failure_) ulysses_->failure_->set_rank_labels(std::move(group_members));
+  if (ring_->failure_) ring_->failure_->set_rank_labels(std::move(ring_members));
 }
 
 const Mesh& Mesh::ring_group() const {

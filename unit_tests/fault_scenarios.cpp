@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // Failure scenarios that cannot run inside a GoogleTest process, each checked by ctest from its output and exit code:
 //   attention-throws    the attention core throws in backward (or forward, with a second argument "forward") on the
-//                       last rank only, between collectives; the layer reports the failure on the mesh and every rank
+//                       last rank only, between collectives (a last argument "ring": inside ring attention on a mesh
+//                       of rings of 2); the layer reports the failure on the mesh and every rank
 //                       raises CommunicationError naming the failed rank (no abort, no hang: the tests run with the
 //                       watchdog off), a further call on the mesh raises at once, abandoned handles do not block
 //   fails-after         every rank completes a forward and backward; then the last rank fails outside mlacp and
@@ -42,6 +43,20 @@ struct FaultyCore : mlacp::CausalAttentionCore {
     if (!in_forward && rank == faulty_rank)
       throw std::runtime_error("injected fault in the attention core on rank " + std::to_string(rank));
     mlacp::CausalAttentionCore::backward(args...);
+  }
+  // The ring's positioned blocks (a two-level mesh): the fault strikes in the middle of the ring, while the other
+  // ranks wait in its exchanges.
+  template <class... Args>
+  void forward_block(const Args&... args) const {
+    if (in_forward && rank == faulty_rank)
+      throw std::runtime_error("injected fault in the attention core's forward on rank " + std::to_string(rank));
+    mlacp::CausalAttentionCore::forward_block(args...);
+  }
+  template <class... Args>
+  void backward_block(const Args&... args) const {
+    if (!in_forward && rank == faulty_rank)
+      throw std::runtime_error("injected fault in the attention core on rank " + std::to_string(rank));
+    mlacp::CausalAttentionCore::backward_block(args...);
   }
 };
 
@@ -89,7 +104,7 @@ int attention_throws(const mlacp::Mesh& mesh, bool in_forward) {
   core.in_forward = in_forward;
   mlacp::MlaAttention<double, Space, FaultyCore> layer(c, mlacp::testing::synthetic::weights<double, Mem>(c, 1), mesh,
                                                        core);
-  Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, c.seq / mesh.size(), c.hidden);
+  Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, layer.local_seq(), c.hidden);
   mlacp::testing::synthetic::fill(x, 2, 1.0);
   const std::string expected = "rank " + std::to_string(core.faulty_rank);
   int code = 1;
@@ -199,7 +214,9 @@ int main(int argc, char** argv) {
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     if (scenario == "after-finalize") return after_finalize();
-    mlacp::Mesh mesh(MPI_COMM_WORLD);
+    // "attention-throws ... ring": the same on a two-level mesh of rings of 2 (the fault inside ring attention).
+    const bool ring = std::string(argv[argc - 1]) == "ring";
+    mlacp::Mesh mesh(MPI_COMM_WORLD, ring ? 2 : 1);
     if (scenario == "attention-throws")
       code = attention_throws(mesh, argc > 2 && std::string(argv[2]) == "forward");
     else if (scenario == "fails-after")
@@ -207,8 +224,9 @@ int main(int argc, char** argv) {
     else if (scenario == "skipped-collective")
       code = skipped_collective(mesh);
     else
-      std::fprintf(stderr,
-                   "usage: fault_scenarios attention-throws [forward]|fails-after|skipped-collective|after-finalize\n");
+      std::fprintf(
+          stderr,
+          "usage: fault_scenarios attention-throws [forward] [ring]|fails-after|skipped-collective|after-finalize\n");
   }
   MPI_Finalize();
   return code;

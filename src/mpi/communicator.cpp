@@ -176,7 +176,7 @@ void FailureChannel::report(const std::string& what) noexcept {
   try {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_.load()) return;
-    mark_broken("rank " + std::to_string(rank_) + " failed: " + what);
+    mark_broken("rank " + label(rank_) + " failed: " + what);
     if (comm_ == MPI_COMM_NULL || finalized()) return;
     // One buffer for every peer, never freed: the sends are freed (MPI_Request_free) instead of waited, as a peer may
     // never look again; a report happens at most once per mesh.
@@ -206,11 +206,22 @@ bool FailureChannel::poll() noexcept {
   auto& text = inbox_[static_cast<std::size_t>(index)];
   text[message_bytes - 1] = '\0';
   try {
-    mark_broken("rank " + std::to_string(index) + " failed: " + std::string(text.data()));
+    mark_broken("rank " + label(index) + " failed: " + std::string(text.data()));
   } catch (...) {
     broken_.store(true);
   }
   return true;
+}
+
+void FailureChannel::set_rank_labels(std::vector<int> labels) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  labels_ = std::move(labels);
+}
+
+// Called with mutex_ held (report, poll).
+std::string FailureChannel::label(int rank) const {
+  const auto i = static_cast<std::size_t>(rank);
+  return std::to_string(i < labels_.size() ? labels_[i] : rank);
 }
 
 std::string FailureChannel::failure() const {

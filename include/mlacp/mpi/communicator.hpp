@@ -69,6 +69,9 @@ class FailureChannel {
   bool broken() const noexcept { return broken_.load(); }
   /// "rank r failed: <what>" of the first failure seen (empty while not broken).
   std::string failure() const;
+  /// How the messages name the channel's ranks: labels[i] for rank i (a sub-mesh of a two-level mesh names its
+  /// members by their rank in the whole mesh); empty, as by default: their ranks in the channel's communicator.
+  void set_rank_labels(std::vector<int> labels);
 
  private:
   void mark_broken(const std::string& text);
@@ -82,6 +85,8 @@ class FailureChannel {
   mutable std::mutex mutex_;
   std::atomic<bool> broken_{false};
   std::string failure_;
+  std::vector<int> labels_;
+  std::string label(int rank) const;
 };
 
 /// Polls every failure channel registered under `comm`; true (and the failure in `failure` when given) when one of
