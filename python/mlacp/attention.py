@@ -370,9 +370,18 @@ class MlaAttention(torch.nn.Module):
 
     @property
     def local_seq(self):
-        """This rank's token count s: the first S mod P ranks hold ceil(S/P) tokens, the others floor(S/P)."""
-        seq, size, rank = self.config.seq, self.mesh.size, self.mesh.rank
-        return seq // size + (1 if rank < seq % size else 0)
+        """This rank's token count s: on a flat mesh the first S mod P ranks hold ceil(S/P) tokens, the others
+        floor(S/P); on a two-level mesh, its ranges of ``token_map``."""
+        mesh = self.mesh
+        return self.token_map.count(mesh.ring_rank, mesh.ulysses_rank)
+
+    @property
+    def token_map(self):
+        """Which global tokens each rank holds (mlacp.TokenMap of the mesh and the configuration's ring layout): x and
+        dy are this rank's tokens of it (``token_map.shard(x, mesh)``), y and dx come back in it."""
+        from .token_map import TokenMap  # token_map imports nothing of this module; imported here to keep it light
+
+        return TokenMap.of(self.mesh, self.config.seq, self.config.ring_layout)
 
     @property
     def dtype(self):

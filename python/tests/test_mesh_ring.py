@@ -62,6 +62,9 @@ def test_ring_layer_matches_reference(comm, strategy, dtype, layout):
     layer = mlacp.MlaAttention(config, mesh, dtype=dtype, seed=7)
     token_map = mlacp.TokenMap.of(mesh, config.seq, layout)
     index = token_map.indices(mesh.ring_rank, mesh.ulysses_rank)
+    assert layer.local_seq == len(index) == token_map.count(mesh.ring_rank, mesh.ulysses_rank)
+    assert layer.token_map.ranges(mesh.ring_rank, mesh.ulysses_rank) == token_map.ranges(mesh.ring_rank,
+                                                                                        mesh.ulysses_rank)
     generator = torch.Generator().manual_seed(11)
     x_full = torch.randn(config.batch, config.seq, config.hidden, generator=generator, dtype=torch.float64).to(dtype)
     dy_full = torch.randn(x_full.shape, generator=generator, dtype=torch.float64).to(dtype)

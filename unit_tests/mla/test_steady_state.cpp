@@ -130,39 +130,42 @@ TEST(SteadyState, ViewAllocationCounterSeesEveryView) {
 // and H that P does not divide (the uneven collectives reuse their buffers too).
 TEST(SteadyState, ForwardBackwardIntoCallerGradientsAllocatesNoView) {
   ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
-  mlacp::Mesh mesh(MPI_COMM_WORLD);
-  const int P = mesh.size();
-  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool bias = variant == 1;
-      auto c = mlacp::test::make_config(1, 8 * P, 16, 2 * P, 4, 2, 3, 6, bias, strategy);
-      if (variant == 2) c.cu_seqlens = {0, 3, 4, 8 * P - 1, 8 * P};
-      if (variant == 3) {
-        c.seq = 9 * P - 1;
-        c.heads = P + 1;
+  const int P = mlacp::test::world_size();
+  // Flat, and ring attention on rings of P (issue 21): its chunk buffers and accumulators are the layer's too.
+  for (const int ring : {1, P})
+    for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+      mlacp::Mesh mesh(MPI_COMM_WORLD, ring);
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool bias = variant == 1;
+        auto c = mlacp::test::make_config(1, 8 * P, 16, 2 * P, 4, 2, 3, 6, bias, strategy);
+        if (variant == 2) c.cu_seqlens = {0, 3, 4, 8 * P - 1, 8 * P};
+        if (variant == 3) {
+          c.seq = 9 * P - 1;
+          c.heads = P + 1;
+        }
+        mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
+        Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, layer.local_seq(), c.hidden);
+        mlacp::test::fill(x, 4, 1.0);
+        auto grads = caller_gradients(c, layer.local_seq());
+        const auto counted = count_steady(
+            [&] {
+              auto forward = layer.forward(Space(), x);
+              layer.backward(Space(), forward, x, grads);
+            },
+            4, {});
+        const std::string what = "ring " + std::to_string(ring) + ", " + std::string(mlacp::to_string(strategy)) +
+                                 (bias ? " with bias" : " without bias") +
+                                 (c.cu_seqlens.empty() ? "" : ", packed documents") +
+                                 (variant == 3 ? ", S and H not divisible by P" : "");
+        EXPECT_GT(counted.first, 0u) << what << ": the first iteration allocates the workspaces";
+        EXPECT_EQ(counted.buffers, 0u) << what << ": communication buffers allocated after the first iteration";
+        EXPECT_TRUE(counted.other_labels.empty())
+            << what << ": iterations 2-5 allocated Views:" << joined(counted.other_labels);
+        EXPECT_EQ(counted.views, 0u) << what << ": iterations 2-5 allocated Views";
+        EXPECT_EQ(counted.collective_results, 0u) << what << ": a collective allocated its result";
+        EXPECT_EQ(layer.forward_workspaces(), 1u) << what << ": one forward at a time needs one workspace";
       }
-      mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
-      Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", c.batch, layer.local_seq(), c.hidden);
-      mlacp::test::fill(x, 4, 1.0);
-      auto grads = caller_gradients(c, layer.local_seq());
-      const auto counted = count_steady(
-          [&] {
-            auto forward = layer.forward(Space(), x);
-            layer.backward(Space(), forward, x, grads);
-          },
-          4, {});
-      const std::string what = std::string(mlacp::to_string(strategy)) + (bias ? " with bias" : " without bias") +
-                               (c.cu_seqlens.empty() ? "" : ", packed documents") +
-                               (variant == 3 ? ", S and H not divisible by P" : "");
-      EXPECT_GT(counted.first, 0u) << what << ": the first iteration allocates the workspaces";
-      EXPECT_EQ(counted.buffers, 0u) << what << ": communication buffers allocated after the first iteration";
-      EXPECT_TRUE(counted.other_labels.empty())
-          << what << ": iterations 2-5 allocated Views:" << joined(counted.other_labels);
-      EXPECT_EQ(counted.views, 0u) << what << ": iterations 2-5 allocated Views";
-      EXPECT_EQ(counted.collective_results, 0u) << what << ": a collective allocated its result";
-      EXPECT_EQ(layer.forward_workspaces(), 1u) << what << ": one forward at a time needs one workspace";
     }
-  }
 }
 
 // Per-call packing that changes every call (forward's cu_seqlens, at most MlaConfig::max_documents documents):
