@@ -1317,27 +1317,40 @@ void benchmark_ring(const mlacp::Mesh& mesh, const Settings& settings, Report& r
       report.pair_docs.push_back(pair_json(run, m, plain).text());
     }
     const double tc = ts[0].median(), tm = ts[1].median(), tm_raw = ts[2].median();
+    const double tp = ts[3].median(), tp_raw = ts[4].median(), tb_raw = ts[6].median();
+    // The library's overlapped pair on the ceiling's baseline (its exchange alone and blocking sequence): E differs
+    // from the ceiling's by the overlapped times alone, not by how fast each mode's wait completes a blocking exchange
+    // (MPI_Waitall spins; the library's wait spins 1 ms, then sleeps between polls: on a loaded machine the two
+    // blocking sequences differ by more than the overlap does).
+    const double e_common = overlap_e(tc, tm_raw, tb_raw, tp), gap = (tp - tp_raw) / std::min(tc, tm_raw);
     const double bytes = 8.0 * static_cast<double>(p.comm_values);
     std::ostringstream line;
     line << "  " << std::left << std::setw(36) << spec.name << std::right << std::setw(7) << lib.dim << std::setw(9)
          << fixed(bytes / 1e6, 2) << std::setw(9) << ms(tc) << std::setw(9) << ms(tm) << std::setw(9) << ms(tm_raw)
-         << std::setw(8) << fixed(e[0], 2) << std::setw(8) << fixed(e[1], 2) << std::setw(8) << fixed(e[0] - e[1], 2)
-         << std::setw(10) << fixed(ideal[0], 3) << std::setw(10) << fixed(ideal[1], 3);
+         << std::setw(8) << fixed(e[0], 2) << std::setw(8) << fixed(e[1], 2) << std::setw(10) << fixed(e_common, 2)
+         << std::setw(8) << fixed(gap, 2) << std::setw(10) << fixed(ideal[0], 3) << std::setw(10) << fixed(ideal[1], 3);
     report.ring_lines.push_back(line.str());
-    report.ring_docs.push_back(JsonObject()
-                                   .str("pair", spec.name)
-                                   .num("n_chunk", lib.dim)
-                                   .num("comm_bytes_per_rank", bytes)
-                                   .num("compute_s", tc)
-                                   .num("comm_s_library", tm)
-                                   .num("comm_s_raw_mpi", tm_raw)
-                                   .num("E_library", e[0])
-                                   .num("E_raw_mpi", e[1])
-                                   .num("E_library_minus_raw", e[0] - e[1])
-                                   .raw("within_0_05_of_ceiling", e[0] >= e[1] - 0.05 ? "true" : "false")
-                                   .num("pair_over_ideal_library", ideal[0])
-                                   .num("pair_over_ideal_raw_mpi", ideal[1])
-                                   .text());
+    report.ring_docs.push_back(
+        JsonObject()
+            .str("pair", spec.name)
+            .num("n_chunk", lib.dim)
+            .num("comm_bytes_per_rank", bytes)
+            .num("compute_s", tc)
+            .num("comm_s_library", tm)
+            .num("comm_s_raw_mpi", tm_raw)
+            .num("E_library", e[0])
+            .num("E_raw_mpi", e[1])
+            .num("E_library_minus_raw", e[0] - e[1])
+            .str("E_library_on_raw_baseline_is", "(blocking_raw - overlapped_library) / min(compute, comm_raw)")
+            .num("E_library_on_raw_baseline", e_common)
+            .str("gap_is",
+                 "(overlapped_library - overlapped_raw) / min(compute, comm_raw) = "
+                 "E_raw - E_library_on_raw_baseline")
+            .num("gap", gap)
+            .raw("within_0_05_of_ceiling", gap <= 0.05 ? "true" : "false")
+            .num("pair_over_ideal_library", ideal[0])
+            .num("pair_over_ideal_raw_mpi", ideal[1])
+            .text());
   }
 }
 
@@ -1382,9 +1395,11 @@ void print_report(const Report& report, const Options& o, const Settings& settin
                  "compute):\n"
               << "  " << std::left << std::setw(36) << "pair" << std::right << std::setw(7) << "n" << std::setw(9)
               << "MB" << std::setw(9) << "compute" << std::setw(9) << "comm" << std::setw(9) << "comm raw"
-              << std::setw(8) << "E lib" << std::setw(8) << "E raw" << std::setw(8) << "diff" << std::setw(10)
-              << "p/i lib" << std::setw(10) << "p/i raw"
-              << "\n";
+              << std::setw(8) << "E lib" << std::setw(8) << "E raw" << std::setw(10) << "E lib@raw" << std::setw(8)
+              << "gap" << std::setw(10) << "p/i lib" << std::setw(10) << "p/i raw"
+              << "\n"
+              << "  (E lib@raw: the library's pair on the ceiling's comm and blocking; gap = E raw - E lib@raw = "
+                 "(pair lib - pair raw) / min(compute, comm raw), target <= 0.05)\n";
     for (const auto& l : report.ring_lines) std::cout << l << "\n";
   }
 }
