@@ -29,7 +29,7 @@
 //
 //   mpirun -n 2 mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
 //                                  [--rows N] [--progress-thread] [--no-sweep] [--no-uneven] [--no-ring]
-//                                  [--only-ring] [--ring-expanded] [--ring-heads N]
+//                                  [--only-ring] [--ring-expanded] [--ring-heads N] [--ring-chunk N]
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
@@ -77,12 +77,15 @@ const char* usage =
     "usage: mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--warmup N] [--transport-label STR]\n"
     "                          [--rate-label STR] [--rows N] [--progress-thread] [--no-sweep] [--no-transfer-only]\n"
     "                          [--no-uneven] [--no-ring] [--only-ring] [--ring-expanded] [--ring-heads N]\n"
+    "                          [--ring-chunk N]\n"
     "  --rows N           sequence rows per pair (default 8192, --quick 1024): the collective's size\n"
     "  --no-uneven        skip the pairs with uneven splits (S and H not divisible by P)\n"
     "  --progress-thread  also run each pair unpanelled with a progress thread polling mlacp::progress()\n"
     "  --no-ring          skip the ring step pairs (P >= 2); --only-ring: run only them\n"
     "  --ring-expanded    also the ring step with the expanded strategy's K and V chunks travelling\n"
-    "  --ring-heads N     heads of the ring step's attention (default 1; the chunk length is calibrated)\n";
+    "  --ring-heads N     heads of the ring step's attention (default 1; the chunk length is calibrated)\n"
+    "  --ring-chunk N     the ring step's chunk length, uncalibrated (shared memory balances at a few dozen tokens,\n"
+    "                     where the launch's fixed cost is the whole exchange)\n";
 
 // The transfer alone, as mlacp's GEMMs see it: a raw MPI request on pre-packed contiguous buffers, registered in
 // mlacp's progress registry (so the panelled GEMM polls it), without mlacp's buffer allocation, pack and unpack.
@@ -810,6 +813,7 @@ struct Settings {
   bool ring = true;              // the ring step pairs (P >= 2), each beside its raw-MPI ceiling
   bool ring_expanded = false;    // also the ring step with the expanded strategy's K and V travelling
   int ring_heads = 1;            // heads of the ring step's attention
+  int ring_chunk = 0;            // the ring step's chunk length; 0: calibrated
   bool only_ring = false;        // the ring step pairs only
   int modes = 2;                 // 0: the library's collectives; 1: also the transfer only (raw MPI)
   std::vector<int> panel_counts;
@@ -833,6 +837,8 @@ Settings read_settings(const Options& o, const mlacp::Mesh& mesh) {
   st.ring_expanded = o.extra.count("ring-expanded") != 0;
   st.ring_heads = o.get_int("ring-heads", 1);
   st.only_ring = o.extra.count("only-ring") != 0;
+  st.ring_chunk = o.get_int("ring-chunk", 0);
+  if (st.ring_chunk < 0) throw std::invalid_argument("--ring-chunk must be positive (0: calibrated)");
   if (st.only_ring && !st.ring) throw std::invalid_argument("--only-ring and --no-ring exclude each other");
   if (st.ring_heads < 1) throw std::invalid_argument("--ring-heads must be at least 1");
   st.panel_counts = o.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
@@ -1275,7 +1281,12 @@ void benchmark_ring(const mlacp::Mesh& mesh, const Settings& settings, Report& r
     Region region(spec.name);
     PairRun lib;
     lib.label = spec.name;
-    lib.dim = calibrate(lib, spec, 1.0, spec.initial_dim, settings, comm);
+    if (settings.ring_chunk > 0) {
+      lib.dim = settings.ring_chunk;
+      lib.pair = spec.make(lib.dim);
+    } else {
+      lib.dim = calibrate(lib, spec, 1.0, spec.initial_dim, settings, comm);
+    }
     PairRun raw = lib;
     raw.label = spec.name + " [raw MPI ceiling]";
     raw.raw = true;
@@ -1405,7 +1416,7 @@ void print_report(const Report& report, const Options& o, const Settings& settin
 }
 
 int run(int argc, char** argv) {
-  const Options o = parse_options(argc, argv, {"--rows", "--ring-heads"},
+  const Options o = parse_options(argc, argv, {"--rows", "--ring-heads", "--ring-chunk"},
                                   {"--progress-thread", "--no-sweep", "--no-transfer-only", "--no-uneven", "--no-ring",
                                    "--ring-expanded", "--only-ring"});
   mlacp::Mesh mesh(MPI_COMM_WORLD);
