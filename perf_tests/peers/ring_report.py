@@ -38,19 +38,21 @@ def load(path):
         return {"status": "failed"}
 
 
-def formula_elements(cfg, strategy, U, C):
+def formula_bytes(cfg, strategy, U, C, width, acc_width):
+    """Bytes per rank: the ring's gradient accumulators (C of the 3*C - 2 chunk passes) in the accumulation type."""
     B, S, H = cfg["B"], cfg["S"], cfg["H"]
     dqk, dv, L = cfg["dn"] + cfg["dr"], cfg["dv"], cfg["R"] + cfg["dr"]
     P = U * C
     s, c, h = S / P, S / C, H / U
     if C == 1:
         if strategy == "latent":
-            return B * (s * (2 * H * dqk + 2 * H * dv + L) + S * L)
-        return B * s * H * 4 * (dqk + dv)
+            return width * B * (s * (2 * H * dqk + 2 * H * dv + L) + S * L)
+        return width * B * s * H * 4 * (dqk + dv)
     group = 1 if U > 1 else 0
+    passes = width * (2 * C - 2) + acc_width * C
     if strategy == "latent":
-        return group * B * (s * H * 2 * (dqk + dv) + (s + c) * L) + B * c * L * (3 * C - 2)
-    return group * B * s * H * 4 * (dqk + dv) + B * c * h * (dqk + dv) * (3 * C - 2)
+        return width * group * B * (s * H * 2 * (dqk + dv) + (s + c) * L) + B * c * L * passes
+    return width * group * B * s * H * 4 * (dqk + dv) + B * c * h * (dqk + dv) * passes
 
 
 def mib(x):
@@ -106,10 +108,11 @@ def main():
             continue
         seen.add((U, C, strategy))
         cfg, width = cell["config"], size[cell["dtype"]]
+        acc_width = 4 if cell["dtype"] == "bf16" else width
         at128 = dict(cfg, H=128)
         byte_rows.append({"mesh": "%dx%d" % (U, C), "strategy": strategy, "counted": cell["bytes"],
-                          "formula": width * formula_elements(cfg, strategy, U, C),
-                          "formula_H128": width * formula_elements(at128, strategy, U, C)})
+                          "formula": formula_bytes(cfg, strategy, U, C, width, acc_width),
+                          "formula_H128": formula_bytes(at128, strategy, U, C, width, acc_width)})
     report["bytes"] = byte_rows
     if byte_rows:
         cfg = next(c["config"] for c in cells.values() if c["config"])
