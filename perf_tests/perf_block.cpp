@@ -22,6 +22,10 @@
 // step, counted from the configuration (the formula is printed; the collectives it counts are checked against the
 // event record of one packed step).
 //
+// P > H (an even P): H = P/2 heads, so that flat Ulysses at P leaves P - H ranks without a head, against the two-level
+// mesh P/2 x 2 (ring attention, zigzag), where every rank computes attention; overlapped forward + backward, both
+// strategies, the four interleaved, median of the repeats (JSON "few_heads"; at P = 4: H = 2, 4 x 1 against 2 x 2).
+//
 // --timeline FILE writes the events of one overlapped backward per strategy, all ranks gathered on rank 0, for
 // scripts/plot_timeline.py. --trace FILE writes the same backwards as a Chrome trace, one file per rank (FILE with the
 // rank inserted: trace.json -> trace.rank0.json, ...; scripts/merge_traces.py joins them), for Perfetto or
@@ -39,6 +43,8 @@
 #include <mlacp/testing/synthetic.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <random>
 
 #include "perf_common.hpp"
@@ -296,6 +302,51 @@ Packing measure_packing(const mlacp::MlaConfig& base, const mlacp::Mesh& mesh, i
   return result;
 }
 
+// P > H: H = P/2 heads (fewer heads than ranks), so flat Ulysses at P leaves P - H ranks without a head (they
+// project and move their tokens but compute no attention), against the two-level mesh U = P/2 x C = 2 (ring attention,
+// zigzag), where every rank computes the attention of its heads over its ring chunk. Overlapped forward + backward,
+// both strategies, the four interleaved in one run, median of the repeats.
+struct FewHeads {
+  int heads = 0, ulysses = 0, ring = 0;
+  std::vector<std::string> labels;  // "<strategy> <U>x<C>"
+  std::vector<Samples> samples;     // in `labels`' order
+};
+
+FewHeads measure_few_heads(const mlacp::MlaConfig& base, const mlacp::Mesh& flat, int warmup, int repeats) {
+  const Space space;
+  const int P = flat.size();
+  FewHeads result;
+  result.heads = std::max(1, P / 2);
+  result.ring = 2;
+  result.ulysses = P / 2;
+  mlacp::Mesh two_level(flat.comm(), mlacp::Ring(result.ring));
+  two_level.set_checked(false);
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::vector<Tensor3> xs;
+  for (const auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    for (const mlacp::Mesh* mesh : {&flat, static_cast<const mlacp::Mesh*>(&two_level)}) {
+      mlacp::MlaConfig c = base;
+      c.heads = result.heads;
+      c.strategy = strategy;
+      c.overlap = true;
+      c.ring_layout = mlacp::RingLayout::zigzag;
+      layers.push_back(std::make_unique<Layer>(c, mlacp::testing::synthetic::weights<T, Mem>(c, 7), *mesh));
+      xs.emplace_back("x few heads", c.batch, layers.back()->local_seq(), c.hidden);
+      mlacp::testing::synthetic::fill(xs.back(), 600 + static_cast<std::uint64_t>(flat.rank()), 1.0);
+      result.labels.push_back(std::string(mlacp::to_string(strategy)) + " " + std::to_string(mesh->ulysses_size()) + "x" +
+                              std::to_string(mesh->ring_size()));
+    }
+  }
+  std::vector<std::function<void()>> bodies;
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    bodies.emplace_back([&, i] {
+      auto forward = layers[i]->forward(space, xs[i]);
+      layers[i]->backward(space, forward, xs[i]);
+    });
+  result.samples = measure_interleaved(flat.comm(), warmup, repeats, bodies);
+  return result;
+}
+
 int run(int argc, char** argv) {
   const Options o = parse_options(argc, argv,
                                   {"--timeline", "--trace", "--batch", "--seq", "--hidden", "--heads", "--nope",
@@ -399,6 +450,10 @@ int run(int argc, char** argv) {
     throw std::invalid_argument("--pack-docs " + std::to_string(pack_docs) + " and --pack-longest " +
                                 std::to_string(pack_longest) + ": expected both >= 1");
   const Packing pack = measure_packing(c, mesh, pack_docs, pack_longest, warmup, repeats);
+  // P > H (needs an even P): H = P/2, flat Ulysses P x 1 against the two-level mesh P/2 x 2.
+  const bool few_heads_wanted = P >= 2 && P % 2 == 0;
+  FewHeads few;
+  if (few_heads_wanted) few = measure_few_heads(c, mesh, warmup, repeats);
   const double real_tokens = static_cast<double>(pack.packed_seq);
   const double padded_tokens = static_cast<double>(pack_docs) * pack.padded_seq;
   double real_pairs = 0;
@@ -433,6 +488,22 @@ int run(int argc, char** argv) {
                          .num("bytes_padded_over_packed", pack.padded_bytes / pack.packed_bytes)
                          .str("bytes_formula", bytes_formula)
                          .raw("collectives_per_step", jlist(collective_names)));
+  if (few_heads_wanted) {
+    std::vector<std::string> cells;
+    for (std::size_t i = 0; i < few.labels.size(); ++i)
+      cells.push_back(JsonObject().str("config", few.labels[i]).samples("forward_backward", few.samples[i]).text());
+    doc.obj("few_heads", JsonObject()
+                             .str("what",
+                                  "P > H: H = P/2 heads, overlapped forward + backward, flat Ulysses P x 1 (P - H ranks "
+                                  "compute no attention) vs the two-level mesh P/2 x 2 (ring attention, zigzag), "
+                                  "interleaved")
+                             .num("H", few.heads)
+                             .num("U", few.ulysses)
+                             .num("C", few.ring)
+                             .raw("cells", jlist(cells))
+                             .num("latent_ring_over_flat", few.samples[1].median() / few.samples[0].median())
+                             .num("expanded_ring_over_flat", few.samples[3].median() / few.samples[2].median()));
+  }
 
   if (rank == 0) {
     std::cout << "mlacp-perf-block: P=" << P << " transport=" << o.transport << " rate=" << o.rate << " "
@@ -472,6 +543,13 @@ int run(int argc, char** argv) {
     std::cout << "  collective bytes per rank per step: packed " << fixed(pack.packed_bytes / 1048576.0, 2)
               << " MiB, padded " << fixed(pack.padded_bytes / 1048576.0, 2)
               << " MiB = " << fixed(pack.padded_bytes / pack.packed_bytes, 2) << "x; " << bytes_formula << "\n";
+    if (few_heads_wanted) {
+      std::cout << "P > H (H=" << few.heads << ", forward + backward, overlapped): ";
+      for (std::size_t i = 0; i < few.labels.size(); ++i)
+        std::cout << (i ? ", " : "") << few.labels[i] << " " << ms(few.samples[i].median()) << "ms";
+      std::cout << "; ring/flat latent " << fixed(few.samples[1].median() / few.samples[0].median(), 2)
+                << ", expanded " << fixed(few.samples[3].median() / few.samples[2].median(), 2) << "\n";
+    }
     write_json(o.json, doc.text());
     if (!timeline_path.empty()) {
       JsonObject t = header("mlacp-perf-block timeline", o, P, 1);

@@ -19,6 +19,9 @@
 #   PEER=0 ./scripts/bench.sh           # without the mlacp-vs-PyTorch-peer comparison (and sweep)
 #   BF16=0 ./scripts/bench.sh           # without the comparison's bf16 cells (double and float only)
 #   SWEEP=0 ./scripts/bench.sh          # without the scaling sweep S = 512 ... 16384 (a few minutes)
+#   RING=0 ./scripts/bench.sh           # without the ring attention cells (P = 4 on the two-level mesh: balance,
+#                                       # bytes and 2 x 2 vs 4 x 1 times at the DeepSeek-like shape; about 8 minutes)
+#   RING_NP=4 RING_ROUNDS=3 RING_SEQ=4096   # the ring cells' P, alternating rounds and S of the DeepSeek-like shape
 #   PEER_ITERS=9 PEER_WARMUP=2          # timed / untimed iterations of each comparison run (default 7 / 1)
 #   SWEEP_DTYPES=double                 # the sweep's dtypes (default "double float"; bf16 is accepted too)
 #   SWEEP_SEQS="512 1024 2048"          # the sweep's sequence lengths
@@ -82,6 +85,57 @@ if [[ ${CORE:-1} != 0 ]]; then
   echo "==== attention core, P = $np ===="
   "${mpirun_cmd[@]}" "$bin/mlacp-perf-attention" --seq "${CORE_SEQS:-512,1024,2048}" --shapes small,deepseek \
     --json "$out/attention_np$np.json"
+fi
+
+# ---- ring attention on the two-level mesh (issue 21) --------------------------------------------------------------
+# mlacp-mla-block at P = 4 (RING_NP; oversubscribes a small machine): the attention balance over the ranks (C = 2 and
+# 4, contiguous and zigzag, S = 4096, small heads: visible pairs x heads and attention CPU time, max/min), the bytes per
+# rank per layer call at the DeepSeek-like shape (4 x 1, 2 x 2 and 1 x 4, both strategies; counted by the library and
+# from the formula, and the formula at H = 128), and the times of 2 x 2 against flat Ulysses 4 x 1 there, both
+# strategies, zigzag, float, RING_ROUNDS rounds alternating the order, on the link (shm with SKIP_LINK).
+# perf_results/ring.json holds the tables (perf_tests/peers/ring_report.py).
+if [[ ${RING:-1} != 0 ]]; then
+  ring_runs=$out/ring_runs
+  rm -rf "$ring_runs"
+  mkdir -p "$ring_runs"
+  ring_np=${RING_NP:-4}
+  ring_mpirun=(mpirun -n "$ring_np")
+  if mpirun --version 2>/dev/null | grep -q "Open MPI"; then ring_mpirun+=(--oversubscribe); fi
+  ring_block_bin=$build_dir/src/mlacp-mla-block
+  ring_run() {  # <json> <wrapper|-> <args...>: one run, its output in <json>.log; never fails
+    local json=$1 wrapper=$2 rc=0
+    shift 2
+    local wrap=()
+    if [[ $wrapper != - ]]; then wrap=("$wrapper"); fi
+    "${wrap[@]}" "${ring_mpirun[@]}" "$ring_block_bin" --no-reference --dtype float "$@" --json "$json" \
+      >"${json%.json}.log" 2>&1 || rc=$?
+    if ((rc != 0)); then echo "  $(basename "${json%.json}"): rc $rc (see ${json%.json}.log)"; fi
+  }
+  echo
+  echo "==== ring attention, P = $ring_np ===="
+  for ring in 2 4; do
+    for layout in contiguous zigzag; do
+      ring_run "$ring_runs/balance_C${ring}_${layout}.json" - --seq 4096 --heads 8 --hidden 256 --nope 32 --rope 16 \
+        --vdim 32 --latent 64 --warmup 0 --iters 1 --ring "$ring" --ring-layout "$layout"
+    done
+  done
+  ring_shape=(--batch 1 --seq "${RING_SEQ:-4096}" --hidden 1024 --heads 8 --nope 128 --rope 64 --vdim 128 --latent 512
+    --ring-layout zigzag)
+  for strategy in latent expanded; do  # the 1 x P meshes: their byte count (one iteration, shm)
+    ring_run "$ring_runs/mesh_1x${ring_np}_${strategy}_bytes_r0.json" - "${ring_shape[@]}" --strategy "$strategy" \
+      --ring "$ring_np" --warmup 0 --iters 1
+  done
+  ring_transport=tcp-lo ring_wrapper=$root/scripts/netns-link.sh
+  if [[ -n ${SKIP_LINK:-} ]]; then ring_transport=shm ring_wrapper=-; fi
+  ring_cells=("latent 1" "latent 2" "expanded 1" "expanded 2")
+  for ((round = 0; round < ${RING_ROUNDS:-3}; round++)); do
+    for ((k = 0; k < ${#ring_cells[@]}; k++)); do
+      read -r strategy ring <<<"${ring_cells[$(((k + round) % ${#ring_cells[@]}))]}"
+      ring_run "$ring_runs/mesh_$((ring_np / ring))x${ring}_${strategy}_${ring_transport}_r${round}.json" \
+        "$ring_wrapper" "${ring_shape[@]}" --strategy "$strategy" --ring "$ring" --warmup 1 --iters 1
+    done
+  done
+  /usr/bin/python3 "$root/perf_tests/peers/ring_report.py" "$ring_runs" "$out"
 fi
 
 # ---- mlacp vs the PyTorch peer ---------------------------------------------------------------------------------------
