@@ -333,8 +333,8 @@ FewHeads measure_few_heads(const mlacp::MlaConfig& base, const mlacp::Mesh& flat
       layers.push_back(std::make_unique<Layer>(c, mlacp::testing::synthetic::weights<T, Mem>(c, 7), *mesh));
       xs.emplace_back("x few heads", c.batch, layers.back()->local_seq(), c.hidden);
       mlacp::testing::synthetic::fill(xs.back(), 600 + static_cast<std::uint64_t>(flat.rank()), 1.0);
-      result.labels.push_back(std::string(mlacp::to_string(strategy)) + " " + std::to_string(mesh->ulysses_size()) + "x" +
-                              std::to_string(mesh->ring_size()));
+      result.labels.push_back(std::string(mlacp::to_string(strategy)) + " " + std::to_string(mesh->ulysses_size()) +
+                              "x" + std::to_string(mesh->ring_size()));
     }
   }
   std::vector<std::function<void()>> bodies;
@@ -492,17 +492,18 @@ int run(int argc, char** argv) {
     std::vector<std::string> cells;
     for (std::size_t i = 0; i < few.labels.size(); ++i)
       cells.push_back(JsonObject().str("config", few.labels[i]).samples("forward_backward", few.samples[i]).text());
-    doc.obj("few_heads", JsonObject()
-                             .str("what",
-                                  "P > H: H = P/2 heads, overlapped forward + backward, flat Ulysses P x 1 (P - H ranks "
-                                  "compute no attention) vs the two-level mesh P/2 x 2 (ring attention, zigzag), "
-                                  "interleaved")
-                             .num("H", few.heads)
-                             .num("U", few.ulysses)
-                             .num("C", few.ring)
-                             .raw("cells", jlist(cells))
-                             .num("latent_ring_over_flat", few.samples[1].median() / few.samples[0].median())
-                             .num("expanded_ring_over_flat", few.samples[3].median() / few.samples[2].median()));
+    doc.obj("few_heads",
+            JsonObject()
+                .str("what",
+                     "P > H: H = P/2 heads, overlapped forward + backward, flat Ulysses P x 1 (P - H ranks "
+                     "compute no attention) vs the two-level mesh P/2 x 2 (ring attention, zigzag), "
+                     "interleaved")
+                .num("H", few.heads)
+                .num("U", few.ulysses)
+                .num("C", few.ring)
+                .raw("cells", jlist(cells))
+                .num("latent_ring_over_flat", few.samples[1].median() / few.samples[0].median())
+                .num("expanded_ring_over_flat", few.samples[3].median() / few.samples[2].median()));
   }
 
   if (rank == 0) {
@@ -547,8 +548,8 @@ int run(int argc, char** argv) {
       std::cout << "P > H (H=" << few.heads << ", forward + backward, overlapped): ";
       for (std::size_t i = 0; i < few.labels.size(); ++i)
         std::cout << (i ? ", " : "") << few.labels[i] << " " << ms(few.samples[i].median()) << "ms";
-      std::cout << "; ring/flat latent " << fixed(few.samples[1].median() / few.samples[0].median(), 2)
-                << ", expanded " << fixed(few.samples[3].median() / few.samples[2].median(), 2) << "\n";
+      std::cout << "; ring/flat latent " << fixed(few.samples[1].median() / few.samples[0].median(), 2) << ", expanded "
+                << fixed(few.samples[3].median() / few.samples[2].median(), 2) << "\n";
     }
     write_json(o.json, doc.text());
     if (!timeline_path.empty()) {
