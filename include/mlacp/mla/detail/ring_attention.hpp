@@ -142,7 +142,7 @@ class RingAttention {
       if (dk.data()) ring_copy(s, own_grad(0).data(), dk.data(), static_cast<std::int64_t>(dk.size()), false);
       if (dv.data()) ring_copy(s, own_grad(1).data(), dv.data(), static_cast<std::int64_t>(dv.size()), false);
     };
-    differentiate(space, ctx, p, q, o, lse, d_o, dq, kv,
+    differentiate(space, ctx, dq, kv,
                   [&](int chunk, const std::array<const T*, 2>& data, const std::array<A*, 2>& into) {
                     const std::int64_t n = ctx.token_map().chunk_size(chunk);
                     const view4<const T> k_j(data[0], c.batch, n, h, dqk), v_j(data[1], c.batch, n, h, dvd);
@@ -192,7 +192,7 @@ class RingAttention {
         ring_copy(s, own_grad(0).data(), grad_payload.data(), static_cast<std::int64_t>(grad_payload.size()), false);
     };
     const auto rows = ctx.rows_of(ctx.weights().w_kvb);
-    differentiate(space, ctx, p, q, o, lse, d_o, dq, travels,
+    differentiate(space, ctx, dq, travels,
                   [&](int chunk, const std::array<const T*, 2>& data, const std::array<A*, 2>& into) {
                     const std::int64_t n = ctx.token_map().chunk_size(chunk);
                     expand(space, ctx, chunk, data[0]);
@@ -412,10 +412,8 @@ class RingAttention {
   // The backward over the ring. `contribute(chunk, data, into)` computes this rank's contribution to the chunk's
   // gradient accumulators into the `into` pointers (when `travels`) and adds its part of dq.
   template <class Contribute>
-  void differentiate(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
-                     const tensor4& o, const lse_view& lse, const tensor4& d_o, const tensor4& dq, bool travels,
+  void differentiate(const ExecSpace& space, const context_type& ctx, const tensor4& dq, bool travels,
                      Contribute&& contribute) {
-    (void)p, (void)q, (void)o, (void)lse, (void)d_o;
     prepare(ctx);
     if (!travels) grad_count_ = 0;
     const int C = ctx.ring_size(), g = ctx.ring_rank();
