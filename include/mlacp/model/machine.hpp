@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// A machine as the performance model (layer_model.hpp) sees it: an alpha-beta cost per network level, the GEMM rate
+// by size and dtype, the attention core's rate, the memory bandwidth and the memory per rank. `mlacp-plan
+// --calibrate` measures them and writes them as JSON (machine_to_json); users may also write that file by hand for a
+// cluster they describe (README "Performance model and planner" shows a GPU cluster's file).
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mlacp::model {
+
+/// The element type the layer runs in (the planner's --dtype).
+enum class Dtype { float64, float32, bfloat16 };
+/// "double", "float" or "bf16".
+const char* to_string(Dtype dtype) noexcept;
+/// "double", "float" or "bf16"; throws InvalidArgument naming the value otherwise.
+Dtype parse_dtype(const std::string& name);
+/// 8, 4 or 2.
+int bytes_of(Dtype dtype) noexcept;
+
+/// One level of the network: a message of m bytes costs alpha + m * beta seconds.
+struct LinkCost {
+  double alpha_s = 0;          ///< latency per message, seconds
+  double beta_s_per_byte = 0;  ///< inverse bandwidth, seconds per byte
+  double time(double bytes, double messages = 1) const { return messages * alpha_s + bytes * beta_s_per_byte; }
+};
+
+/// The attention core's measured rate: its counted FLOPs (mla_flops' attention_forward / attention_backward over the
+/// visible score elements) per second per rank.
+struct AttentionRate {
+  double forward_flops = 0;
+  double backward_flops = 0;
+};
+
+/// What the model knows of a machine. Rates are per rank, measured with every rank of a node busy at once (so a node
+/// whose ranks share cores shows it).
+struct MachineParams {
+  std::string name;    ///< e.g. "calibrated: 2 x 2 ranks on AMD EPYC 9R14 (netns testbed, 2gbit)"
+  std::string source;  ///< where the figures come from (a calibration run, a datasheet)
+  int ranks_per_node = 1;  ///< G of the calibration (a plan's --ranks-per-node is what the plan uses)
+  /// Between two ranks of one node (shared memory, NVLink), per rank.
+  LinkCost intra;
+  /// Between nodes: alpha per message, beta per byte through one node's link, which the node's ranks share (the
+  /// model sums their bytes).
+  LinkCost inter;
+  /// GEMM rate per rank by dtype ("double", "float", "bf16"): points (n, FLOP/s) of an n x n x n GEMM, n increasing;
+  /// a GEMM of m x n x k reads the curve at its cube root (m n k)^(1/3), log-linearly between points, clamped at the
+  /// ends.
+  std::map<std::string, std::vector<std::pair<double, double>>> gemm;
+  /// The attention core's rate per rank by dtype.
+  std::map<std::string, AttentionRate> attention;
+  /// Memory bandwidth per rank, bytes per second (element-wise kernels: RMSNorm, RoPE, packing); 0: not modelled.
+  double memory_bandwidth = 0;
+  /// Memory per rank, bytes (the planner's default budget when --memory-per-rank is not given); 0: unknown.
+  double memory_per_rank_bytes = 0;
+  /// How much of a collective's time independent compute can hide (1: all, as with a GPU's copy engines or a
+  /// polled CPU progress; 0: none).
+  double overlap_efficiency = 1.0;
+
+  /// The GEMM rate (FLOP/s) of an m x n x k product in `dtype`; throws InvalidArgument when the machine has no
+  /// curve for it.
+  double gemm_rate(Dtype dtype, double m, double n, double k) const;
+  /// Seconds of an m x n x k GEMM (2 m n k FLOPs at gemm_rate).
+  double gemm_time(Dtype dtype, double m, double n, double k) const;
+  /// The attention rates for `dtype`; throws InvalidArgument when absent.
+  const AttentionRate& attention_rate(Dtype dtype) const;
+  /// Why these parameters cannot be used ("" when they can): negative or missing figures, named.
+  std::string error() const;
+};
+
+/// The JSON text of `m` (the file format; keys as the members).
+std::string machine_to_json(const MachineParams& m);
+/// Parses the JSON text; throws InvalidArgument naming `where` (a file name), the key and what was expected.
+MachineParams machine_from_json(const std::string& text, const std::string& where = "machine parameters");
+/// Reads and parses a file; throws InvalidArgument naming the path when it cannot be read.
+MachineParams read_machine(const std::string& path);
+/// Writes machine_to_json(m) to `path`; throws Error naming the path when it cannot be written.
+void write_machine(const MachineParams& m, const std::string& path);
+
+}  // namespace mlacp::model
