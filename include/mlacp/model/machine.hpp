@@ -46,9 +46,9 @@ struct MachineParams {
   /// Between nodes: alpha per message, beta per byte through one node's link, which the node's ranks share (the
   /// model sums their bytes).
   LinkCost inter;
-  /// GEMM rate per rank by dtype ("double", "float", "bf16"): points (n, FLOP/s) of an n x n x n GEMM, n increasing;
-  /// a GEMM of m x n x k reads the curve at its cube root (m n k)^(1/3), log-linearly between points, clamped at the
-  /// ends.
+  /// GEMM rate per rank by dtype ("double", "float", "bf16"): points (n, FLOP/s), n increasing, where n is a GEMM's
+  /// effective size, the harmonic mean 3 / (1/m + 1/n + 1/k) of its dimensions (a skinny product runs at the rate of
+  /// its small side); a GEMM reads the curve at its effective size, log-linearly between points, clamped at the ends.
   std::map<std::string, std::vector<std::pair<double, double>>> gemm;
   /// The attention core's rate per rank by dtype.
   std::map<std::string, AttentionRate> attention;
