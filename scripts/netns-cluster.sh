@@ -91,8 +91,8 @@ iptables_forward_blocks() {
 
 cmd_down() {
   local name
-  # Namespaces and links: what the state says, plus any leftover with our names.
-  for name in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$prefix[0-9]*$" || true); do
+  # Every namespace and link with our names (also the leftovers of an interrupted `up`).
+  for name in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${prefix}[0-9]*$" || true); do
     ip netns delete "$name" 2>/dev/null || true
   done
   for name in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep '^mlacp-v[0-9]*$' || true); do
@@ -241,7 +241,8 @@ cmd_run() {
   MLACP_TESTBED_RATE=$(cat "$state_dir/rate")
   MLACP_TESTBED_DELAY=$(cat "$state_dir/delay")
   export MLACP_TESTBED_RATE MLACP_TESTBED_DELAY
-  export MLACP_TESTBED_NODES=$(node_count)
+  MLACP_TESTBED_NODES=$(node_count)
+  export MLACP_TESTBED_NODES
   exec "$@"
 }
 
