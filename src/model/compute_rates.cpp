@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -45,34 +46,40 @@ void fill(const V& v, unsigned seed) {
       });
 }
 
-/// Median seconds of `run` over `repeats` runs after one warm-up, each after sync() and fenced.
+/// Median seconds of one `run` over `repeats` timed runs after a warm-up, each after sync() and fenced. A timed run
+/// repeats `run` back to back for at least `min_run_s` (the count from the warm-up), so that runs of every rank
+/// overlap even where one call is shorter than the ranks' start skew: the rate is the loaded one.
 template <class Run>
-double median_time(int repeats, const std::function<void()>& sync, const Run& run) {
+double median_time(int repeats, double min_run_s, const std::function<void()>& sync, const Run& run) {
   sync();
+  const double w0 = now();
   run();
   Kokkos::fence();
+  const double warm = now() - w0;
+  const int calls =
+      warm >= min_run_s ? 1 : static_cast<int>(std::min(1e5, std::ceil(min_run_s / std::max(warm, 1e-7))));
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
     sync();
     const double t0 = now();
-    run();
+    for (int c = 0; c < calls; ++c) run();
     Kokkos::fence();
-    times.push_back(now() - t0);
+    times.push_back((now() - t0) / calls);
   }
   return median(times);
 }
 
 template <class T>
-double time_gemm_t(const GemmShape& s, int repeats, const std::function<void()>& sync) {
+double time_gemm_t(const GemmShape& s, int repeats, double min_run_s, const std::function<void()>& sync) {
   const Matrix<T> a(std::string("mlacp::calibrate A"), s.m, s.k), b(std::string("mlacp::calibrate B"), s.k, s.n);
   const Matrix<T> c(std::string("mlacp::calibrate C"), s.m, s.n);
   fill(a, 1);
   fill(b, 2);
   const Space space;
-  return median_time(repeats, sync, [&] { compat::gemm(space, "N", "N", T(1), a, b, T(0), c); });
+  return median_time(repeats, min_run_s, sync, [&] { compat::gemm(space, "N", "N", T(1), a, b, T(0), c); });
 }
 
-double time_gemm_bf16(const GemmShape& s, int repeats, const std::function<void()>& sync) {
+double time_gemm_bf16(const GemmShape& s, int repeats, double min_run_s, const std::function<void()>& sync) {
   const Matrix<bf16> a(std::string("mlacp::calibrate A"), s.m, s.k), b(std::string("mlacp::calibrate B"), s.k, s.n);
   const Matrix<float> c(std::string("mlacp::calibrate C"), s.m, s.n);
   fill(a, 1);
@@ -80,11 +87,12 @@ double time_gemm_bf16(const GemmShape& s, int repeats, const std::function<void(
   const Space space;
   // The warm-up makes the plan's choice for the shape (auto times its candidates), as the layer's first call does.
   Bf16GemmPlan<Space> plan;
-  return median_time(repeats, sync, [&] { plan.gemm(space, "N", "N", 1.0f, a, b, 0.0f, c); });
+  return median_time(repeats, min_run_s, sync, [&] { plan.gemm(space, "N", "N", 1.0f, a, b, 0.0f, c); });
 }
 
 template <class T>
-AttentionTimes time_attention_t(const AttentionProblem& p, int repeats, const std::function<void()>& sync) {
+AttentionTimes time_attention_t(const AttentionProblem& p, int repeats, double min_run_s,
+                                const std::function<void()>& sync) {
   using Lse = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int dqk = p.nope + p.rope;
   const View4<T> q(std::string("mlacp::calibrate q"), p.batch, p.seq, p.heads, dqk);
@@ -108,8 +116,8 @@ AttentionTimes time_attention_t(const AttentionProblem& p, int repeats, const st
   const ScopedBf16GemmPlan<Space> installed(plan);
   const Space space;
   AttentionTimes t;
-  t.forward_s = median_time(repeats, sync, [&] { core.forward(space, q, k, v, o, lse); });
-  t.backward_s = median_time(repeats, sync, [&] { core.backward(space, q, k, v, o, lse, d_o, dq, dk, dv); });
+  t.forward_s = median_time(repeats, min_run_s, sync, [&] { core.forward(space, q, k, v, o, lse); });
+  t.backward_s = median_time(repeats, min_run_s, sync, [&] { core.backward(space, q, k, v, o, lse, d_o, dq, dk, dv); });
   return t;
 }
 
@@ -135,14 +143,15 @@ std::vector<GemmShape> calibration_skinny(bool quick) {
   return {{1024, 64, 512}, {2048, 576, 256}, {512, 1024, 32}};
 }
 
-double time_gemm(Dtype dtype, const GemmShape& shape, int repeats, const std::function<void()>& sync) {
+double time_gemm(Dtype dtype, const GemmShape& shape, int repeats, double min_run_s,
+                 const std::function<void()>& sync) {
   switch (dtype) {
     case Dtype::float64:
-      return time_gemm_t<double>(shape, repeats, sync);
+      return time_gemm_t<double>(shape, repeats, min_run_s, sync);
     case Dtype::float32:
-      return time_gemm_t<float>(shape, repeats, sync);
+      return time_gemm_t<float>(shape, repeats, min_run_s, sync);
     case Dtype::bfloat16:
-      return time_gemm_bf16(shape, repeats, sync);
+      return time_gemm_bf16(shape, repeats, min_run_s, sync);
   }
   return 0;
 }
@@ -163,27 +172,27 @@ AttentionProblem attention_problem(bool quick) {
   return p;
 }
 
-AttentionTimes time_attention(Dtype dtype, const AttentionProblem& problem, int repeats,
+AttentionTimes time_attention(Dtype dtype, const AttentionProblem& problem, int repeats, double min_run_s,
                               const std::function<void()>& sync) {
   switch (dtype) {
     case Dtype::float64:
-      return time_attention_t<double>(problem, repeats, sync);
+      return time_attention_t<double>(problem, repeats, min_run_s, sync);
     case Dtype::float32:
-      return time_attention_t<float>(problem, repeats, sync);
+      return time_attention_t<float>(problem, repeats, min_run_s, sync);
     case Dtype::bfloat16:
-      return time_attention_t<bf16>(problem, repeats, sync);
+      return time_attention_t<bf16>(problem, repeats, min_run_s, sync);
   }
   return {};
 }
 
 double copy_bytes(bool quick) { return (quick ? 4.0 : 64.0) * 1024 * 1024; }
 
-double time_copy(double bytes, int repeats, const std::function<void()>& sync) {
+double time_copy(double bytes, int repeats, double min_run_s, const std::function<void()>& sync) {
   const auto n = static_cast<std::int64_t>(bytes / sizeof(double));
   const Kokkos::View<double*, Mem> src(std::string("mlacp::calibrate copy source"), n);
   const Kokkos::View<double*, Mem> dst(std::string("mlacp::calibrate copy destination"), n);
   fill(src, 5);
-  return median_time(repeats, sync, [&] {
+  return median_time(repeats, min_run_s, sync, [&] {
     Kokkos::parallel_for(
         "mlacp::calibrate copy", Kokkos::RangePolicy<Space>(0, n),
         KOKKOS_LAMBDA(const std::int64_t i) { dst(i) = src(i); });

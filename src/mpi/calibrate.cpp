@@ -275,6 +275,7 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
 
   // ---- compute ----------------------------------------------------------------------------------------------------
   const std::function<void()> sync = [&] { relaxed_barrier(comm); };
+  const double min_run_s = quick ? 0.001 : 0.02;  // a timed run's least length: the ranks' runs overlap
   const auto squares = model::detail::calibration_squares(quick);
   const auto skinny = model::detail::calibration_skinny(quick);
   std::vector<model::detail::GemmShape> shapes = squares;
@@ -285,7 +286,7 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
     std::vector<std::pair<double, double>> points;  // (effective size, rate), one per shape
     std::vector<double> seconds;
     for (const auto& s : shapes) {
-      const double t = mean_over(comm, model::detail::time_gemm(dtype, s, repeats, sync));
+      const double t = mean_over(comm, model::detail::time_gemm(dtype, s, repeats, min_run_s, sync));
       seconds.push_back(t);
       points.emplace_back(s.effective_size(), 2.0 * s.m * s.n * s.k / t);
     }
@@ -299,12 +300,12 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
       report.gemm_fit.push_back({dtype, s.m, s.n, s.k, seconds[i], others.gemm_time(dtype, s.m, s.n, s.k)});
     }
     const auto problem = model::detail::attention_problem(quick);
-    const auto times = model::detail::time_attention(dtype, problem, repeats, sync);
+    const auto times = model::detail::time_attention(dtype, problem, repeats, min_run_s, sync);
     m.attention[name] = {problem.forward_flops() / mean_over(comm, times.forward_s),
                          problem.backward_flops() / mean_over(comm, times.backward_s)};
   }
   const double bytes = model::detail::copy_bytes(quick);
-  m.memory_bandwidth = mean_over(comm, 2.0 * bytes / model::detail::time_copy(bytes, repeats, sync));
+  m.memory_bandwidth = mean_over(comm, 2.0 * bytes / model::detail::time_copy(bytes, repeats, min_run_s, sync));
 
   // ---- name, source; rank 0's figures to every rank ---------------------------------------------------------------
   m.name = std::to_string(g) + " x " + std::to_string(nodes) + " ranks on " + model::detail::cpu_model();
