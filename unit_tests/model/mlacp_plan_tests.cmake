@@ -53,7 +53,8 @@ mlacp_add_plan_test(
 mlacp_add_plan_test(
   plan_memory_budget_fails
   EXIT 1
-  EXPECT "no choice fits the memory budget: the smallest, .*, needs [0-9.]+ [KMGT]?i?B per rank; the budget is 1 MiB per rank"
+  EXPECT "no choice fits the memory budget: the smallest, .*, needs [0-9.]+ [KMGT]?i?B per rank"
+         "the budget is 1 MiB per rank"
   ARGS ${_mlacp_plan_layer} --dtype float --nodes 2 --ranks-per-node 4 --memory-per-rank 1MiB --machine
        ${_mlacp_plan_machine})
 # Bad usage: exit 2, the flag and the value named, the usage text.
