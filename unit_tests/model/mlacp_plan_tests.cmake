@@ -38,15 +38,16 @@ endfunction()
 mlacp_add_plan_test(
   plan_two_node_cpu
   EXIT 0
-  EXPECT "RECOMMENDATION" "wrote .*plan_two_node_cpu.json"
+  EXPECT "recommendation: [a-z]+ U=[0-9]+ C=[0-9]+.*: predicted [0-9.]+ m?s per forward \\+ backward"
+         "  14  [a-z]+ U=[0-9] C=[0-9]" "wrote .*plan_two_node_cpu.json"
   ARGS ${_mlacp_plan_layer} --dtype float --nodes 2 --ranks-per-node 4 --memory-per-rank 16GiB --machine
        ${_mlacp_plan_machine} --json ${CMAKE_CURRENT_BINARY_DIR}/plan_two_node_cpu.json)
 # Restricted to one strategy, rings of 2, the contiguous layout, bf16 with a low-rank query and packed documents.
 mlacp_add_plan_test(
   plan_two_node_cpu_restricted
   EXIT 0
-  EXPECT "RECOMMENDATION"
-  REJECT "expanded" "zigzag"
+  EXPECT "recommendation: latent U=4 C=2 contiguous: predicted" "documents=2 q_lora=384 dtype=bf16"
+  REJECT "  2   [a-z]+ U=" "expanded U=" "C=[0-9] zigzag"
   ARGS ${_mlacp_plan_layer} --q-lora 384 --cu-seqlens 0,1000,4096 --dtype bf16 --nodes 2 --ranks-per-node 4 --strategy
        latent --ring 2 --layout contiguous --machine ${_mlacp_plan_machine})
 # Nothing fits 1 MiB per rank: exit 1, naming the smallest requirement and the budget.
@@ -106,7 +107,7 @@ set_tests_properties(plan_calibrate_quick_np2 PROPERTIES FIXTURES_SETUP plan_cal
 mlacp_add_plan_test(
   plan_on_calibrated
   EXIT 0
-  EXPECT "RECOMMENDATION"
+  EXPECT "recommendation: [a-z]+ U=[0-9]+ C=[0-9]+"
   ARGS --batch 1 --seq 256 --hidden 64 --heads 4 --nope 16 --rope 8 --vdim 16 --latent 32 --dtype float --nodes 1
        --ranks-per-node 2 --machine ${_mlacp_plan_calibrated})
 set_tests_properties(plan_on_calibrated PROPERTIES FIXTURES_REQUIRED plan_calibrated)
