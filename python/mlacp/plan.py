@@ -60,7 +60,8 @@ def plan(config=None, *, machine, dtype="float", nodes=1, ranks_per_node=1, memo
 
     Returns a ``Plan``: a list with one dict per choice, ranked, with the keys ``choice`` (its description),
     ``strategy``, ``ulysses`` (U), ``ring`` (C), ``layout`` (None when C = 1), ``forward_s``, ``backward_s``,
-    ``total_s``, ``hidden_fraction`` (of the communication, behind compute), ``bytes_intra`` and ``bytes_inter`` (one
+    ``total_s``, ``compute_s``, ``communication_s`` (the collectives' modelled times, summed), ``exposed_s`` (what
+    compute waited for them), ``hidden_fraction`` (of the communication, behind compute), ``bytes_intra`` and ``bytes_inter`` (one
     rank's collective bytes per forward + backward within and between nodes), ``memory_bytes`` (per rank),
     ``fits`` and ``why_not`` ("" when it fits). Raises ``mlacp.InvalidArgument`` naming the value when the request
     cannot be planned (the layer, the cluster, the machine).

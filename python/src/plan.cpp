@@ -28,6 +28,9 @@ py::dict row_dict(const model::PlanRow& row) {
   d["forward_s"] = p.forward_s;
   d["backward_s"] = p.backward_s;
   d["total_s"] = p.total_s();
+  d["compute_s"] = p.compute_s;
+  d["communication_s"] = p.communication_s;
+  d["exposed_s"] = p.exposed_s;
   d["hidden_fraction"] = p.hidden_fraction;
   d["bytes_intra"] = p.bytes.intra;
   d["bytes_inter"] = p.bytes.inter;
