@@ -11,7 +11,7 @@
 //
 // Calibrate mode: measures the machine's parameters on the ranks it is launched on (mlacp/model/calibrate.hpp) and
 // rank 0 writes them as the JSON plan mode reads:
-//   mpirun -np 4 mlacp-plan --calibrate --out machine.json [--quick]
+//   mpirun -np 4 mlacp-plan --calibrate --out machine.json [--quick] [--repeats N] [--ranks-per-node G]
 #include <mpi.h>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
@@ -22,14 +22,12 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,7 +41,7 @@ const char* usage =
     "                  --seq S [--cu-seqlens 0,a,...,S] --dtype double|float|bf16 --nodes N --ranks-per-node G\n"
     "                  [--memory-per-rank BYTES] [--strategy latent|expanded] [--ring C] [--layout zigzag|contiguous]\n"
     "                  --machine params.json [--json FILE]\n"
-    "       mpirun -np P mlacp-plan --calibrate [--out params.json] [--quick]\n"
+    "       mpirun -np P mlacp-plan --calibrate [--out params.json] [--quick] [--repeats N] [--ranks-per-node G]\n"
     "Plan: ranks every (strategy, U x C, layout) that runs the layer on N x G ranks by the model's forward + backward\n"
     "time on the machine params.json describes, and recommends the fastest that fits the memory per rank (BYTES: a\n"
     "number with an optional suffix kB MB GB TB or KiB MiB GiB TiB, e.g. 80GiB, 1.5e9; default the machine file's\n"
@@ -51,7 +49,9 @@ const char* usage =
     "--q-lora Rq models a low-rank query projection; --json FILE also writes the plan as JSON.\n"
     "Exit status: 0 when a choice fits, 1 when none fits the memory budget, 2 on bad usage.\n"
     "Calibrate: measures the network levels, GEMM rates, attention core and memory bandwidth on the ranks it runs on\n"
-    "and writes them (default machine.json); --quick measures fewer sizes and repeats.\n";
+    "and writes them (default machine.json); --quick measures tiny sizes (seconds become a fraction of one),\n"
+    "--repeats N timed runs per figure (median; default 5), --ranks-per-node G treats G consecutive ranks as a node\n"
+    "(default: the ranks that share memory), so that one machine exercises the inter-node level.\n";
 
 // Bad usage: the message names the flag and the value; main prints it with the usage text and exits 2.
 struct UsageFailure : std::runtime_error {
@@ -255,7 +255,7 @@ int run_plan(int argc, char** argv) {
 
 struct CalibrateOptions {
   std::string out = "machine.json";
-  bool quick = false;
+  model::CalibrationOptions calibration;
   bool help = false;
 };
 
@@ -265,59 +265,20 @@ CalibrateOptions parse_calibrate(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--calibrate") continue;
     if (flag == "--quick") {
-      o.quick = true;
+      o.calibration.quick = true;
     } else if (flag == "--help" || flag == "-h") {
       o.help = true;
-    } else if (flag == "--out") {
-      if (i + 1 >= argc) throw UsageFailure("--out needs a value");
-      o.out = argv[++i];
+    } else if (flag == "--out" || flag == "--repeats" || flag == "--ranks-per-node") {
+      if (i + 1 >= argc) throw UsageFailure(flag + " needs a value");
+      const std::string value = argv[++i];
+      if (flag == "--out") o.out = value;
+      if (flag == "--repeats") o.calibration.repeats = parse_int(flag, value);
+      if (flag == "--ranks-per-node") o.calibration.ranks_per_node = parse_int(flag, value);
     } else {
-      throw UsageFailure(flag + ": --calibrate takes only --out FILE and --quick");
+      throw UsageFailure(flag + ": --calibrate takes only --out FILE, --quick, --repeats N and --ranks-per-node G");
     }
   }
   return o;
-}
-
-std::string microseconds(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g us", seconds * 1e6);
-  return text;
-}
-std::string gigabytes_per_s(double seconds_per_byte) {
-  if (seconds_per_byte <= 0) return "unlimited";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g GB/s", 1e-9 / seconds_per_byte);
-  return text;
-}
-std::string gigaflops(double flops) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g GFLOP/s", flops * 1e-9);
-  return text;
-}
-
-std::string summary(const model::MachineParams& m, double seconds, int ranks) {
-  std::ostringstream s;
-  s << "calibrated " << m.name << " (" << ranks << " ranks, " << m.ranks_per_node << " per node) in " << std::fixed;
-  s.precision(1);
-  s << seconds << " s\n";
-  s.unsetf(std::ios::floatfield);
-  s.precision(6);
-  s << "  intra-node: alpha " << microseconds(m.intra.alpha_s) << ", beta " << gigabytes_per_s(m.intra.beta_s_per_byte)
-    << "\n";
-  s << "  inter-node: alpha " << microseconds(m.inter.alpha_s) << ", beta " << gigabytes_per_s(m.inter.beta_s_per_byte)
-    << " (per node)\n";
-  for (const auto& [dtype, curve] : m.gemm) {
-    s << "  GEMM " << dtype << ":";
-    for (const auto& [n, flops] : curve) s << " n=" << n << " " << gigaflops(flops) << ";";
-    s << "\n";
-  }
-  for (const auto& [dtype, rate] : m.attention)
-    s << "  attention " << dtype << ": forward " << gigaflops(rate.forward_flops) << ", backward "
-      << gigaflops(rate.backward_flops) << "\n";
-  s << "  memory bandwidth " << (m.memory_bandwidth > 0 ? gigabytes_per_s(1.0 / m.memory_bandwidth) : "not measured")
-    << ", memory per rank " << (m.memory_per_rank_bytes > 0 ? format_bytes(m.memory_per_rank_bytes) : "unknown")
-    << ", overlap efficiency " << m.overlap_efficiency << "\n";
-  return s.str();
 }
 
 int run_calibrate(int argc, char** argv) {
@@ -334,14 +295,13 @@ int run_calibrate(int argc, char** argv) {
       if (options.help) {
         if (rank == 0) std::cout << usage;
       } else {
-        model::CalibrationOptions calibration;
-        calibration.quick = options.quick;
-        const auto start = std::chrono::steady_clock::now();
-        const model::MachineParams machine = model::calibrate(MPI_COMM_WORLD, calibration);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        // Every rank measures and returns the same report; rank 0 writes the file and prints it.
+        const model::CalibrationReport report = model::calibrate_report(MPI_COMM_WORLD, options.calibration);
         if (rank == 0) {
-          model::write_machine(machine, options.out);
-          std::cout << summary(machine, seconds, size) << "wrote " << options.out << "\n" << std::flush;
+          model::write_machine(report.machine, options.out);
+          std::cout << "mlacp-plan --calibrate on " << size << " ranks\n"
+                    << model::format_report(report) << "wrote " << options.out << "\n"
+                    << std::flush;
         }
       }
     } catch (const UsageFailure& e) {

@@ -102,7 +102,8 @@ mlacp_add_expect_output_test(
   EXPECT_EXIT zero
   TIMEOUT 600
   LABELS plan
-  EXPECT "intra-node: alpha [0-9.e+-]+ us, beta" "GEMM [a-z0-9]+:" "wrote .*plan_calibrated_np2.json")
+  EXPECT "mlacp-plan --calibrate on 2 ranks" "intra-node: alpha [0-9.]+ us, beta .*GB/s" "GEMM float \\(effective size"
+         "attention float: forward" "calibration took [0-9.]+ s" "wrote .*plan_calibrated_np2.json")
 set_tests_properties(plan_calibrate_quick_np2 PROPERTIES FIXTURES_SETUP plan_calibrated DEPENDS plan_calibrated_clean)
 mlacp_add_plan_test(
   plan_on_calibrated
