@@ -50,6 +50,11 @@ shape_args() {
   esac
 }
 
+# The run's own prediction beside its time where the tool takes a machine file (the report predicts every case again
+# from the round's calibration with mlacp-plan, so that it does not depend on this).
+machine_flag=0
+if "$block_tool" --help 2>&1 | grep -q -- "--machine"; then machine_flag=1; fi
+
 mkdir -p "$out/validation"
 runs=$out/validation
 trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
@@ -74,7 +79,8 @@ for rate in $rates; do
           for ring in 1 2 4; do
             name=run_${tag}_${shape}_${strategy}_C$ring
             "${launch[@]}" "$block_tool" "${dims[@]}" --dtype "$dtype" --strategy "$strategy" --ring "$ring" \
-              --no-reference --warmup 1 --iters "$iters" --machine "$machine" --json "$runs/$name.json" |
+              --no-reference --warmup 1 --iters "$iters" --json "$runs/$name.json" \
+              $(((machine_flag)) && echo "--machine $machine") |
               grep -E "predicted|iteration time" | sed "s/^/   $shape $strategy C=$ring: /"
           done
         done
@@ -83,4 +89,4 @@ for rate in $rates; do
     "$cluster" down >/dev/null
   done
 done
-/usr/bin/python3 "$root/perf_tests/model/validate_report.py" "$runs" --out "$out"
+/usr/bin/python3 "$root/perf_tests/model/validate_report.py" "$runs" --plan "$plan_tool" --out "$out"

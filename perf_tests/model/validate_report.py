@@ -21,7 +21,9 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 
 
 def load(path):
@@ -29,10 +31,32 @@ def load(path):
         return json.load(f)
 
 
+def predict(plan_tool, run, machine, nodes, per_node):
+    """The model's prediction of one measured run: mlacp-plan restricted to the run's strategy, ring and layout, on
+    the round's machine file (so that the report follows the model as it is now, whatever predicted the run)."""
+    c = run["config"]
+    cmd = [plan_tool, "--batch", str(c["B"]), "--seq", str(c["S"]), "--hidden", str(c["D"]), "--heads", str(c["H"]),
+           "--nope", str(c["dn"]), "--rope", str(c["dr"]), "--vdim", str(c["dv"]), "--latent", str(c["R"]),
+           "--dtype", run["dtype"], "--nodes", str(nodes), "--ranks-per-node", str(per_node), "--strategy",
+           run["strategy"], "--ring", str(run["ring_size"]), "--machine", machine]
+    if run["ring_size"] > 1:
+        cmd += ["--layout", run["ring_layout"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.json")
+        out = subprocess.run(cmd + ["--json", path], capture_output=True, text=True)
+        if out.returncode != 0 or not os.path.exists(path):
+            sys.exit("validate_report: %s failed (%d)\n%s%s" % (" ".join(cmd), out.returncode, out.stdout, out.stderr))
+        row = load(path)["rows"][0]
+    return dict(total_s=row["total_s"], forward_s=row["forward_s"], backward_s=row["backward_s"],
+                hidden_fraction=row["hidden_fraction"], memory_bytes=row["memory_bytes"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--plan", default=None, help="mlacp-plan: predict every run again from its round's machine file "
+                    "(default: the prediction the run itself reported)")
     ap.add_argument("--cpu", default=None, help="the CPU's name for the report (default: /proc/cpuinfo)")
     a = ap.parse_args()
     out = a.out or a.runs
@@ -51,6 +75,10 @@ def main():
         if not m:
             continue
         j = load(path)
+        nodes, per_node = (int(x) for x in m["layout"].split("x"))
+        machine = os.path.join(a.runs, "machine_%s_%s_r%s.json" % (m["rate"], m["layout"], m["round"]))
+        if j.get("status") == "ok" and a.plan and os.path.exists(machine):
+            j["predicted"] = predict(a.plan, j, machine, nodes, per_node)
         if j.get("status") != "ok" or "predicted" not in j:
             print("skipping %s: no measurement or no prediction" % path, file=sys.stderr)
             continue
