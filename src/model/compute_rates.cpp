@@ -180,6 +180,10 @@ AttentionTimes time_attention(Dtype dtype, const AttentionProblem& problem, int 
     case Dtype::float32:
       return time_attention_t<float>(problem, repeats, min_run_s, sync);
     case Dtype::bfloat16:
+      // Where the core takes no bf16 Views (its team path, on a GPU), the layer widens into float around it
+      // (ScheduleContext::core_forward): the float core's rate is the one it runs at.
+      if (!FlashAttentionCore().computes_bf16<Space>())
+        return time_attention_t<float>(problem, repeats, min_run_s, sync);
       return time_attention_t<bf16>(problem, repeats, min_run_s, sync);
   }
   return {};
