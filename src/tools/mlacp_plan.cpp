@@ -27,7 +27,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -309,8 +308,10 @@ int run_calibrate(int argc, char** argv) {
       if (rank == 0) std::cerr << "mlacp-plan: " << e.what() << "\n" << usage;
       code = 2;
     } catch (const mlacp::Error& e) {
+      // An option calibrate refuses (InvalidArgument, on every rank) is bad usage; anything else (the nodes, MPI,
+      // writing the file) a failed calibration.
       std::cerr << "mlacp-plan: rank " + std::to_string(rank) + ": " + e.what() + "\n" << std::flush;
-      code = 1;
+      code = dynamic_cast<const mlacp::InvalidArgument*>(&e) != nullptr ? 2 : 1;
     }
   }
   MPI_Finalize();

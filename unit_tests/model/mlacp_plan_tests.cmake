@@ -112,3 +112,12 @@ mlacp_add_plan_test(
   ARGS --batch 1 --seq 256 --hidden 64 --heads 4 --nope 16 --rope 8 --vdim 16 --latent 32 --dtype float --nodes 1
        --ranks-per-node 2 --machine ${_mlacp_plan_calibrated})
 set_tests_properties(plan_on_calibrated PROPERTIES FIXTURES_REQUIRED plan_calibrated)
+# An option calibrate refuses ends every rank with the message, exit 2.
+mlacp_add_expect_output_test(
+  plan_calibrate_bad_repeats_np2
+  RANKS 2
+  COMMAND $<TARGET_FILE:mlacp-plan> --calibrate --quick --repeats 0 --out ${CMAKE_CURRENT_BINARY_DIR}/unused.json
+  EXPECT_EXIT 2
+  TIMEOUT 60
+  LABELS plan
+  EXPECT "rank 0: .*repeats = 0" "rank 1: .*repeats = 0")
