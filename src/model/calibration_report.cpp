@@ -34,6 +34,12 @@ std::string format_report(const CalibrationReport& report) {
     out += format("cross-node ping-pong: %.0f bytes at %.3f GB/s\n", report.inter_pingpong_bytes,
                   report.inter_pingpong_bandwidth * 1e-9);
   }
+  if (report.overlap_both_s > 0) {
+    out += format("overlap: GEMM loop %.2f ms, all-to-all %.2f ms, both", report.overlap_alone_s * 1e3,
+                  report.overlap_collective_s * 1e3) +
+           format(" %.2f ms: efficiency %.2f\n", report.overlap_both_s * 1e3, m.overlap_efficiency);
+  }
+  out += format("synchronisation lag (max - mean over ranks after equal work): %.1f us\n", m.sync_s * 1e6);
   for (const auto& [dtype, points] : m.gemm) {
     out += "GEMM " + dtype + " (effective size: GFLOP/s per rank):";
     for (const auto& [n, rate] : points) out += format(" %.0f: %.2f", n, rate * 1e-9);

@@ -156,6 +156,32 @@ double time_gemm(Dtype dtype, const GemmShape& shape, int repeats, double min_ru
   return 0;
 }
 
+struct GemmLoop::Buffers {
+  Matrix<float> a, b, c;
+};
+
+GemmLoop::GemmLoop(const GemmShape& s)
+    : buffers_(new Buffers{Matrix<float>(std::string("mlacp::calibrate A"), s.m, s.k),
+                           Matrix<float>(std::string("mlacp::calibrate B"), s.k, s.n),
+                           Matrix<float>(std::string("mlacp::calibrate C"), s.m, s.n)}) {
+  fill(buffers_->a, 1);
+  fill(buffers_->b, 2);
+}
+
+GemmLoop::~GemmLoop() { delete buffers_; }
+
+double GemmLoop::run(int calls, const std::function<void()>& between) const {
+  const Space space;
+  const double t0 = now();
+  for (int c = 0; c < calls; ++c) {
+    compat::gemm(space, "N", "N", 1.0f, buffers_->a, buffers_->b, 0.0f, buffers_->c);
+    space.fence();
+    if (between) between();
+  }
+  Kokkos::fence();
+  return now() - t0;
+}
+
 double AttentionProblem::forward_flops() const {
   const double e = static_cast<double>(batch) * heads * seq * (seq + 1.0) / 2.0;
   return 2.0 * e * (nope + rope + vdim);

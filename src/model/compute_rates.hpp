@@ -44,6 +44,21 @@ struct AttentionTimes {
 AttentionTimes time_attention(Dtype dtype, const AttentionProblem& problem, int repeats, double min_run_s,
                               const std::function<void()>& sync);
 
+/// A float GEMM of `shape` run `calls` times back to back, `between()` called after each (the overlap measurement
+/// polls a collective there); returns the seconds (fenced). The buffers live as long as the object.
+class GemmLoop {
+ public:
+  explicit GemmLoop(const GemmShape& shape);
+  ~GemmLoop();
+  GemmLoop(const GemmLoop&) = delete;
+  GemmLoop& operator=(const GemmLoop&) = delete;
+  double run(int calls, const std::function<void()>& between) const;
+
+ private:
+  struct Buffers;
+  Buffers* buffers_;
+};
+
 /// Bytes copied by the bandwidth measurement: 64 MiB (quick: 4 MiB).
 double copy_bytes(bool quick);
 /// This rank's median seconds of a Kokkos parallel_for copy of `bytes` (doubles) into another buffer.

@@ -119,22 +119,23 @@ class Simulation {
     Handle h;
     if (cost.seconds <= 0) return h;
     h.start = std::max(t_, net_free_);
-    h.cost = cost.seconds;
+    // Every collective synchronises its group: it also carries the lag of the group's slowest rank.
+    h.cost = cost.seconds + machine_.sync_s;
     h.end = h.start + h.cost;
     h.live = true;
     net_free_ = h.end;
-    out_.communication_s += cost.seconds;
+    out_.communication_s += h.cost;
     add(name, ScheduleEvent::Kind::collective, h.start, h.end);
     return h;
   }
   void wait(const char* name, Handle& h) {
     if (!h.live) return;
     h.live = false;
-    // The compute that ran while it was in flight progressed it at overlap_efficiency only; what is left runs at
-    // full rate once the compute stream waits.
-    const double busy = std::max(0.0, t_ - h.start);
-    const double remaining = std::max(0.0, h.cost - std::clamp(machine_.overlap_efficiency, 0.0, 1.0) * busy);
-    const double end = remaining > 0 ? std::max(t_, h.start) + remaining : t_;
+    // The time the collective and the compute overlapped costs (1 - overlap_efficiency) of itself on top of
+    // whichever finishes last (the CPU's share of moving the data: copies, polls, a network stack on the same
+    // cores): a loop of T with a collective of c in flight takes max(T, c) + (1 - e) min(T, c), as calibrated.
+    const double busy = std::clamp(t_ - h.start, 0.0, h.cost);
+    const double end = std::max(t_, h.end) + (1 - std::clamp(machine_.overlap_efficiency, 0.0, 1.0)) * busy;
     if (end > t_) {
       add(name, ScheduleEvent::Kind::wait, t_, end);
       out_.exposed_s += end - t_;

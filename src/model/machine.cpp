@@ -113,6 +113,7 @@ std::string MachineParams::error() const {
   non_negative("inter.beta_s_per_byte", inter.beta_s_per_byte);
   non_negative("memory_bandwidth", memory_bandwidth);
   non_negative("memory_per_rank_bytes", memory_per_rank_bytes);
+  non_negative("sync_s", sync_s);
   if (!(overlap_efficiency >= 0 && overlap_efficiency <= 1)) {
     problems.push_back("overlap_efficiency = " + short_number(overlap_efficiency) + " (expected 0 to 1)");
   }
@@ -637,7 +638,8 @@ std::string machine_to_json(const MachineParams& m) {
   out << (first ? "},\n" : "\n  },\n");
   out << "  \"memory_bandwidth\": " << number_text(m.memory_bandwidth) << ",\n";
   out << "  \"memory_per_rank_bytes\": " << number_text(m.memory_per_rank_bytes) << ",\n";
-  out << "  \"overlap_efficiency\": " << number_text(m.overlap_efficiency) << "\n";
+  out << "  \"overlap_efficiency\": " << number_text(m.overlap_efficiency) << ",\n";
+  out << "  \"sync_s\": " << number_text(m.sync_s) << "\n";
   out << "}\n";
   return out.str();
 }
@@ -650,7 +652,7 @@ MachineParams machine_from_json(const std::string& text, const std::string& wher
   }
   schema.only("", doc,
               {"name", "source", "ranks_per_node", "intra", "inter", "gemm", "attention", "memory_bandwidth",
-               "memory_per_rank_bytes", "overlap_efficiency"});
+               "memory_per_rank_bytes", "overlap_efficiency", "sync_s"});
   MachineParams m;
   for (const auto& [key, v] : doc.members) {
     if (key == "name") {
@@ -679,6 +681,8 @@ MachineParams machine_from_json(const std::string& text, const std::string& wher
       m.memory_per_rank_bytes = schema.non_negative(key, v);
     } else if (key == "overlap_efficiency") {
       m.overlap_efficiency = schema.number(key, v, "a number from 0 to 1", false, 1.0);
+    } else if (key == "sync_s") {
+      m.sync_s = schema.non_negative(key, v);
     }
   }
   return m;

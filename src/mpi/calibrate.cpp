@@ -304,6 +304,57 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
     m.attention[name] = {problem.forward_flops() / mean_over(comm, times.forward_s),
                          problem.backward_flops() / mean_over(comm, times.backward_s)};
   }
+  // ---- synchronisation lag and overlap ---------------------------------------------------------------------------
+  // A float GEMM loop of about 5 ms (quick: 1 ms) on every rank at once, then the spread of its end over the ranks:
+  // max minus mean (the lag a collective absorbs after equal work). Then the loop with an all-to-all over all ranks
+  // in flight, polled between GEMMs as the layer polls, against each alone: the share of the collective the compute
+  // does not hide.
+  {
+    const model::detail::GemmShape shape{128, 128, 128};
+    const model::detail::GemmLoop loop(shape);
+    loop.run(2, {});
+    const double one = std::max(1e-6, max_over(comm, {loop.run(4, {}) / 4})[0]);
+    const int calls = std::max(2, static_cast<int>((quick ? 1e-3 : 5e-3) / one));
+    std::vector<double> lags;
+    for (int r = 0; r < repeats; ++r) {
+      relaxed_barrier(comm);
+      const double t = loop.run(calls, {});
+      double mx = t, sum = t;
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &mx, 1, MPI_DOUBLE, MPI_MAX, comm), "calibration: MPI_Allreduce(lag)");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm), "calibration: MPI_Allreduce(lag)");
+      lags.push_back(mx - sum / size);
+    }
+    m.sync_s = model::detail::median(lags);
+    if (size > 1) {
+      const int per_peer = std::max(1, static_cast<int>(large / size));
+      std::vector<char> send(static_cast<std::size_t>(per_peer) * size, 1), recv(send.size());
+      const double t_m = alltoall_median(comm, comm, large, repeats);
+      const int overlap_calls = std::max(2, static_cast<int>(2 * t_m / one));
+      std::vector<double> alone, both;
+      for (int r = 0; r < repeats; ++r) {
+        relaxed_barrier(comm);
+        alone.push_back(max_over(comm, {loop.run(overlap_calls, {})})[0]);
+        relaxed_barrier(comm);
+        const double t0 = MPI_Wtime();
+        MPI_Request request = MPI_REQUEST_NULL;
+        check_mpi(MPI_Ialltoall(send.data(), per_peer, MPI_BYTE, recv.data(), per_peer, MPI_BYTE, comm, &request),
+                  "calibration: MPI_Ialltoall");
+        loop.run(overlap_calls, [&] {
+          int done = 0;
+          MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        });
+        check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "calibration: MPI_Wait");
+        both.push_back(max_over(comm, {MPI_Wtime() - t0})[0]);
+      }
+      const double t_c = model::detail::median(alone), t_o = model::detail::median(both);
+      const double hidden_part = std::min(t_c, t_m);
+      m.overlap_efficiency = hidden_part > 0 ? std::clamp(1 - (t_o - std::max(t_c, t_m)) / hidden_part, 0.0, 1.0) : 1.0;
+      report.overlap_alone_s = t_c;
+      report.overlap_collective_s = t_m;
+      report.overlap_both_s = t_o;
+    }
+  }
+
   const double bytes = model::detail::copy_bytes(quick);
   m.memory_bandwidth = mean_over(comm, 2.0 * bytes / model::detail::time_copy(bytes, repeats, min_run_s, sync));
 
@@ -317,7 +368,8 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
   const std::string json = broadcast_string(comm, rank == 0 ? machine_to_json(m) : std::string());
   report.machine = machine_from_json(json, "calibration broadcast");
 
-  std::vector<double> figures{report.inter_pingpong_bytes, report.inter_pingpong_bandwidth};
+  std::vector<double> figures{report.inter_pingpong_bytes, report.inter_pingpong_bandwidth, report.overlap_alone_s,
+                              report.overlap_collective_s, report.overlap_both_s};
   for (const auto& f : report.gemm_fit) {
     figures.push_back(f.measured_s);
     figures.push_back(f.predicted_s);
@@ -326,9 +378,12 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
             "calibration: MPI_Bcast(report)");
   report.inter_pingpong_bytes = figures[0];
   report.inter_pingpong_bandwidth = figures[1];
+  report.overlap_alone_s = figures[2];
+  report.overlap_collective_s = figures[3];
+  report.overlap_both_s = figures[4];
   for (std::size_t i = 0; i < report.gemm_fit.size(); ++i) {
-    report.gemm_fit[i].measured_s = figures[2 + 2 * i];
-    report.gemm_fit[i].predicted_s = figures[3 + 2 * i];
+    report.gemm_fit[i].measured_s = figures[5 + 2 * i];
+    report.gemm_fit[i].predicted_s = figures[6 + 2 * i];
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm), "calibration: MPI_Allreduce(time)");

@@ -223,7 +223,7 @@ TEST(Machine, ParseErrorsNameFileKeyAndExpectation) {
   EXPECT_EQ(parse_error(R"({"nodes": 2})"),
             "params.json: \"nodes\": unknown key (expected one of \"name\", \"source\", \"ranks_per_node\", "
             "\"intra\", \"inter\", \"gemm\", \"attention\", \"memory_bandwidth\", \"memory_per_rank_bytes\", "
-            "\"overlap_efficiency\")");
+            "\"overlap_efficiency\", \"sync_s\")");
   EXPECT_EQ(parse_error(R"({"name": 3})"), "params.json: \"name\": expected a string, got 3");
   EXPECT_EQ(parse_error(R"({"ranks_per_node": 2.5})"),
             "params.json: \"ranks_per_node\": expected a positive integer, got 2.5");

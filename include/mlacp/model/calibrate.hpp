@@ -57,6 +57,9 @@ struct CalibrationReport {
   std::vector<GemmFit> gemm_fit;
   double inter_pingpong_bytes = 0;      ///< message size of the cross-node ping-pong (0: one node)
   double inter_pingpong_bandwidth = 0;  ///< its bytes per second (m / half round trip)
+  /// The overlap measurement (MachineParams::overlap_efficiency): a GEMM loop alone, an all-to-all over all ranks
+  /// alone, and the two together (the all-to-all polled between the GEMMs), seconds, max over ranks; 0 at one rank.
+  double overlap_alone_s = 0, overlap_collective_s = 0, overlap_both_s = 0;
   int nodes = 1;
   double seconds = 0;  ///< wall time of the calibration
 };

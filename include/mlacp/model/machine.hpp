@@ -56,9 +56,15 @@ struct MachineParams {
   double memory_bandwidth = 0;
   /// Memory per rank, bytes (the planner's default budget when --memory-per-rank is not given); 0: unknown.
   double memory_per_rank_bytes = 0;
-  /// How much of a collective's time independent compute can hide (1: all, as with a GPU's copy engines or a
-  /// polled CPU progress; 0: none).
+  /// How much of a collective's time independent compute hides: a collective in flight during compute costs that
+  /// compute (1 - overlap_efficiency) of the time they overlap (the CPU's share of moving the data: copies, polling,
+  /// a network stack on the same cores). 1: free (a GPU's copy engines); 0: none hidden. Calibrated as
+  /// 1 - (t_both - max(t_compute, t_collective)) / min(t_compute, t_collective).
   double overlap_efficiency = 1.0;
+  /// The lag of a group's slowest rank at a synchronisation after equal work (max over ranks minus the mean, median
+  /// of repeats), seconds: every collective the layer waits for carries it. Ranks that share cores (or noisy
+  /// neighbours) make it large; 0: ranks in lockstep.
+  double sync_s = 0;
 
   /// The GEMM rate (FLOP/s) of an m x n x k product in `dtype`; throws InvalidArgument when the machine has no
   /// curve for it.
