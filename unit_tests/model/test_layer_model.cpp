@@ -199,6 +199,24 @@ TEST(LayerModel, OverlapHidesWhatTheComputeCovers) {
   p = predict(c, Dtype::float64, choice, Cluster{1, 4}, m);
   EXPECT_NEAR(p.hidden_fraction, 0, 1e-12);
   EXPECT_NEAR(p.total_s(), p.compute_s + p.communication_s, 1e-12);
+  // Every collective carries the synchronisation lag: with nothing hidden, each adds it at least once (one that
+  // queues behind another on the link waits for that one's lag too).
+  const double without_lag = p.total_s();
+  int collectives = 0;
+  for (const auto& e : p.events) collectives += e.kind == ScheduleEvent::Kind::collective;
+  m.sync_s = 1e-3;
+  p = predict(c, Dtype::float64, choice, Cluster{1, 4}, m);
+  EXPECT_NEAR(p.communication_s, collectives * 1e-3 + (without_lag - p.compute_s), 1e-12);
+  EXPECT_GE(p.total_s(), without_lag + collectives * 1e-3 - 1e-12);
+  EXPECT_LE(p.total_s(), without_lag + 2 * collectives * 1e-3);
+  // Half efficiency lies between.
+  m.sync_s = 0;
+  m.overlap_efficiency = 0.5;
+  const double half = predict(c, Dtype::float64, choice, Cluster{1, 4}, m).total_s();
+  m.overlap_efficiency = 1;
+  const double full = predict(c, Dtype::float64, choice, Cluster{1, 4}, m).total_s();
+  EXPECT_LT(full, half);
+  EXPECT_LT(half, without_lag);
 }
 
 TEST(LayerModel, RingStepsAlternateExchangeAndCompute) {
