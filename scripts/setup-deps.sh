@@ -10,7 +10,7 @@ packages=(
   libgtest-dev
   python3 python3-numpy python3-matplotlib
   python3-torch python3-mpi4py pybind11-dev python3-pytest
-  iproute2
+  iproute2 util-linux
   munge slurmctld slurmd slurm-client
 )
 if [[ $# -gt 0 ]]; then packages+=("$@"); fi

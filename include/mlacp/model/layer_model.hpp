@@ -25,9 +25,9 @@ struct Cluster {
 /// One way to run the layer: the strategy and the mesh U x C (Mesh(comm, C); C = 1 is flat Ulysses over U = P ranks).
 struct Choice {
   MlaStrategy strategy = MlaStrategy::latent;
-  int ulysses = 1;                              ///< U
-  int ring = 1;                                 ///< C
-  RingLayout layout = RingLayout::zigzag;       ///< ignored when ring == 1
+  int ulysses = 1;                         ///< U
+  int ring = 1;                            ///< C
+  RingLayout layout = RingLayout::zigzag;  ///< ignored when ring == 1
   /// "latent U=4 C=1", "expanded U=2 C=2 zigzag".
   std::string describe() const;
 };
@@ -78,8 +78,14 @@ struct Prediction {
 /// sit inside a node or span whole nodes (U divides G or G divides U) for the model's placement.
 std::string choice_error(const MlaConfig& config, const Choice& choice, const Cluster& cluster);
 
-/// The memory of `choice` per rank (no machine needed).
-MemoryEstimate predict_memory(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster);
+/// The attention work of each ring step: per step t, the most visible (query, key) pairs of any rank's chunk g
+/// against chunk (g - t) mod C (the ranks wait for each other at every exchange); on a flat mesh (C = 1) one entry,
+/// the whole sequence's. Causal within each document of config.cu_seqlens.
+std::vector<double> ring_step_pairs(const MlaConfig& config, const Choice& choice);
+
+/// The memory of `choice` per rank (no machine needed); `q_lora` as predict's.
+MemoryEstimate predict_memory(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster,
+                              int q_lora = 0);
 
 /// The model's prediction; throws InvalidArgument with choice_error's message when the choice cannot run.
 /// `q_lora` > 0 models a low-rank query projection (w_qa [Rq, D], RMSNorm, w_qb [H*dqk, Rq]) instead of w_q.

@@ -38,8 +38,8 @@ struct AttentionRate {
 /// What the model knows of a machine. Rates are per rank, measured with every rank of a node busy at once (so a node
 /// whose ranks share cores shows it).
 struct MachineParams {
-  std::string name;    ///< e.g. "calibrated: 2 x 2 ranks on AMD EPYC 9R14 (netns testbed, 2gbit)"
-  std::string source;  ///< where the figures come from (a calibration run, a datasheet)
+  std::string name;        ///< e.g. "calibrated: 2 x 2 ranks on AMD EPYC 9R14 (netns testbed, 2gbit)"
+  std::string source;      ///< where the figures come from (a calibration run, a datasheet)
   int ranks_per_node = 1;  ///< G of the calibration (a plan's --ranks-per-node is what the plan uses)
   /// Between two ranks of one node (shared memory, NVLink), per rank.
   LinkCost intra;

@@ -21,7 +21,7 @@ struct PlanRequest {
   Cluster cluster;
   /// Bytes per rank the layer may hold; 0: the machine's memory_per_rank_bytes (0 there too: no limit).
   double memory_per_rank = 0;
-  int q_lora = 0;  ///< Rq, 0: a full-rank w_q
+  int q_lora = 0;                       ///< Rq, 0: a full-rank w_q
   std::optional<MlaStrategy> strategy;  ///< only this strategy
   int ring = 0;                         ///< only this C (0: every C that divides P)
   std::optional<RingLayout> layout;     ///< only this layout (rings only)

@@ -1,0 +1,522 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The layer's performance model: the schedules' steps in the order they run (latent_schedule.hpp,
+// expanded_schedule.hpp, ring_attention.hpp, shared_steps.hpp), simulated on one compute stream and one network queue
+// for the critical rank (the most heads, the most tokens, the ring step's largest block).
+#include <mlacp/error.hpp>
+#include <mlacp/mla/names.hpp>
+#include <mlacp/model/collective_cost.hpp>
+#include <mlacp/model/layer_model.hpp>
+#include <mlacp/token_map.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+
+namespace mlacp::model {
+
+std::string Choice::describe() const {
+  std::ostringstream s;
+  s << to_string(strategy) << " U=" << ulysses << " C=" << ring;
+  if (ring > 1) s << " " << to_string(layout);
+  return s.str();
+}
+
+std::string choice_error(const MlaConfig& config, const Choice& choice, const Cluster& cluster) {
+  std::ostringstream s;
+  const int P = cluster.ranks(), G = cluster.ranks_per_node, U = choice.ulysses, C = choice.ring;
+  if (cluster.nodes < 1 || G < 1) {
+    s << "cluster " << cluster.nodes << " nodes x " << G << " ranks per node: expected at least 1 of each";
+  } else if (U < 1 || C < 1 || static_cast<std::int64_t>(U) * C != P) {
+    s << "mesh U=" << U << " x C=" << C << ": expected U x C = " << P << " ranks (" << cluster.nodes << " nodes x " << G
+      << ")";
+  } else if (U % G != 0 && G % U != 0) {
+    s << "mesh U=" << U << " on " << G << " ranks per node: a Ulysses group must sit inside a node or span whole "
+      << "nodes (U divides " << G << " or " << G << " divides U)";
+  } else if (config.seq < C) {
+    s << "ring C=" << C << ": the sequence of " << config.seq << " tokens has fewer tokens than chunks";
+  } else {
+    const std::string e = config.error(U);
+    if (!e.empty()) s << e;
+  }
+  return s.str();
+}
+
+namespace {
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+/// Visible (query, key) pairs between global query tokens [qa, qb) and key tokens [ka, kb) under causal attention
+/// (key <= query), within one document [d0, d1).
+double pairs_in(std::int64_t qa, std::int64_t qb, std::int64_t ka, std::int64_t kb) {
+  // For each query i in [qa, qb): keys in [ka, min(kb, i + 1)).
+  double total = 0;
+  const std::int64_t lo = std::max(qa, ka);  // queries before ka see nothing
+  if (lo >= qb) return 0;
+  // Queries i in [lo, min(qb, kb)): i + 1 - ka keys; queries i in [kb, qb): kb - ka keys.
+  const std::int64_t mid = std::min(qb, kb);
+  if (mid > lo) {
+    const double n = static_cast<double>(mid - lo);
+    const double first = static_cast<double>(lo + 1 - ka), last = static_cast<double>(mid - ka);
+    total += n * (first + last) / 2;
+  }
+  if (qb > std::max(kb, lo)) total += static_cast<double>(qb - std::max(kb, lo)) * static_cast<double>(kb - ka);
+  return total;
+}
+
+/// Visible pairs between two sets of global token ranges, with packed documents (cu_seqlens; empty: one document).
+double visible_pairs(const std::vector<TokenRange>& queries, const std::vector<TokenRange>& keys,
+                     const std::vector<std::int64_t>& cu_seqlens, std::int64_t seq) {
+  std::vector<std::int64_t> docs = cu_seqlens;
+  if (docs.empty()) docs = {0, seq};
+  double total = 0;
+  for (const TokenRange& q : queries)
+    for (const TokenRange& k : keys)
+      for (std::size_t d = 0; d + 1 < docs.size(); ++d) {
+        const std::int64_t qa = std::max(q.begin, docs[d]), qb = std::min(q.end(), docs[d + 1]);
+        const std::int64_t ka = std::max(k.begin, docs[d]), kb = std::min(k.end(), docs[d + 1]);
+        if (qa < qb && ka < kb) total += pairs_in(qa, qb, ka, kb);
+      }
+  return total;
+}
+
+/// One rank's schedule as a simulation: compute steps advance the compute stream; a collective takes the network
+/// queue (FIFO: it starts when both it is launched and the previous one is done) and a wait stalls the compute stream
+/// until it is done. A collective in flight while the compute runs progresses at overlap_efficiency of its rate.
+class Simulation {
+ public:
+  struct Handle {
+    double start = 0, cost = 0, end = 0;
+    bool live = false;
+  };
+
+  Simulation(const MachineParams& machine, Dtype dtype, Prediction& out)
+      : machine_(machine), dtype_(dtype), out_(out) {}
+
+  void set_backward(bool b) { backward_ = b; }
+  double now() const { return t_; }
+
+  void gemm(const char* name, double m, double n, double k) { compute(name, machine_.gemm_time(dtype_, m, n, k)); }
+  /// Element-wise kernels: `bytes` read and written at the machine's memory bandwidth.
+  void stream(const char* name, double bytes) {
+    if (machine_.memory_bandwidth > 0) compute(name, bytes / machine_.memory_bandwidth);
+  }
+  void attention(const char* name, double flops, bool forward) {
+    const AttentionRate& r = machine_.attention_rate(dtype_);
+    const double rate = forward ? r.forward_flops : r.backward_flops;
+    compute(name, rate > 0 ? flops / rate : 0);
+  }
+  void compute(const char* name, double seconds) {
+    if (seconds <= 0) return;
+    add(name, ScheduleEvent::Kind::compute, t_, t_ + seconds);
+    t_ += seconds;
+    out_.compute_s += seconds;
+  }
+
+  Handle launch(const char* name, const CollectiveCost& cost) {
+    out_.bytes.intra += cost.intra_bytes;
+    out_.bytes.inter += cost.inter_bytes;
+    Handle h;
+    if (cost.seconds <= 0) return h;
+    h.start = std::max(t_, net_free_);
+    h.cost = cost.seconds;
+    h.end = h.start + h.cost;
+    h.live = true;
+    net_free_ = h.end;
+    out_.communication_s += cost.seconds;
+    add(name, ScheduleEvent::Kind::collective, h.start, h.end);
+    return h;
+  }
+  void wait(const char* name, Handle& h) {
+    if (!h.live) return;
+    h.live = false;
+    // The compute that ran while it was in flight progressed it at overlap_efficiency only; what is left runs at
+    // full rate once the compute stream waits.
+    const double busy = std::max(0.0, t_ - h.start);
+    const double remaining = std::max(0.0, h.cost - std::clamp(machine_.overlap_efficiency, 0.0, 1.0) * busy);
+    const double end = remaining > 0 ? std::max(t_, h.start) + remaining : t_;
+    if (end > t_) {
+      add(name, ScheduleEvent::Kind::wait, t_, end);
+      out_.exposed_s += end - t_;
+      t_ = end;
+    }
+  }
+  /// A collective waited right after its launch.
+  void blocking(const char* name, const CollectiveCost& cost) {
+    Handle h = launch(name, cost);
+    wait(name, h);
+  }
+
+ private:
+  void add(const char* name, ScheduleEvent::Kind kind, double start, double end) {
+    ScheduleEvent e;
+    e.name = name;
+    e.kind = kind;
+    e.backward = backward_;
+    e.start_s = start;
+    e.end_s = end;
+    out_.events.push_back(std::move(e));
+  }
+
+  const MachineParams& machine_;
+  Dtype dtype_;
+  Prediction& out_;
+  double t_ = 0, net_free_ = 0;
+  bool backward_ = false;
+};
+
+/// The dimensions one rank works with, for the critical rank.
+struct Shape {
+  double B, S, D, H, dn, dr, dv, R, Rq;
+  double dqk;
+  int P, U, C, G, nodes;
+  double h;    // heads per rank in the attention: ceil(H / U)
+  double s;    // tokens per rank: the most any rank holds
+  double Sa;   // tokens in the attention's sequence: S (flat) or the largest chunk (ring)
+  double e;    // bytes per element of the layer's type
+  double acc;  // bytes per element of the accumulation type (float for bf16)
+  bool bias;
+};
+
+Shape shape_of(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster, int q_lora,
+               const TokenMap& map) {
+  Shape x{};
+  x.B = c.batch;
+  x.S = c.seq;
+  x.D = c.hidden;
+  x.H = c.heads;
+  x.dn = c.nope;
+  x.dr = c.rope;
+  x.dv = c.vdim;
+  x.R = c.latent;
+  x.Rq = q_lora;
+  x.dqk = x.dn + x.dr;
+  x.P = cluster.ranks();
+  x.U = choice.ulysses;
+  x.C = choice.ring;
+  x.G = cluster.ranks_per_node;
+  x.nodes = cluster.nodes;
+  x.h = ceil_div(x.H, x.U);
+  x.s = static_cast<double>(map.max_count());
+  x.Sa = static_cast<double>(map.max_chunk_size());
+  x.e = bytes_of(dtype);
+  x.acc = dtype == Dtype::bfloat16 ? 4 : x.e;
+  x.bias = c.bias;
+  return x;
+}
+
+/// The forward's query projection: w_q, or with q-LoRA w_qa, its RMSNorm and w_qb; then RoPE.
+void q_projection(Simulation& sim, const Shape& x) {
+  const double N = x.B * x.s;
+  if (x.Rq > 0) {
+    sim.gemm(names::w_q_fprop, N, x.Rq, x.D);
+    sim.stream(names::w_q_fprop, 2 * N * x.Rq * x.e);
+    sim.gemm(names::w_q_fprop, N, x.H * x.dqk, x.Rq);
+  } else {
+    sim.gemm(names::w_q_fprop, N, x.H * x.dqk, x.D);
+  }
+  sim.stream(names::w_q_fprop, 2 * N * x.H * x.dqk * x.e);  // RoPE in place
+}
+
+/// kv_a = x w_kva^T, RMSNorm of its latent, RoPE of its shared key.
+void kv_a_projection(Simulation& sim, const Shape& x) {
+  const double N = x.B * x.s;
+  sim.gemm(names::w_kva_fprop, N, x.R + x.dr, x.D);
+  sim.stream(names::w_kva_fprop, 3 * N * (x.R + x.dr) * x.e);
+}
+
+/// The Q branch's backward on dQ's head blocks: RoPE transpose, w_q's gradient and dx += dq w_q (q-LoRA: through
+/// w_qb, the RMSNorm and w_qa).
+void q_branch_backward(Simulation& sim, const Shape& x) {
+  const double N = x.B * x.s;
+  sim.stream(names::q_backward, 2 * N * x.H * x.dqk * x.e);
+  if (x.Rq > 0) {
+    sim.gemm(names::q_backward, x.H * x.dqk, x.Rq, N);
+    sim.gemm(names::q_backward, N, x.Rq, x.H * x.dqk);
+    sim.stream(names::q_backward, 3 * N * x.Rq * x.e);
+    sim.gemm(names::q_backward, x.Rq, x.D, N);
+    sim.gemm(names::q_backward, N, x.D, x.Rq);
+  } else {
+    sim.gemm(names::q_backward, x.H * x.dqk, x.D, N);
+    sim.gemm(names::q_backward, N, x.D, x.H * x.dqk);
+  }
+}
+
+/// The payload's backward: the RoPE transpose, the RMSNorm backward, w_kva's gradient and dx += d(kv_a) w_kva.
+void kv_a_backward(Simulation& sim, const Shape& x) {
+  const double N = x.B * x.s;
+  sim.stream(names::payload_backward, 4 * N * (x.R + x.dr) * x.e);
+  sim.gemm(names::payload_backward, x.R + x.dr, x.D, N);
+  sim.gemm(names::payload_backward, N, x.D, x.R + x.dr);
+}
+
+/// Everything about the ring that the steps need: the chunk pairs' visible work per step (the largest over the
+/// ring's ranks, who wait for each other at every exchange) and where the ring's hops go.
+struct RingSteps {
+  std::vector<double> pairs;  // per step t: the most visible pairs of any rank's queries against chunk (g - t)
+  double flat_pairs = 0;      // flat: the visible pairs of the whole sequence
+};
+
+RingSteps ring_steps(const MlaConfig& c, const TokenMap& map) {
+  RingSteps r;
+  const int C = map.ring_size();
+  if (C == 1) {
+    r.flat_pairs = visible_pairs({TokenRange{0, c.seq}}, {TokenRange{0, c.seq}}, c.cu_seqlens, c.seq);
+    return r;
+  }
+  r.pairs.assign(static_cast<std::size_t>(C), 0.0);
+  for (int t = 0; t < C; ++t)
+    for (int g = 0; g < C; ++g) {
+      const int chunk = (g - t + C) % C;
+      r.pairs[static_cast<std::size_t>(t)] = std::max(
+          r.pairs[static_cast<std::size_t>(t)], visible_pairs(map.chunk(g), map.chunk(chunk), c.cu_seqlens, c.seq));
+    }
+  return r;
+}
+
+/// The attention FLOPs of `pairs` visible (query, key) pairs over h heads (flop_count.hpp's counting).
+double attention_flops(const Shape& x, double pairs, bool forward) {
+  return 2 * x.B * x.h * pairs * (forward ? (x.dqk + x.dv) : (3 * x.dqk + 2 * x.dv));
+}
+
+}  // namespace
+
+std::vector<double> ring_step_pairs(const MlaConfig& config, const Choice& choice) {
+  const TokenMap map(config.seq, choice.ulysses, choice.ring, choice.layout);
+  const RingSteps steps = ring_steps(config, map);
+  return choice.ring > 1 ? steps.pairs : std::vector<double>{steps.flat_pairs};
+}
+
+Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster,
+                   const MachineParams& machine, int q_lora) {
+  const std::string why = choice_error(config, choice, cluster);
+  if (!why.empty()) throw InvalidArgument("mlacp::model::predict: " + why);
+  const std::string bad = machine.error();
+  if (!bad.empty()) throw InvalidArgument("mlacp::model::predict: machine \"" + machine.name + "\": " + bad);
+  if (q_lora < 0) throw InvalidArgument("mlacp::model::predict: q_lora " + std::to_string(q_lora) + ": expected >= 0");
+  if (cluster.nodes > 1 && (machine.inter.alpha_s <= 0 && machine.inter.beta_s_per_byte <= 0))
+    throw InvalidArgument("mlacp::model::predict: machine \"" + machine.name + "\" has no inter-node level (" +
+                          machine.source + ") and the cluster has " + std::to_string(cluster.nodes) +
+                          " nodes: calibrate on two nodes or write \"inter\" by hand");
+
+  const TokenMap map(config.seq, choice.ulysses, choice.ring, choice.layout);
+  const Shape x = shape_of(config, dtype, choice, cluster, q_lora, map);
+  const RingSteps steps = ring_steps(config, map);
+  const Placement group = ulysses_placement(cluster, choice.ulysses);
+  const Placement ring = ring_placement(cluster, choice.ulysses, choice.ring);
+  const bool latent = choice.strategy == MlaStrategy::latent, is_ring = choice.ring > 1, grouped = x.U > 1;
+  const double N = x.B * x.s, Sa = x.Sa;
+
+  Prediction out;
+  out.choice = choice;
+  out.memory = predict_memory(config, dtype, choice, cluster, q_lora);
+  Simulation sim(machine, dtype, out);
+  auto a2a = [&](double bytes) { return grouped ? all_to_all(machine, group, bytes) : CollectiveCost{}; };
+
+  // ---- forward ----
+  if (latent) {
+    q_projection(sim, x);
+    auto q = sim.launch(names::q_a2a, a2a(N * x.H * x.dqk * x.e));
+    kv_a_projection(sim, x);
+    // The payload all-gather over the group, waited at once.
+    if (grouped) sim.blocking(names::payload_all_gather, all_gather(machine, group, x.B * Sa * (x.R + x.dr) * x.e));
+    if (!is_ring) {
+      sim.gemm(names::w_kvb_fprop, x.B * Sa, x.h * (x.dn + x.dv), x.R);
+      sim.wait(names::q_a2a, q);
+      sim.stream(names::w_kvb_fprop, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);  // assemble k, v
+      sim.attention(names::attention_fprop, attention_flops(x, steps.flat_pairs, true), true);
+    } else {
+      sim.wait(names::q_a2a, q);
+      for (int t = 0; t < x.C; ++t) {
+        Simulation::Handle d;
+        if (t + 1 < x.C) d = sim.launch(names::ring_payload, send_recv(machine, ring, x.B * Sa * (x.R + x.dr) * x.e));
+        sim.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
+        sim.stream(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
+        sim.attention(names::attention_fprop, attention_flops(x, steps.pairs[static_cast<std::size_t>(t)], true), true);
+        sim.wait(names::ring_payload, d);
+      }
+    }
+  } else {
+    kv_a_projection(sim, x);
+    sim.gemm(names::w_kvb_fprop, N, x.H * (x.dn + x.dv), x.R);
+    sim.stream(names::w_kvb_fprop, 2 * N * x.H * (x.dqk + x.dv) * x.e);  // assemble k, v
+    auto v = sim.launch(names::v_a2a, a2a(N * x.H * x.dv * x.e));
+    auto k = sim.launch(names::k_a2a, a2a(N * x.H * x.dqk * x.e));
+    q_projection(sim, x);
+    auto q = sim.launch(names::q_a2a, a2a(N * x.H * x.dqk * x.e));
+    sim.wait(names::q_a2a, q);
+    sim.wait(names::k_a2a, k);
+    sim.wait(names::v_a2a, v);
+    if (!is_ring) {
+      sim.attention(names::attention_fprop, attention_flops(x, steps.flat_pairs, true), true);
+    } else {
+      for (int t = 0; t < x.C; ++t) {
+        Simulation::Handle dk, dv;
+        if (t + 1 < x.C) {
+          dk = sim.launch(names::ring_k, send_recv(machine, ring, x.B * Sa * x.h * x.dqk * x.e));
+          dv = sim.launch(names::ring_v, send_recv(machine, ring, x.B * Sa * x.h * x.dv * x.e));
+        }
+        sim.attention(names::attention_fprop, attention_flops(x, steps.pairs[static_cast<std::size_t>(t)], true), true);
+        sim.wait(names::ring_k, dk);
+        sim.wait(names::ring_v, dv);
+      }
+    }
+  }
+  // The output projection: the O all-to-all waited at once, then w_o.
+  sim.blocking(names::o_a2a, a2a(N * x.H * x.dv * x.e));
+  sim.gemm(names::w_o_fprop, N, x.D, x.H * x.dv);
+  out.forward_s = sim.now();
+
+  // ---- backward ----
+  sim.set_backward(true);
+  const double start = sim.now();
+  // dgrad dy w_o, the dO all-to-all beside w_o's gradient.
+  sim.gemm(names::w_o_dgrad, N, x.H * x.dv, x.D);
+  auto d_o = sim.launch(names::do_a2a, a2a(N * x.H * x.dv * x.e));
+  sim.gemm(names::w_o_wgrad, x.D, x.H * x.dv, N);
+  sim.wait(names::do_a2a, d_o);
+  // Ring: the exchanges that bring the accumulators home, waited after the next collective's launch.
+  std::vector<Simulation::Handle> last_grads;
+  std::vector<const char*> last_names;
+  auto finish_ring = [&] {
+    for (std::size_t i = 0; i < last_grads.size(); ++i) sim.wait(last_names[i], last_grads[i]);
+  };
+  if (!is_ring) {
+    sim.attention(names::attention_bprop, attention_flops(x, steps.flat_pairs, false), false);
+  } else {
+    // Data one step ahead, each step's gradient accumulators sent on one step behind (ring_attention.hpp).
+    struct Stream {
+      const char* name;
+      double bytes;
+    };
+    const std::vector<Stream> data = latent ? std::vector<Stream>{{names::ring_payload, x.B * Sa * (x.R + x.dr) * x.e}}
+                                            : std::vector<Stream>{{names::ring_k, x.B * Sa * x.h * x.dqk * x.e},
+                                                                  {names::ring_v, x.B * Sa * x.h * x.dv * x.e}};
+    const std::vector<Stream> grads =
+        latent ? std::vector<Stream>{{names::ring_d_payload, x.B * Sa * (x.R + x.dr) * x.acc}}
+               : std::vector<Stream>{{names::ring_dk, x.B * Sa * x.h * x.dqk * x.acc},
+                                     {names::ring_dv, x.B * Sa * x.h * x.dv * x.acc}};
+    std::vector<Simulation::Handle> grad(grads.size());
+    for (int t = 0; t < x.C; ++t) {
+      std::vector<Simulation::Handle> d(data.size());
+      if (t + 1 < x.C)
+        for (std::size_t i = 0; i < data.size(); ++i)
+          d[i] = sim.launch(data[i].name, send_recv(machine, ring, data[i].bytes));
+      if (latent) {
+        sim.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
+        sim.stream(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
+      }
+      sim.attention(names::attention_bprop, attention_flops(x, steps.pairs[static_cast<std::size_t>(t)], false), false);
+      if (latent) {
+        sim.stream(names::ring_kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.acc);
+        sim.gemm(names::ring_kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
+        sim.gemm(names::ring_kv_backward, x.h * (x.dn + x.dv), x.R, x.B * Sa);
+      }
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        if (t > 0) {
+          sim.wait(grads[i].name, grad[i]);
+          sim.stream(grads[i].name, 3 * grads[i].bytes);  // the contribution added to the arriving accumulator
+        }
+        grad[i] = sim.launch(grads[i].name, send_recv(machine, ring, grads[i].bytes));
+      }
+      for (std::size_t i = 0; i < data.size(); ++i) sim.wait(data[i].name, d[i]);
+    }
+    last_grads = grad;
+    last_names = grads.size() == 1 ? std::vector<const char*>{names::ring_d_payload}
+                                   : std::vector<const char*>{names::ring_dk, names::ring_dv};
+  }
+  if (latent) {
+    auto dq = sim.launch(names::dq_a2a, a2a(N * x.H * x.dqk * x.e));
+    Simulation::Handle rs;
+    const double payload_bytes = x.B * Sa * (x.R + x.dr) * x.e;
+    if (!is_ring) {
+      // The KV path: disassemble, the latent's dgrad, the reduce-scatter launched, w_kvb's gradient beside it.
+      sim.stream(names::kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
+      sim.gemm(names::kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
+      if (grouped) rs = sim.launch(names::latent_reduce_scatter, reduce_scatter(machine, group, payload_bytes));
+      sim.gemm(names::kv_backward, x.h * (x.dn + x.dv), x.R, x.B * Sa);
+    } else {
+      finish_ring();
+      if (grouped) rs = sim.launch(names::latent_reduce_scatter, reduce_scatter(machine, group, payload_bytes));
+    }
+    sim.wait(names::dq_a2a, dq);
+    q_branch_backward(sim, x);
+    if (rs.live) {
+      sim.wait(names::latent_reduce_scatter, rs);
+      sim.stream(names::latent_reduce_scatter, reduce_scatter_sum_bytes(group, payload_bytes));
+    }
+    kv_a_backward(sim, x);
+  } else {
+    auto dq = sim.launch(names::dq_a2a, a2a(N * x.H * x.dqk * x.e));
+    finish_ring();
+    auto dk = sim.launch(names::dk_a2a, a2a(N * x.H * x.dqk * x.e));
+    auto dv = sim.launch(names::dv_a2a, a2a(N * x.H * x.dv * x.e));
+    sim.wait(names::dq_a2a, dq);
+    q_branch_backward(sim, x);
+    sim.wait(names::dk_a2a, dk);
+    sim.wait(names::dv_a2a, dv);
+    sim.stream(names::kv_backward, 2 * N * x.H * (x.dqk + x.dv) * x.e);  // dK, dV blocks -> d(kv), d(k_pe)
+    sim.gemm(names::kv_backward, x.H * (x.dn + x.dv), x.R, N);
+    sim.gemm(names::kv_backward, N, x.R, x.H * (x.dn + x.dv));
+    kv_a_backward(sim, x);
+  }
+  out.backward_s = sim.now() - start;
+  out.hidden_fraction = out.communication_s > 0 ? std::max(0.0, 1 - out.exposed_s / out.communication_s) : 1.0;
+  return out;
+}
+
+MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster,
+                              int q_lora) {
+  const std::string why = choice_error(c, choice, cluster);
+  if (!why.empty()) throw InvalidArgument("mlacp::model::predict_memory: " + why);
+  const TokenMap map(c.seq, choice.ulysses, choice.ring, choice.layout);
+  const Shape x = shape_of(c, dtype, choice, cluster, q_lora, map);
+  const bool latent = choice.strategy == MlaStrategy::latent, ring = choice.ring > 1, grouped = x.U > 1;
+  const double B = x.B, s = x.s, Sa = x.Sa, H = x.H, h = x.h, D = x.D, R = x.R, dr = x.dr, dn = x.dn, dv = x.dv;
+  const double dqk = x.dqk, e = x.e, acc = x.acc;
+  MemoryEstimate m;
+  const double Rq = x.Rq;
+  const double q_params = Rq > 0 ? Rq * D + Rq + H * dqk * Rq : H * dqk * D;  // w_qa, g_q, w_qb or w_q
+  const double params =
+      q_params + (R + dr) * D + R + H * (dn + dv) * R + D * H * dv + (c.bias ? H * dqk + H * (dn + dv) + D : 0);
+  m.weights = params * e;
+  m.gradients = params * acc;
+  m.inputs = 4 * B * s * D * e;  // x, dy, y, dx
+  // The forward workspace (forward_workspace.hpp and the schedules' own).
+  double saved = B * s * H * dqk + B * s * (R + dr) + B * s + B * Sa * h * dv + B * s * H * dv;  // q, kv_a, rstd, o, o
+  saved += B * h * Sa * acc / e;                                                                 // lse
+  saved += grouped ? B * Sa * h * dqk : 0;                                                       // q heads
+  saved += Rq > 0 ? 2 * B * s * Rq + B * s : 0;  // q-LoRA: the low-rank query before and after its RMSNorm, rstd
+  double scratch = 0;
+  if (latent) {
+    if (ring) {
+      saved += B * Sa * (R + dr);  // the own chunk's payload
+    } else {
+      saved += B * Sa * R + B * Sa * h * dqk + B * Sa * h * dv;                              // latent, k, v
+      scratch += B * Sa * (R + dr) + 2 * B * Sa * h * (dn + dv) + B * Sa * dr + B * Sa * R;  // gathered, kv, dkv, ..
+    }
+    scratch += B * s * (R + dr) + B * Sa * (R + dr) + B * s * (R + dr);  // payload, grad payload, d payload
+  } else {
+    saved += B * s * R + B * s * H * dqk + B * s * H * dv;                       // c, k local, v local
+    saved += grouped ? B * Sa * h * dqk + B * Sa * h * dv : 0;                   // k heads, v heads
+    scratch += B * s * dr + 2 * B * s * H * (dn + dv) + B * s * dr + B * s * R;  // kpe, kv, dkv, dkpe, dc
+    scratch += grouped ? B * s * H * (dqk + dv) : 0;                             // dK, dV blocks
+  }
+  // Shared scratch: dO blocks and heads, dq, dk, dv, dQ blocks, d(kv_a).
+  scratch += B * s * H * dv + (grouped ? B * Sa * h * dv : 0) + B * Sa * h * (2 * dqk + dv) +
+             (grouped ? B * s * H * dqk : 0) + B * s * (R + dr);
+  double ring_bytes = 0;
+  if (ring) {
+    // Two slots per travelling stream, the gradient's two slots and contribution, the expansion and accumulators.
+    const double data_width = latent ? R + dr : h * (dqk + dv);
+    ring_bytes += 2 * B * Sa * data_width * e + 3 * B * Sa * data_width * acc;
+    ring_bytes += B * Sa * h * (dqk + dv) * e * (latent ? 2 : 0);  // k_, v_ (latent expansion) and their dK, dV
+    ring_bytes += latent ? B * Sa * (h * (dn + dv) * 2 + R * 2 + dr) * e : 0;  // kv, dkv, latent, d latent, dkpe
+    ring_bytes += B * Sa * h * (dv + dqk + dv) * acc;                          // o, dk, dv accumulators
+  }
+  m.activations = saved * e;
+  m.scratch = scratch * e + ring_bytes;
+  return m;
+}
+
+}  // namespace mlacp::model

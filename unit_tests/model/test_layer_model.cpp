@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The performance model's formulas on tiny cases (include/mlacp/model/collective_cost.hpp, layer_model.hpp): the
+// collectives' alpha-beta costs per level, where groups and rings sit, the ring steps' visible pairs against a brute
+// force count, the simulated schedule's order and overlap, the bytes per level against the library's own count, and
+// the memory's weights.
+#include <mlacp/error.hpp>
+#include <mlacp/mla/names.hpp>
+#include <mlacp/model/collective_cost.hpp>
+#include <mlacp/model/layer_model.hpp>
+#include <mlacp/token_map.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace {
+
+using mlacp::MlaConfig;
+using mlacp::MlaStrategy;
+using mlacp::RingLayout;
+using namespace mlacp::model;
+
+// A machine with round numbers: intra 1 us + 1 ns/B, inter 10 us + 10 ns/B, GEMMs at 1 GFLOP/s whatever the size,
+// attention at 0.5 / 0.25 GFLOP/s, element-wise kernels free (no bandwidth given).
+MachineParams round_machine() {
+  MachineParams m;
+  m.name = "round";
+  m.intra = {1e-6, 1e-9};
+  m.inter = {1e-5, 1e-8};
+  for (const char* d : {"double", "float", "bf16"}) {
+    m.gemm[d] = {{1, 1e9}, {4096, 1e9}};
+    m.attention[d] = {5e8, 2.5e8};
+  }
+  return m;
+}
+
+MlaConfig tiny(MlaStrategy strategy = MlaStrategy::latent) {
+  MlaConfig c;
+  c.batch = 2;
+  c.seq = 64;
+  c.hidden = 32;
+  c.heads = 4;
+  c.nope = 8;
+  c.rope = 4;
+  c.vdim = 6;
+  c.latent = 12;
+  c.strategy = strategy;
+  return c;
+}
+
+TEST(CollectiveCost, AllToAllSplitsPeersByLevelAndSharesTheNodeLink) {
+  const MachineParams m = round_machine();
+  // 4 ranks on one node: 3 intra peers, m/4 to each.
+  Placement one{4, 4, 4, 0};
+  CollectiveCost c = all_to_all(m, one, 4000);
+  EXPECT_DOUBLE_EQ(c.intra_bytes, 3000);
+  EXPECT_DOUBLE_EQ(c.inter_bytes, 0);
+  EXPECT_DOUBLE_EQ(c.seconds, 3 * 1e-6 + 3000 * 1e-9);
+  // 4 ranks on 2 nodes of 2: 1 intra peer, 2 inter peers; the node link carries both ranks' 2000 bytes.
+  Placement two{4, 2, 2, 0};
+  c = all_to_all(m, two, 4000);
+  EXPECT_DOUBLE_EQ(c.intra_bytes, 1000);
+  EXPECT_DOUBLE_EQ(c.inter_bytes, 2000);
+  EXPECT_DOUBLE_EQ(c.seconds, std::max(1e-6 + 1000 * 1e-9, 2 * 1e-5 + 2 * 2000 * 1e-8));
+  // One rank: nothing moves.
+  EXPECT_DOUBLE_EQ(all_to_all(m, Placement{1, 1, 1, 0}, 4000).seconds, 0);
+  // The pairwise reduce-scatter is the all-to-all of its input; its sum reads n blocks and writes one.
+  EXPECT_DOUBLE_EQ(reduce_scatter(m, two, 4000).seconds, c.seconds);
+  EXPECT_DOUBLE_EQ(reduce_scatter_sum_bytes(two, 4000), 5000);
+}
+
+TEST(CollectiveCost, PlacementOfGroupsAndRings) {
+  // 2 nodes x 2 ranks, U = 2, C = 2: each group inside a node; each ring spans both nodes, 2 hops leave a node.
+  Placement g = ulysses_placement(Cluster{2, 2}, 2);
+  EXPECT_EQ(g.n, 2);
+  EXPECT_EQ(g.per_node, 2);
+  Placement r = ring_placement(Cluster{2, 2}, 2, 2);
+  EXPECT_EQ(r.per_node, 1);
+  EXPECT_EQ(r.leaving, 2);
+  // 2 nodes x 2 ranks, U = 1, C = 4: each ring of 4 has 2 members per node, one hop leaves each node.
+  r = ring_placement(Cluster{2, 2}, 1, 4);
+  EXPECT_EQ(r.per_node, 2);
+  EXPECT_EQ(r.leaving, 1);
+  // One node: nothing leaves.
+  r = ring_placement(Cluster{1, 4}, 2, 2);
+  EXPECT_EQ(r.per_node, 2);
+  EXPECT_EQ(r.leaving, 0);
+  // 4 nodes x 1, U = 4: the group spans the nodes, one rank on each.
+  g = ulysses_placement(Cluster{4, 1}, 4);
+  EXPECT_EQ(g.per_node, 1);
+  const MachineParams m = round_machine();
+  // A hop that leaves: alpha_e + leaving * bytes * beta_e; one that stays: alpha_i + bytes * beta_i.
+  CollectiveCost c = send_recv(m, ring_placement(Cluster{2, 2}, 2, 2), 1000);
+  EXPECT_DOUBLE_EQ(c.seconds, 1e-5 + 2 * 1000 * 1e-8);
+  EXPECT_DOUBLE_EQ(c.inter_bytes, 1000);
+  c = send_recv(m, ring_placement(Cluster{1, 4}, 2, 2), 1000);
+  EXPECT_DOUBLE_EQ(c.seconds, 1e-6 + 1000 * 1e-9);
+  EXPECT_DOUBLE_EQ(c.intra_bytes, 1000);
+}
+
+// Brute force: visible (query, key) pairs of chunk g's queries against chunk k's keys, causal within documents.
+double brute_pairs(const mlacp::TokenMap& map, int g, int k, const std::vector<std::int64_t>& cu) {
+  auto doc = [&](std::int64_t t) {
+    if (cu.empty()) return std::int64_t{0};
+    return static_cast<std::int64_t>(std::upper_bound(cu.begin(), cu.end(), t) - cu.begin());
+  };
+  double n = 0;
+  for (const auto& q : map.chunk(g))
+    for (std::int64_t i = q.begin; i < q.end(); ++i)
+      for (const auto& kr : map.chunk(k))
+        for (std::int64_t j = kr.begin; j < kr.end(); ++j)
+          if (j <= i && doc(i) == doc(j)) n += 1;
+  return n;
+}
+
+TEST(LayerModel, RingStepPairsMatchABruteForceCount) {
+  for (RingLayout layout : {RingLayout::zigzag, RingLayout::contiguous})
+    for (const std::vector<std::int64_t>& cu : {std::vector<std::int64_t>{}, std::vector<std::int64_t>{0, 9, 40, 61}})
+      for (int C : {1, 2, 3, 4}) {
+        MlaConfig c = tiny();
+        c.seq = 61;
+        c.cu_seqlens = cu;
+        Choice choice;
+        choice.ulysses = 1;
+        choice.ring = C;
+        choice.layout = layout;
+        const std::vector<double> got = ring_step_pairs(c, choice);
+        const mlacp::TokenMap map(c.seq, 1, C, layout);
+        SCOPED_TRACE(choice.describe() + " documents " + std::to_string(cu.size()));
+        ASSERT_EQ(got.size(), static_cast<std::size_t>(C));
+        for (int t = 0; t < C; ++t) {
+          double most = 0;
+          for (int g = 0; g < C; ++g) most = std::max(most, brute_pairs(map, g, (g - t + C) % C, cu));
+          EXPECT_DOUBLE_EQ(got[static_cast<std::size_t>(t)], most) << "step " << t;
+        }
+      }
+}
+
+TEST(LayerModel, OneRankIsItsComputeAndNothingMoves) {
+  const MachineParams m = round_machine();
+  const MlaConfig c = tiny();
+  Choice choice;
+  const Prediction p = predict(c, Dtype::float64, choice, Cluster{1, 1}, m);
+  EXPECT_DOUBLE_EQ(p.communication_s, 0);
+  EXPECT_DOUBLE_EQ(p.bytes.total(), 0);
+  EXPECT_DOUBLE_EQ(p.hidden_fraction, 1);
+  // Every GEMM at 1 GFLOP/s: the projections' FLOPs (flop_count.hpp) plus the attention's at its rates.
+  const double B = 2, S = 64, D = 32, H = 4, dqk = 12, dn = 8, dv = 6, R = 12, dr = 4, N = B * S;
+  const double proj = 2 * N * D * H * dqk + 2 * N * D * (R + dr) + 2 * N * R * H * (dn + dv) + 2 * N * H * dv * D;
+  const double E = B * H * S * (S + 1) / 2;
+  EXPECT_NEAR(p.forward_s, proj / 1e9 + 2 * E * (dqk + dv) / 5e8, 1e-12);
+  EXPECT_NEAR(p.backward_s, 2 * proj / 1e9 + 2 * E * (3 * dqk + 2 * dv) / 2.5e8, 1e-12);
+  EXPECT_NEAR(p.compute_s, p.total_s(), 1e-12);
+}
+
+TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
+  const MachineParams m = round_machine();
+  const MlaConfig c = tiny();
+  Choice choice;
+  choice.ulysses = 4;
+  const Prediction p = predict(c, Dtype::float64, choice, Cluster{2, 2}, m);
+  std::vector<std::string> collectives;
+  for (const auto& e : p.events)
+    if (e.kind == ScheduleEvent::Kind::collective) collectives.push_back(e.name);
+  namespace n = mlacp::names;
+  const std::vector<std::string> expected = {n::q_a2a,  n::payload_all_gather,   n::o_a2a, n::do_a2a,
+                                             n::dq_a2a, n::latent_reduce_scatter};
+  EXPECT_EQ(collectives, expected);
+  // Bytes per rank (MLA_SPEC's formulas): Q, O, dO, dQ all-to-alls of s tokens x all heads, the payload all-gather's
+  // result and the reduce-scatter's input of S tokens x (R + dr); 1 of 4 peers on the node, 2 across.
+  const double B = 2, s = 16, S = 64, H = 4, dqk = 12, dv = 6, R = 12, dr = 4;
+  const double moved = 8 * (2 * B * s * H * dqk + 2 * B * s * H * dv + 2 * B * S * (R + dr));
+  EXPECT_NEAR(p.bytes.intra, moved / 4, 1e-6);
+  EXPECT_NEAR(p.bytes.inter, moved / 2, 1e-6);
+  // The O all-to-all and the payload all-gather are waited at their launch: never hidden.
+  EXPECT_LT(p.hidden_fraction, 1);
+  EXPECT_GT(p.exposed_s, 0);
+}
+
+TEST(LayerModel, OverlapHidesWhatTheComputeCovers) {
+  // A slow compute and a fast network: every overlapped collective is hidden, only the blocking ones show.
+  MachineParams m = round_machine();
+  m.intra = {0, 1e-15};
+  MlaConfig c = tiny();
+  Choice choice;
+  choice.ulysses = 4;
+  Prediction p = predict(c, Dtype::float64, choice, Cluster{1, 4}, m);
+  double blocking = 0;
+  for (const auto& e : p.events)
+    if (e.kind == ScheduleEvent::Kind::collective &&
+        (e.name == mlacp::names::o_a2a || e.name == mlacp::names::payload_all_gather))
+      blocking += e.end_s - e.start_s;
+  EXPECT_NEAR(p.exposed_s, blocking, 1e-15);
+  // overlap_efficiency 0: nothing is hidden.
+  m.intra = {1e-6, 1e-9};
+  m.overlap_efficiency = 0;
+  p = predict(c, Dtype::float64, choice, Cluster{1, 4}, m);
+  EXPECT_NEAR(p.hidden_fraction, 0, 1e-12);
+  EXPECT_NEAR(p.total_s(), p.compute_s + p.communication_s, 1e-12);
+}
+
+TEST(LayerModel, RingStepsAlternateExchangeAndCompute) {
+  const MachineParams m = round_machine();
+  for (MlaStrategy strategy : {MlaStrategy::latent, MlaStrategy::expanded}) {
+    const MlaConfig c = tiny(strategy);
+    Choice choice;
+    choice.strategy = strategy;
+    choice.ulysses = 2;
+    choice.ring = 2;
+    const Prediction p = predict(c, Dtype::float32, choice, Cluster{2, 2}, m);
+    int data = 0, grads = 0;
+    for (const auto& e : p.events) {
+      if (e.kind != ScheduleEvent::Kind::collective) continue;
+      const std::string& n = e.name;
+      if (n == mlacp::names::ring_payload || n == mlacp::names::ring_k || n == mlacp::names::ring_v) ++data;
+      if (n == mlacp::names::ring_d_payload || n == mlacp::names::ring_dk || n == mlacp::names::ring_dv) ++grads;
+    }
+    const int streams = strategy == MlaStrategy::latent ? 1 : 2;
+    SCOPED_TRACE(choice.describe());
+    EXPECT_EQ(data, 2 * streams);   // C - 1 exchanges per stream in the forward and again in the backward
+    EXPECT_EQ(grads, 2 * streams);  // C accumulator exchanges per stream
+    // The ring's hops cross the nodes (U = 2 per node); the Ulysses collectives stay inside.
+    EXPECT_GT(p.bytes.inter, 0);
+    EXPECT_GT(p.bytes.intra, 0);
+  }
+}
+
+TEST(LayerModel, MemoryWeightsAndGradients) {
+  MlaConfig c = tiny();
+  Choice choice;
+  choice.ulysses = 2;
+  const MemoryEstimate m32 = predict_memory(c, Dtype::float32, choice, Cluster{1, 2});
+  const double params = 4 * 12 * 32 + 16 * 32 + 12 + 4 * 14 * 12 + 32 * 4 * 6;
+  EXPECT_DOUBLE_EQ(m32.weights, 4 * params);
+  EXPECT_DOUBLE_EQ(m32.gradients, 4 * params);
+  // bf16: weights in 2 bytes, gradients in float.
+  const MemoryEstimate m16 = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
+  EXPECT_DOUBLE_EQ(m16.weights, 2 * params);
+  EXPECT_DOUBLE_EQ(m16.gradients, 4 * params);
+  // A ring holds less of the sequence's keys than the flat layout at long S.
+  c.seq = 4096;
+  Choice flat;
+  flat.ulysses = 4;
+  Choice ring;
+  ring.ulysses = 1;
+  ring.ring = 4;
+  EXPECT_LT(predict_memory(c, Dtype::float32, ring, Cluster{1, 4}).total(),
+            predict_memory(c, Dtype::float32, flat, Cluster{1, 4}).total());
+}
+
+TEST(LayerModel, ErrorsNameTheValue) {
+  const MachineParams m = round_machine();
+  const MlaConfig c = tiny();
+  Choice choice;
+  choice.ulysses = 3;
+  try {
+    predict(c, Dtype::float32, choice, Cluster{1, 4}, m);
+    FAIL() << "expected InvalidArgument";
+  } catch (const mlacp::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("U=3 x C=1: expected U x C = 4 ranks"), std::string::npos) << e.what();
+  }
+  choice.ulysses = 3;
+  EXPECT_NE(choice_error(c, choice, Cluster{3, 2}).find("U=3 on 2 ranks per node"), std::string::npos);
+  // Two nodes on a machine calibrated on one: the inter level is missing.
+  MachineParams one = m;
+  one.inter = {};
+  one.source = "inter-node level not measured (one node)";
+  choice.ulysses = 4;
+  try {
+    predict(c, Dtype::float32, choice, Cluster{2, 2}, one);
+    FAIL() << "expected InvalidArgument";
+  } catch (const mlacp::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no inter-node level"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
