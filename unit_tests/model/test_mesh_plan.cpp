@@ -131,6 +131,10 @@ TEST(MeshPlan, EveryChoiceOfThePlanRunsTheLayer) {
   std::vector<model::Choice> choices = {pm.choice};
   for (const auto& row : pm.plan.rows)
     if (row.prediction.choice.describe() != pm.choice.describe()) choices.push_back(row.prediction.choice);
+  if (mlacp::test::world_size() > 1) {
+    EXPECT_TRUE(std::any_of(choices.begin(), choices.end(), [](const model::Choice& c) { return c.ring > 1; }))
+        << "the plan holds no ring choice";
+  }
   for (const model::Choice& choice : choices) {
     const mlacp::MlaConfig applied = model::apply(choice, config);
     mlacp::MlaAttention<double> reference(applied, weights, self);
