@@ -1,7 +1,7 @@
 # ctest script (cmake -P): runs a command and checks its exit status and its output (stdout and stderr together)
 # against several patterns, each of which must match on its own, in any order.
 #   -DCOMMAND=<;-list>  the command and its arguments
-#   -DEXPECT_EXIT=zero|nonzero
+#   -DEXPECT_EXIT=zero|nonzero|<n>  (<n>: exactly that status)
 #   -DEXPECT=<;-list>   regular expressions that must all match the output
 #   -DREJECT=<;-list>   regular expressions that must not match it (optional)
 foreach(var COMMAND EXPECT_EXIT EXPECT)
@@ -24,6 +24,9 @@ if(EXPECT_EXIT STREQUAL "zero" AND NOT result EQUAL 0)
   set(ok FALSE)
 elseif(EXPECT_EXIT STREQUAL "nonzero" AND result EQUAL 0)
   message("expect-output: exit status 0, expected non-zero")
+  set(ok FALSE)
+elseif(EXPECT_EXIT MATCHES "^[0-9]+$" AND NOT result STREQUAL EXPECT_EXIT)
+  message("expect-output: exit status ${result}, expected ${EXPECT_EXIT}")
   set(ok FALSE)
 endif()
 foreach(pattern IN LISTS EXPECT)

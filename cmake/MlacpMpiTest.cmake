@@ -36,7 +36,7 @@ function(mlacp_add_mpi_test name)
   endforeach()
 endfunction()
 
-# mlacp_add_expect_output_test(<name> RANKS <n> COMMAND <exe> <args>... EXPECT_EXIT zero|nonzero
+# mlacp_add_expect_output_test(<name> RANKS <n> COMMAND <exe> <args>... EXPECT_EXIT zero|nonzero|<status>
 #                              EXPECT <regex>... [REJECT <regex>...] [TIMEOUT <s>] [LABELS <label>...]
 #                              [ENVIRONMENT <VAR=value>...])
 #

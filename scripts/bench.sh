@@ -25,6 +25,11 @@
 #   PEER_ITERS=9 PEER_WARMUP=2          # timed / untimed iterations of each comparison run (default 7 / 1)
 #   SWEEP_DTYPES=double                 # the sweep's dtypes (default "double float"; bf16 is accepted too)
 #   SWEEP_SEQS="512 1024 2048"          # the sweep's sequence lengths
+#   MODEL=0 ./scripts/bench.sh          # without the performance model: no calibration (mlacp-plan --calibrate on each
+#                                       # transport at P and at RING_NP, whose machine files give every
+#                                       # mlacp-mla-block run its predicted time beside the measured one: "model ms"),
+#                                       # no short validation on the simulated two-node cluster (validate-model.sh with
+#                                       # RATES=$RATE ROUNDS=1 SHAPES=block LAYOUTS=2x2; about 3 minutes)
 #   PEER_MEM_GIB=10                     # per-rank address-space limit of the comparison runs (default: the smaller
 #                                       # of 10 GiB and 70% of the available memory / P)
 set -euo pipefail
@@ -46,7 +51,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 # shellcheck disable=SC2086
 cmake --preset release -B "$build_dir" -DMLACP_ENABLE_PYTHON=ON ${CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "${BUILD_JOBS:-$(nproc)}" --target mlacp-perf-overlap mlacp-perf-block \
-  mlacp-perf-efficiency mlacp-perf-attention mlacp-mla-block _mlacp
+  mlacp-perf-efficiency mlacp-perf-attention mlacp-mla-block mlacp-plan _mlacp
 
 mkdir -p "$out"
 bin=$build_dir/perf_tests
@@ -69,6 +74,34 @@ run_suite() {  # <transport label> <rate label> <wrapper...>
     --rate-label "$rate_label" --json "$out/block_$tag.json" --timeline "$out/block_timeline_$tag.json"
   /usr/bin/python3 "$root/scripts/plot_timeline.py" "$out/block_timeline_$tag.json" "$out/block_timeline_$tag.png"
 }
+
+# ---- the performance model's calibration (issue 22) ------------------------------------------------------------------
+# mlacp-plan --calibrate on each transport at each P the layer runs at below: machine_<transport>_np<P>.json. Every
+# mlacp-mla-block run then gets its transport's file (--machine) and reports the model's prediction beside its time.
+calibrated() {  # <transport> <P>: the machine file's path when it exists
+  local f=$out/machine_$1_np$2.json
+  if [[ -f $f ]]; then echo "$f"; fi
+}
+machine_args() {  # <transport> <P>: "--machine FILE" when calibrated
+  local f
+  f=$(calibrated "$1" "$2")
+  if [[ -n $f ]]; then echo "--machine $f"; fi
+}
+if [[ ${MODEL:-1} != 0 ]]; then
+  echo
+  echo "==== performance model: calibration ===="
+  for cal_np in $(printf '%s\n' "$np" "${RING_NP:-4}" | sort -u); do
+    cal_mpirun=(mpirun -n "$cal_np")
+    if mpirun --version 2>/dev/null | grep -q "Open MPI"; then cal_mpirun+=(--oversubscribe); fi
+    "${cal_mpirun[@]}" "$build_dir/src/mlacp-plan" --calibrate --out "$out/machine_shm_np$cal_np.json" |
+      sed 's/^/  shm: /' || echo "bench: calibration on shm at P = $cal_np failed"
+    if [[ -z ${SKIP_LINK:-} ]]; then
+      "$root/scripts/netns-link.sh" "${cal_mpirun[@]}" "$build_dir/src/mlacp-plan" --calibrate \
+        --out "$out/machine_tcp-lo_np$cal_np.json" | sed 's/^/  tcp-lo: /' ||
+        echo "bench: calibration on the link at P = $cal_np failed"
+    fi
+  done
+fi
 
 if [[ ${SUITE:-1} != 0 ]]; then
   run_suite shm none
@@ -107,8 +140,11 @@ if [[ ${RING:-1} != 0 ]]; then
     shift 2
     local wrap=()
     if [[ $wrapper != - ]]; then wrap=("$wrapper"); fi
+    local transport=shm
+    if [[ $wrapper != - ]]; then transport=tcp-lo; fi
+    # shellcheck disable=SC2046
     "${wrap[@]}" "${ring_mpirun[@]}" "$ring_block_bin" --no-reference --dtype float "$@" --json "$json" \
-      >"${json%.json}.log" 2>&1 || rc=$?
+      $(machine_args "$transport" "$ring_np") >"${json%.json}.log" 2>&1 || rc=$?
     if ((rc != 0)); then echo "  $(basename "${json%.json}"): rc $rc (see ${json%.json}.log)"; fi
   }
   echo
@@ -178,8 +214,9 @@ if [[ ${PEER:-1} != 0 ]]; then
     local tool=$1 transport=$2 json=$3 rc=0
     shift 3
     if [[ $tool == mlacp ]]; then
+      # shellcheck disable=SC2046
       on_transport "$transport" "${mpirun_cmd[@]}" "${limit[@]}" "$block_bin" --no-reference "$@" --json "$json" \
-        >"${json%.json}.log" 2>&1 || rc=$?
+        $(machine_args "$transport" "$np") >"${json%.json}.log" 2>&1 || rc=$?
     else
       on_transport "$transport" "${mpirun_cmd[@]}" "${limit[@]}" /usr/bin/python3 "$peer_script" "$@" \
         --transport-label "$transport" --json "$json" >"${json%.json}.log" 2>&1 || rc=$?
@@ -241,6 +278,13 @@ print("%.1f ms" % (d["time_median_s"] * 1e3) if d["status"] == "ok" else d["stat
     done
   fi
   /usr/bin/python3 "$root/perf_tests/peers/peer_report.py" "$runs" "$out"
+fi
+# ---- the performance model against the simulated two-node cluster (short form of scripts/validate-model.sh) -------
+if [[ ${MODEL:-1} != 0 && -z ${SKIP_LINK:-} ]]; then
+  echo
+  echo "==== performance model: validation on 2 nodes x 2 ranks at $rate (short form) ===="
+  RATES=$rate ROUNDS=1 SHAPES=block LAYOUTS=2x2 BUILD_DIR=$build_dir OUT_DIR=$out/model \
+    "$root/scripts/validate-model.sh" || echo "bench: validate-model.sh failed (rc $?)"
 fi
 echo
 echo "bench: results in $out ($((SECONDS / 60)) min $((SECONDS % 60)) s)"

@@ -30,6 +30,12 @@ def ms(doc):
     return doc["time_median_s"] * 1e3 if doc.get("status") == "ok" else None
 
 
+def predicted_ms(doc):
+    """The model's predicted forward + backward of an mlacp run (mlacp-mla-block --machine), ms; None without one."""
+    p = doc.get("predicted") if doc.get("status") == "ok" else None
+    return p["total_s"] * 1e3 if p else None
+
+
 def cell(value, fmt, doc=None, width=10):
     """The formatted value; where there is none, the run's status (OOM, failed) when `doc` is given, else "-"."""
     if value is not None:
@@ -76,6 +82,7 @@ def comparison(runs):
             "shape": shape, "strategy": strategy, "dtype": dtype, "transport": transport,
             "config": mlacp.get("config") or peer.get("config"),
             "mlacp_ms": t_m, "peer_ms": t_p, "peer_over_mlacp": t_p / t_m if t_m and t_p else None,
+            "model_ms": predicted_ms(mlacp),
             "mlacp_fraction_of_gemm_rate": mlacp.get("roofline", {}).get("fraction_of_gemm_rate"),
             "mlacp_gemm_rate_flops_per_s": mlacp.get("roofline", {}).get("gemm_rate_flops_per_s"),
             "peer_fraction_of_torch_gemm_rate": peer.get("roofline", {}).get("fraction_of_gemm_rate"),
@@ -86,12 +93,14 @@ def comparison(runs):
     print("\nmlacp-mla-block --no-reference vs the PyTorch peer (DeepSpeed-Ulysses style, gloo), forward + backward "
           "per iteration,\nmedian over iterations of the max over ranks; peer/mlacp > 1: mlacp is faster")
     print(f"{'shape':9s}{'strategy':10s}{'dtype':8s}{'transport':10s}{'mlacp ms':>10s}{'peer ms':>10s}"
-          f"{'peer/mlacp':>12s}{'mlacp GEMM frac':>17s}{'peer torch-GEMM frac':>22s}")
+          f"{'peer/mlacp':>12s}{'mlacp GEMM frac':>17s}{'peer torch-GEMM frac':>22s}{'model ms':>10s}")
     for r in rows:
         print(f"{r['shape']:9s}{r['strategy']:10s}{r['dtype']:8s}{r['transport']:10s}"
               f"{cell(r['mlacp_ms'], '.1f', r['mlacp'])}{cell(r['peer_ms'], '.1f', r['peer'])}"
               f"{cell(r['peer_over_mlacp'], '.2f', width=12)}{cell(r['mlacp_fraction_of_gemm_rate'], '.3f', width=17)}"
-              f"{cell(r['peer_fraction_of_torch_gemm_rate'], '.3f', width=22)}")
+              f"{cell(r['peer_fraction_of_torch_gemm_rate'], '.3f', width=22)}{cell(r['model_ms'], '.1f')}")
+    print("model ms: the performance model's prediction of the mlacp run (mlacp-mla-block --machine, the machine "
+          "calibrated by mlacp-plan --calibrate on the same transport in this run)")
     print("GEMM frac: (FLOPs per rank / GEMM rate) / time, the GEMM ([B*s, D] x [D, H*dqk]) measured in the same run "
           "(mlacp: compat::gemm; peer: torch), in the row's dtype")
     if any(r["dtype"] == "bf16" for r in rows) and (runs / "cpu_bf16_caps.json").exists():

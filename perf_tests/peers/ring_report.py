@@ -93,13 +93,16 @@ def main():
         if not m:
             continue
         U, C, strategy, transport = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
-        cell = cells.setdefault((U, C, strategy, transport), {"times": [], "bytes": None, "config": None})
+        cell = cells.setdefault((U, C, strategy, transport), {"times": [], "bytes": None, "config": None,
+                                                              "predicted": []})
         d = load(path)
         if d.get("status") == "ok":
             cell["times"].append(d["time_median_s"])
             cell["bytes"] = d["collective_bytes_per_iteration"]
             cell["config"] = d["config"]
             cell["dtype"] = d["dtype"]
+            if "predicted" in d:  # mlacp-mla-block --machine: the performance model's prediction of the run
+                cell["predicted"].append(d["predicted"]["total_s"])
     size = {"double": 8, "float": 4, "bf16": 2}
     byte_rows = []
     seen = set()
@@ -130,7 +133,8 @@ def main():
         if transport == "bytes" or not cell["times"]:  # the cells run for their byte count only
             continue
         time_rows.append({"mesh": "%dx%d" % (U, C), "strategy": strategy, "transport": transport,
-                          "times_s": cell["times"], "median_s": statistics.median(cell["times"])})
+                          "times_s": cell["times"], "median_s": statistics.median(cell["times"]),
+                          "model_s": statistics.median(cell["predicted"]) if cell["predicted"] else None})
     for r in time_rows:
         flat = [t for t in time_rows if t["mesh"].endswith("x1") and t["strategy"] == r["strategy"]
                 and t["transport"] == r["transport"]]
@@ -138,11 +142,13 @@ def main():
     report["times"] = time_rows
     if time_rows:
         print("\nforward + backward at that shape, zigzag, median over alternating rounds (each a run's median):")
-        print("  %-9s %-6s %-9s %10s %9s  %s" % ("transport", "mesh", "strategy", "median", "/ flat", "rounds (ms)"))
+        print("  %-9s %-6s %-9s %10s %9s %10s  %s" % ("transport", "mesh", "strategy", "median", "/ flat", "model",
+                                                      "rounds (ms)"))
         for r in time_rows:
-            print("  %-9s %-6s %-9s %8.0fms %9s  %s" % (
+            print("  %-9s %-6s %-9s %8.0fms %9s %10s  %s" % (
                 r["transport"], r["mesh"], r["strategy"], r["median_s"] * 1e3,
                 "%.2f" % r["over_flat"] if r["over_flat"] else "-",
+                "%.0fms" % (r["model_s"] * 1e3) if r["model_s"] else "-",
                 " ".join("%.0f" % (t * 1e3) for t in r["times_s"])))
     (out / "ring.json").write_text(json.dumps(report, indent=1) + "\n")
 

@@ -26,6 +26,7 @@ from ._mlacp import (CommunicationError, Error, InvalidArgument, MlaConfig, MlaR
 from .attention import MlaAttention
 from .gradients import all_reduce_grads
 from .mesh import Mesh
+from .plan import Plan, plan, read_machine
 from .token_map import TokenMap
 
 __version__ = _mlacp.__version__
@@ -36,6 +37,7 @@ _atexit.register(_mlacp._finalize_kokkos)
 
 __all__ = [
     "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
-    "MlaStrategy", "ReduceScatterAlgorithm", "RingLayout", "TokenMap", "UsageError", "all_reduce_grads", "events",
-    "names", "overlap_policy", "set_overlap_policy", "set_wait_timeout", "wait_timeout"
+    "MlaStrategy", "Plan", "ReduceScatterAlgorithm", "RingLayout", "TokenMap", "UsageError", "all_reduce_grads",
+    "events", "names", "overlap_policy", "plan", "read_machine", "set_overlap_policy", "set_wait_timeout",
+    "wait_timeout"
 ]

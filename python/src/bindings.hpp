@@ -25,5 +25,7 @@ void bind_token_map(pybind11::module_& m);
 void bind_layer_float(pybind11::module_& m);
 void bind_layer_double(pybind11::module_& m);
 void bind_layer_bfloat16(pybind11::module_& m);  // mixed precision: bf16 storage, float weight gradients
+/// The planner (plan, format_plan, plan_to_json) and the machine file, for mlacp.plan and mlacp.read_machine.
+void bind_plan(pybind11::module_& m);
 
 }  // namespace mlacp::python

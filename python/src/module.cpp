@@ -18,4 +18,5 @@ PYBIND11_MODULE(_mlacp, m) {
   mlacp::python::bind_layer_float(m);
   mlacp::python::bind_layer_double(m);
   mlacp::python::bind_layer_bfloat16(m);
+  mlacp::python::bind_plan(m);
 }

@@ -262,7 +262,10 @@ TEST(LayerModel, ErrorsNameTheValue) {
     EXPECT_NE(std::string(e.what()).find("U=3 x C=1: expected U x C = 4 ranks"), std::string::npos) << e.what();
   }
   choice.ulysses = 3;
-  EXPECT_NE(choice_error(c, choice, Cluster{3, 2}).find("U=3 on 2 ranks per node"), std::string::npos);
+  choice.ring = 2;
+  EXPECT_NE(choice_error(c, choice, Cluster{3, 2}).find("U=3 on 2 ranks per node"), std::string::npos)
+      << choice_error(c, choice, Cluster{3, 2});
+  choice.ring = 1;
   // Two nodes on a machine calibrated on one: the inter level is missing.
   MachineParams one = m;
   one.inter = {};
