@@ -143,9 +143,10 @@ using Kokkos::Experimental::sqrt;
 }  // namespace mlacp::compat::math
 // ---- math (end) ----------------------------------------------------------------------------------------------------
 
-// ---- Kokkos Tools: the allocate-data callback (begin) ---------------------------------------------------------------
-// Kokkos 3.4 and 4.x spell it the same (Kokkos::Tools::Experimental::set_allocate_data_callback / get_callbacks, a
-// C function pointer (SpaceHandle, label, pointer, bytes)); kept here so that a future difference has one place.
+// ---- Kokkos Tools: the allocate- and deallocate-data callbacks (begin) ----------------------------------------------
+// Kokkos 3.4 and 4.x spell them the same (Kokkos::Tools::Experimental::set_allocate_data_callback /
+// set_deallocate_data_callback / get_callbacks, C function pointers (SpaceHandle, label, pointer, bytes)); kept here so
+// that a future difference has one place.
 namespace mlacp::compat::tools {
 using allocate_data_callback = Kokkos_Profiling_allocateDataFunction;  // the C interface type: same in 3.4 and 4.x
 using space_handle = Kokkos_Profiling_SpaceHandle;
@@ -155,6 +156,14 @@ inline allocate_data_callback current_allocate_data_callback() {
 }
 inline void set_allocate_data_callback(allocate_data_callback callback) {
   Kokkos::Tools::Experimental::set_allocate_data_callback(callback);
+}
+using deallocate_data_callback = Kokkos_Profiling_deallocateDataFunction;  // same in 3.4 and 4.x
+/// The deallocate-data callback currently installed (a loaded tool's, ours, or null).
+inline deallocate_data_callback current_deallocate_data_callback() {
+  return Kokkos::Tools::Experimental::get_callbacks().deallocate_data;
+}
+inline void set_deallocate_data_callback(deallocate_data_callback callback) {
+  Kokkos::Tools::Experimental::set_deallocate_data_callback(callback);
 }
 
 // Events and regions: Kokkos::Tools::markEvent / pushRegion / popRegion / profileLibraryLoaded, the EventSet of

@@ -36,6 +36,14 @@ std::uint64_t view_allocations();
 std::uint64_t view_allocation_bytes();
 /// The labels of the most recent counted allocations (at most 64), oldest first: which Views were allocated.
 std::vector<std::string> recent_view_allocations();
+/// Bytes of the counted allocations not yet freed (count_view_allocations() also installs a deallocate-data
+/// callback, chained likewise): what Kokkos holds now of what it allocated since counting began. An allocation made
+/// before counting began is not in it, and its release does not lower it.
+std::uint64_t view_live_bytes();
+/// The high-water mark of view_live_bytes() since counting began or since the last reset_view_peak_bytes().
+std::uint64_t view_peak_bytes();
+/// Starts a new high-water mark: view_peak_bytes() := view_live_bytes().
+void reset_view_peak_bytes();
 
 /// Communicators duplicated by meshes (Mesh::Ownership::duplicate) and not yet freed.
 std::int64_t open_communicators();

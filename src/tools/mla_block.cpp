@@ -10,15 +10,22 @@
 // median time (barrier, forward + backward, fence, max over ranks), the peak resident memory (max over ranks) and a
 // roofline line: the layer's FLOPs per rank (mlacp/mla/flop_count.hpp) against the rate of one GEMM of the layer's
 // q_proj shape measured in the same run, as the fraction of that rate the measured time corresponds to.
+//
+// With --machine FILE (MachineParams' JSON, model/machine.hpp) it also prints the performance model's prediction for
+// the run's own strategy, mesh and layout beside the measured median and the measured peak of Kokkos memory, and
+// --ring plan lets the planner (model/mesh_plan.hpp) choose the strategy, the ring size and the layout.
 #include <mpi.h>
 #include <sys/resource.h>
 #include <mlacp/bf16_gemm.hpp>
 #include <mlacp/collective_bytes.hpp>
 #include <mlacp/collectives.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/diagnostics.hpp>
 #include <mlacp/event_recorder.hpp>
 #include <mlacp/mla/flop_count.hpp>
 #include <mlacp/mla/mla_attention.hpp>
+#include <mlacp/model/layer_model.hpp>
+#include <mlacp/model/mesh_plan.hpp>
 #include <mlacp/testing/synthetic.hpp>
 #include <mlacp/token_map.hpp>
 #include <mlacp/version.hpp>
@@ -27,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -55,9 +63,23 @@ struct Options {
   int warmup = 0;  // untimed iterations before the `iters` timed ones
   bool reference = true;
   std::string dump;
-  std::string json;       // "" = no JSON report
-  double tolerance = -1;  // < 0: MLA_SPEC's (1e-10 double, 1e-4 float, 2e-2 bf16)
-  mlacp::Ring ring;       // --ring C | node: the two-level mesh (ring attention); default flat
+  std::string json;             // "" = no JSON report
+  double tolerance = -1;        // < 0: MLA_SPEC's (1e-10 double, 1e-4 float, 2e-2 bf16)
+  mlacp::Ring ring;             // --ring C | node: the two-level mesh (ring attention); default flat
+  std::string machine;          // --machine FILE: the model's machine ("" = no prediction)
+  bool plan_ring = false;       // --ring plan: the planner picks strategy, ring size and layout
+  double memory_per_rank = 0;   // --memory-per-rank BYTES: the plan's budget (0: the machine's)
+  bool strategy_given = false;  // --strategy / --ring-layout on the command line (--ring plan overrides them)
+  bool layout_given = false;
+};
+
+// What the model says about the run: its prediction for the run's own choice (or why there is none), and the
+// planner's choice with --ring plan.
+struct ModelReport {
+  std::string machine;  // MachineParams::name; "" = no --machine
+  std::optional<mlacp::model::Prediction> prediction;
+  std::string why_not;  // no prediction: the model's reason
+  std::string planned;  // --ring plan: the choice it ran
 };
 
 const char* usage =
@@ -65,7 +87,8 @@ const char* usage =
     "                       [--latent R] [--strategy latent|expanded] [--dtype float|double|bf16] [--bias] [--seed N]\n"
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
     "                       [--no-reference] [--cu-seqlens 0,a,b,...,S] [--wire-dtype same|bf16|bf16_all]\n"
-    "                       [--ring C|node] [--ring-layout zigzag|contiguous]\n"
+    "                       [--ring C|node|plan] [--ring-layout zigzag|contiguous] [--machine FILE]\n"
+    "                       [--memory-per-rank BYTES]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
     "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n"
     "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
@@ -73,7 +96,11 @@ const char* usage =
     "--wire-dtype bf16 (float only) sends the all-to-alls and the latent all-gather as bf16 (bf16_all: the latent\n"
     "reduce-scatter's partial sums too); the default tolerance is then MLA_SPEC's bf16 one, 2e-2.\n"
     "--ring C runs ring attention on a two-level mesh of P = U x C ranks (C Ulysses groups of U consecutive ranks;\n"
-    "--ring node: one group per node); --ring-layout picks which tokens each ring chunk holds (default zigzag).\n";
+    "--ring node: one group per node); --ring-layout picks which tokens each ring chunk holds (default zigzag).\n"
+    "--machine FILE (the model's machine parameters, mlacp-plan --calibrate or by hand) prints the model's prediction\n"
+    "for this run beside the measured time and memory (and \"predicted\" in --json); --ring plan (needs --machine)\n"
+    "runs the planner's first choice of strategy, ring size and layout (overriding --strategy and --ring-layout)\n"
+    "within --memory-per-rank BYTES (default: the machine's memory per rank).\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -115,10 +142,19 @@ Options parse(int argc, char** argv) {
         if (used != value.size()) throw std::invalid_argument("");
       } else if (flag == "--strategy") {
         c.strategy = mlacp::parse_strategy(value);
+        o.strategy_given = true;
       } else if (flag == "--ring") {
-        o.ring = value == "node" ? mlacp::Ring::node() : mlacp::Ring(std::stoi(value));
+        o.plan_ring = value == "plan";
+        if (!o.plan_ring) o.ring = value == "node" ? mlacp::Ring::node() : mlacp::Ring(std::stoi(value));
       } else if (flag == "--ring-layout") {
         c.ring_layout = mlacp::parse_ring_layout(value);
+        o.layout_given = true;
+      } else if (flag == "--machine") {
+        o.machine = value;
+      } else if (flag == "--memory-per-rank") {
+        std::size_t used = 0;
+        o.memory_per_rank = std::stod(value, &used);
+        if (used != value.size() || !(o.memory_per_rank > 0)) throw std::invalid_argument("");
       } else if (flag == "--wire-dtype") {
         c.wire_dtype = mlacp::parse_wire_dtype(value);
         if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;  // MLA_SPEC's bf16 bound
@@ -158,6 +194,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.iters < 1) throw std::invalid_argument("--iters " + std::to_string(o.iters) + ": expected at least 1");
   if (o.warmup < 0) throw std::invalid_argument("--warmup " + std::to_string(o.warmup) + ": expected at least 0");
+  if (o.plan_ring && o.machine.empty()) throw std::invalid_argument("--ring plan needs --machine FILE");
+  if (o.memory_per_rank > 0 && !o.plan_ring) throw std::invalid_argument("--memory-per-rank needs --ring plan");
   return o;
 }
 
@@ -377,8 +415,29 @@ AttentionBalance attention_balance(const Layer& layer, const View& x, const View
   return out;
 }
 
+// A JSON string: `text` quoted, with quotes, backslashes and control characters escaped.
+std::string jstr(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+      out += escaped;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// (predicted - measured) / measured, in percent.
+double error_percent(double predicted, double measured) { return (predicted - measured) / measured * 100.0; }
+
 template <class T>
-int run(const Options& o, const mlacp::Mesh& mesh) {
+int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   const auto& c = o.config;
   const int P = mesh.size(), rank = mesh.rank();
   constexpr bool bf16 = std::is_same_v<T, mlacp::bf16>;
@@ -390,19 +449,33 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
   using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
   const Space space;
 
-  // The layer validates the configuration on every rank (before any other collective).
-  const auto weights = mlacp::testing::synthetic::weights<T, Mem>(c, o.seed);
-  mlacp::MlaAttention<T> layer(c, weights, mesh);
-  const int s = layer.local_seq();
   // The full x and dy only when the reference or the dump needs them: at large S they would count in the peak
   // memory of every rank, which is reported next to the peer's (which holds only its shard).
   const bool need_full = o.reference || !o.dump.empty();
-  Tensor3 x_full, dy_full, x("x", c.batch, s, c.hidden), dy("dy", c.batch, s, c.hidden);
+  Tensor3 x_full, dy_full;
   if (need_full) {
     x_full = Tensor3("x", c.batch, c.seq, c.hidden);
     dy_full = Tensor3("dy", c.batch, c.seq, c.hidden);
     mlacp::testing::synthetic::fill(x_full, o.seed + 100, 1.0);
     mlacp::testing::synthetic::fill(dy_full, o.seed + 200, 1.0);
+  }
+  // The Kokkos memory of the distributed run (diagnostics.hpp), what the model's memory per rank predicts: counted
+  // from here, so that the weights, their gradients, this rank's inputs and outputs and the layer's workspaces are
+  // in; the full x and dy above (the reference's and the dump's), the GEMM-rate probes and the reference are not.
+  mlacp::diagnostics::count_view_allocations();
+  const double view_base = static_cast<double>(mlacp::diagnostics::view_live_bytes());
+  mlacp::diagnostics::reset_view_peak_bytes();
+  double view_peak = 0;  // bytes above view_base, the highest seen outside the probes
+  auto note_view_peak = [&] {
+    view_peak = std::max(view_peak, static_cast<double>(mlacp::diagnostics::view_peak_bytes()) - view_base);
+  };
+
+  // The layer validates the configuration on every rank (before any other collective).
+  const auto weights = mlacp::testing::synthetic::weights<T, Mem>(c, o.seed);
+  mlacp::MlaAttention<T> layer(c, weights, mesh);
+  const int s = layer.local_seq();
+  Tensor3 x("x", c.batch, s, c.hidden), dy("dy", c.batch, s, c.hidden);
+  if (need_full) {
     // This rank's tokens: its ranges of the layer's token map (one contiguous range on a flat mesh).
     mlacp::shard(space, layer.token_map(), mesh.ring_rank(), mesh.ulysses_rank(), x_full, x);
     mlacp::shard(space, layer.token_map(), mesh.ring_rank(), mesh.ulysses_rank(), dy_full, dy);
@@ -411,7 +484,9 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     mlacp::testing::synthetic::fill(dy, o.seed + 200 + 7919 * static_cast<std::uint64_t>(rank), 1.0);
   }
 
+  note_view_peak();
   GemmRate gemm = gemm_rate<T>(c, s, mesh.comm());
+  mlacp::diagnostics::reset_view_peak_bytes();  // the probe's matrices are not the layer's
   std::vector<double> times;
   typename mlacp::MlaAttention<T>::gradients_type grads;
   Tensor3 y;
@@ -428,6 +503,8 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
     if (it >= o.warmup) times.push_back(seconds);
     y = forward.output();
   }
+  note_view_peak();
+  MPI_Allreduce(MPI_IN_PLACE, &view_peak, 1, MPI_DOUBLE, MPI_MAX, mesh.comm());
   const double wire_bytes_per_iteration =
       static_cast<double>(mlacp::collective_bytes().total()) / static_cast<double>(o.warmup + o.iters);
   gemm.flops_per_s = std::max(gemm.flops_per_s, gemm_rate<T>(c, s, mesh.comm()).flops_per_s);
@@ -464,6 +541,24 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
               << times.front() * 1e3 << " ms over " << o.iters << " iteration(s) after " << o.warmup << " warm-up\n";
     std::cout << "  peak resident memory (max over ranks): " << std::setprecision(4) << peak_rss / (1 << 20)
               << " MiB\n";
+    std::cout << "  peak Kokkos bytes (max over ranks): " << std::setprecision(4) << view_peak / (1 << 20) << " MiB ("
+              << std::setprecision(15) << view_peak
+              << " bytes: weights, gradients, the rank's inputs and outputs, the layer's workspaces)\n";
+    if (!model.machine.empty() && model.prediction) {
+      const mlacp::model::Prediction& p = *model.prediction;
+      std::cout << "  model (" << model.machine << "; " << p.choice.describe() << "): predicted forward+backward "
+                << std::setprecision(4) << p.total_s() * 1e3 << " ms (forward " << p.forward_s * 1e3 << ", backward "
+                << p.backward_s * 1e3 << "), measured " << median * 1e3 << " ms, error " << std::fixed
+                << std::setprecision(1) << error_percent(p.total_s(), median) << "%" << std::defaultfloat << "\n";
+      std::cout << "  model memory per rank: predicted " << std::setprecision(4) << p.memory.total() / (1 << 20)
+                << " MiB, measured peak Kokkos bytes (max over ranks) " << view_peak / (1 << 20) << " MiB, error "
+                << std::fixed << std::setprecision(1) << error_percent(p.memory.total(), view_peak) << "%"
+                << std::defaultfloat << "; predicted hidden fraction " << std::setprecision(3) << p.hidden_fraction
+                << ", bytes intra " << std::setprecision(4) << p.bytes.intra / (1 << 20) << " MiB, inter "
+                << p.bytes.inter / (1 << 20) << " MiB\n";
+    } else if (!model.machine.empty()) {
+      std::cout << "  model (" << model.machine << "): no prediction: " << model.why_not << "\n";
+    }
     std::cout << "  attention balance (" << mlacp::to_string(c.ring_layout) << ", U=" << mesh.ulysses_size()
               << " x C=" << mesh.ring_size() << "): visible pairs x heads max/min " << std::setprecision(4)
               << balance.pairs_ratio() << ", attention thread CPU time max/min " << balance.cpu_ratio() << " ("
@@ -578,7 +673,21 @@ int run(const Options& o, const mlacp::Mesh& mesh) {
            << ", \"protocol\": \"per iteration: barrier, forward + backward, fence, time = max over ranks; median\""
            << ", \"time_median_s\": " << jnum(median) << ", \"time_min_s\": " << jnum(times.front())
            << ", \"times_s\": [" << list << "], \"peak_rss_bytes\": " << jnum(peak_rss)
-           << ", \"roofline\": {\"forward_flops\": " << jnum(flops.forward)
+           << ", \"peak_view_bytes\": " << jnum(view_peak);
+      if (!model.planned.empty()) json << ", \"planned\": " << jstr(model.planned);
+      if (model.prediction) {
+        const mlacp::model::Prediction& p = *model.prediction;
+        json << ", \"predicted\": {\"machine\": " << jstr(model.machine)
+             << ", \"choice\": " << jstr(p.choice.describe()) << ", \"forward_s\": " << jnum(p.forward_s)
+             << ", \"backward_s\": " << jnum(p.backward_s) << ", \"total_s\": " << jnum(p.total_s())
+             << ", \"hidden_fraction\": " << jnum(p.hidden_fraction) << ", \"memory_bytes\": " << jnum(p.memory.total())
+             << ", \"bytes_intra\": " << jnum(p.bytes.intra) << ", \"bytes_inter\": " << jnum(p.bytes.inter) << "}";
+      } else if (!model.machine.empty()) {
+        // No "predicted" key then: the reports read its presence as "a prediction" (ring_report.py,
+        // validate_report.py).
+        json << ", \"prediction_unavailable\": " << jstr(model.why_not);
+      }
+      json << ", \"roofline\": {\"forward_flops\": " << jnum(flops.forward)
            << ", \"backward_flops\": " << jnum(flops.backward)
            << ", \"attention_forward_flops\": " << jnum(flops.attention_forward)
            << ", \"attention_backward_flops\": " << jnum(flops.attention_backward)
@@ -606,11 +715,62 @@ int main(int argc, char** argv) {
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     try {
-      const Options options = parse(argc, argv);
+      Options options = parse(argc, argv);
+      namespace model = mlacp::model;
+      ModelReport report;
+      std::optional<model::MachineParams> machine;
+      const model::Dtype dtype = model::parse_dtype(options.dtype);  // "double", "float", "bf16": the tool's names
+      if (!options.machine.empty()) {
+        // Read on rank 0 and broadcast: the same parameters, or the same error, on every rank.
+        machine = model::read_machine(MPI_COMM_WORLD, options.machine);
+        report.machine = machine->name.empty() ? options.machine : machine->name;
+      }
+      if (options.plan_ring) {
+        // The same choice on every rank, or the same InvalidArgument (nothing fits the budget) on every rank.
+        const model::PlannedMesh pm =
+            model::plan_mesh(MPI_COMM_WORLD, options.config, dtype, *machine, options.memory_per_rank);
+        const model::PlanRow& best = *pm.plan.best();
+        report.planned = pm.choice.describe();
+        if (rank == 0) {
+          std::ostringstream line;
+          line << "mlacp-mla-block: --ring plan on " << pm.cluster.nodes << " node(s) x " << pm.cluster.ranks_per_node
+               << " rank(s) (" << report.machine << "): " << pm.choice.describe() << ", predicted forward+backward "
+               << std::setprecision(4) << best.prediction.total_s() * 1e3 << " ms, memory "
+               << best.prediction.memory.total() / (1 << 20) << " MiB per rank";
+          if (pm.plan.budget > 0) line << " (budget " << pm.plan.budget / (1 << 20) << " MiB)";
+          line << ", first of " << pm.plan.rows.size() << " choices";
+          if (options.strategy_given && options.config.strategy != pm.choice.strategy)
+            line << "; overrides --strategy " << mlacp::to_string(options.config.strategy);
+          else if (options.strategy_given)
+            line << "; --strategy " << mlacp::to_string(options.config.strategy) << " is the plan's too";
+          if (options.layout_given && pm.choice.ring == 1)
+            line << "; overrides --ring-layout " << mlacp::to_string(options.config.ring_layout)
+                 << " (a flat mesh has no ring layout)";
+          else if (options.layout_given && options.config.ring_layout != pm.choice.layout)
+            line << "; overrides --ring-layout " << mlacp::to_string(options.config.ring_layout);
+          else if (options.layout_given)
+            line << "; --ring-layout " << mlacp::to_string(options.config.ring_layout) << " is the plan's too";
+          std::cout << line.str() << "\n" << std::flush;
+        }
+        options.config = model::apply(pm.choice, options.config);
+        options.ring = mlacp::Ring(pm.choice.ring);
+      }
       mlacp::Mesh mesh(MPI_COMM_WORLD, options.ring);
-      code = options.dtype == "float"  ? run<float>(options, mesh)
-             : options.dtype == "bf16" ? run<mlacp::bf16>(options, mesh)
-                                       : run<double>(options, mesh);
+      if (machine) {
+        // The model's prediction for this run's own choice; a choice the model cannot place (or a machine without
+        // this dtype's figures) is reported, on every rank alike, and the run goes on.
+        const model::Choice choice{options.config.strategy, mesh.ulysses_size(), mesh.ring_size(),
+                                   options.config.ring_layout};
+        try {
+          report.prediction =
+              model::predict(options.config, dtype, choice, model::cluster_of(MPI_COMM_WORLD), *machine);
+        } catch (const mlacp::InvalidArgument& e) {
+          report.why_not = e.what();
+        }
+      }
+      code = options.dtype == "float"  ? run<float>(options, mesh, report)
+             : options.dtype == "bf16" ? run<mlacp::bf16>(options, mesh, report)
+                                       : run<double>(options, mesh, report);
     } catch (const std::invalid_argument& e) {
       // Same arguments on every rank: every rank gets here; rank 0 explains.
       if (rank == 0) {

@@ -124,6 +124,32 @@ TEST(SteadyState, ViewAllocationCounterSeesEveryView) {
   EXPECT_EQ(copy.use_count(), 2);
 }
 
+// Live bytes and their high-water mark: an allocation raises both, its release lowers the live bytes only, and a
+// reset starts the mark at the live bytes.
+TEST(SteadyState, ViewLiveAndPeakBytesFollowAllocationsAndReleases) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  Kokkos::fence();
+  const auto live = mlacp::diagnostics::view_live_bytes();
+  mlacp::diagnostics::reset_view_peak_bytes();
+  EXPECT_EQ(mlacp::diagnostics::view_peak_bytes(), live);
+  {
+    Kokkos::View<double*, Mem> a("peak probe a", 1000);
+    EXPECT_GE(mlacp::diagnostics::view_live_bytes(), live + 1000 * sizeof(double));
+    {
+      Kokkos::View<double*, Mem> b("peak probe b", 3000);
+      EXPECT_GE(mlacp::diagnostics::view_live_bytes(), live + 4000 * sizeof(double));
+    }
+    EXPECT_GE(mlacp::diagnostics::view_live_bytes(), live + 1000 * sizeof(double));
+    EXPECT_LT(mlacp::diagnostics::view_live_bytes(), live + 4000 * sizeof(double)) << "b's release was not counted";
+    auto copy = a;  // a copy neither allocates nor, when it goes, releases
+    EXPECT_EQ(copy.use_count(), 2);
+  }
+  EXPECT_EQ(mlacp::diagnostics::view_live_bytes(), live) << "every probe released";
+  EXPECT_GE(mlacp::diagnostics::view_peak_bytes(), live + 4000 * sizeof(double)) << "a and b were live together";
+  mlacp::diagnostics::reset_view_peak_bytes();
+  EXPECT_EQ(mlacp::diagnostics::view_peak_bytes(), live);
+}
+
 // Forward + backward into caller-provided gradient Views: iterations 2..N allocate no View at all (the layer's
 // buffers and the collectives' results live in the layer's memory) and no communication buffer. Both strategies,
 // with and without biases, one document and packed documents (cu_seqlens: the RoPE positions are built once), and S
