@@ -275,7 +275,8 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
 
   // ---- compute ----------------------------------------------------------------------------------------------------
   const std::function<void()> sync = [&] { relaxed_barrier(comm); };
-  const double min_run_s = quick ? 0.001 : 0.02;  // a timed run's least length: the ranks' runs overlap
+  const double min_run_s = quick ? 0.001 : 0.1;  // a timed run's least length: the ranks' runs overlap over many
+                                                 // scheduler time slices where ranks share cores
   const auto squares = model::detail::calibration_squares(quick);
   const auto skinny = model::detail::calibration_skinny(quick);
   std::vector<model::detail::GemmShape> shapes = squares;
