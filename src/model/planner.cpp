@@ -41,19 +41,6 @@ std::string json_number(double v) {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    if (ch == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += ch;
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 Plan plan(const PlanRequest& request, const MachineParams& machine) {
@@ -158,26 +145,26 @@ std::string plan_to_json(const Plan& plan) {
   const PlanRequest& r = plan.request;
   const MlaConfig& c = r.config;
   std::ostringstream s;
-  s << "{\"tool\": \"mlacp-plan\", \"machine\": " << json_string(plan.machine)
+  s << "{\"tool\": \"mlacp-plan\", \"machine\": " << json_quoted(plan.machine)
     << ", \"budget_bytes\": " << json_number(plan.budget) << ", \"request\": {\"batch\": " << c.batch
     << ", \"seq\": " << c.seq << ", \"hidden\": " << c.hidden << ", \"heads\": " << c.heads << ", \"nope\": " << c.nope
     << ", \"rope\": " << c.rope << ", \"vdim\": " << c.vdim << ", \"latent\": " << c.latent
     << ", \"q_lora\": " << r.q_lora << ", \"documents\": " << (c.cu_seqlens.empty() ? 1 : c.cu_seqlens.size() - 1)
-    << ", \"dtype\": " << json_string(to_string(r.dtype)) << ", \"nodes\": " << r.cluster.nodes
+    << ", \"dtype\": " << json_quoted(to_string(r.dtype)) << ", \"nodes\": " << r.cluster.nodes
     << ", \"ranks_per_node\": " << r.cluster.ranks_per_node << "}, \"rows\": [";
   for (std::size_t i = 0; i < plan.rows.size(); ++i) {
     const PlanRow& row = plan.rows[i];
     const Prediction& p = row.prediction;
-    s << (i ? ", " : "") << "{\"strategy\": " << json_string(to_string(p.choice.strategy))
+    s << (i ? ", " : "") << "{\"strategy\": " << json_quoted(to_string(p.choice.strategy))
       << ", \"ulysses\": " << p.choice.ulysses << ", \"ring\": " << p.choice.ring
-      << ", \"layout\": " << json_string(p.choice.ring > 1 ? to_string(p.choice.layout) : "none")
+      << ", \"layout\": " << json_quoted(p.choice.ring > 1 ? to_string(p.choice.layout) : "none")
       << ", \"forward_s\": " << json_number(p.forward_s) << ", \"backward_s\": " << json_number(p.backward_s)
       << ", \"total_s\": " << json_number(p.total_s()) << ", \"compute_s\": " << json_number(p.compute_s)
       << ", \"communication_s\": " << json_number(p.communication_s) << ", \"exposed_s\": " << json_number(p.exposed_s)
       << ", \"hidden_fraction\": " << json_number(p.hidden_fraction)
       << ", \"bytes_intra\": " << json_number(p.bytes.intra) << ", \"bytes_inter\": " << json_number(p.bytes.inter)
       << ", \"memory_bytes\": " << json_number(p.memory.total()) << ", \"fits\": " << (row.fits ? "true" : "false")
-      << ", \"why_not\": " << json_string(row.why_not) << "}";
+      << ", \"why_not\": " << json_quoted(row.why_not) << "}";
   }
   const PlanRow* best = plan.best();
   s << "], \"best\": " << (best ? std::to_string(best - plan.rows.data()) : std::string("null")) << "}\n";

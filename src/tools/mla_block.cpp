@@ -416,22 +416,7 @@ AttentionBalance attention_balance(const Layer& layer, const View& x, const View
 }
 
 // A JSON string: `text` quoted, with quotes, backslashes and control characters escaped.
-std::string jstr(const std::string& text) {
-  std::string out = "\"";
-  for (const char ch : text) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
-      out += escaped;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
+std::string jstr(const std::string& text) { return mlacp::model::json_quoted(text); }
 
 // (predicted - measured) / measured, in percent.
 double error_percent(double predicted, double measured) { return (predicted - measured) / measured * 100.0; }
