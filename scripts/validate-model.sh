@@ -78,9 +78,10 @@ for rate in $rates; do
         for strategy in latent expanded; do
           for ring in 1 2 4; do
             name=run_${tag}_${shape}_${strategy}_C$ring
+            machine_arg=()
+            if ((machine_flag)); then machine_arg=(--machine "$machine"); fi
             "${launch[@]}" "$block_tool" "${dims[@]}" --dtype "$dtype" --strategy "$strategy" --ring "$ring" \
-              --no-reference --warmup 1 --iters "$iters" --json "$runs/$name.json" \
-              $(((machine_flag)) && echo "--machine $machine") |
+              --no-reference --warmup 1 --iters "$iters" --json "$runs/$name.json" "${machine_arg[@]}" |
               grep -E "predicted|iteration time" | sed "s/^/   $shape $strategy C=$ring: /"
           done
         done
