@@ -78,14 +78,9 @@ run_suite() {  # <transport label> <rate label> <wrapper...>
 # ---- the performance model's calibration (issue 22) ------------------------------------------------------------------
 # mlacp-plan --calibrate on each transport at each P the layer runs at below: machine_<transport>_np<P>.json. Every
 # mlacp-mla-block run then gets its transport's file (--machine) and reports the model's prediction beside its time.
-calibrated() {  # <transport> <P>: the machine file's path when it exists
+machine_args() {  # <transport> <P>: "--machine FILE" when that calibration exists
   local f=$out/machine_$1_np$2.json
-  if [[ -f $f ]]; then echo "$f"; fi
-}
-machine_args() {  # <transport> <P>: "--machine FILE" when calibrated
-  local f
-  f=$(calibrated "$1" "$2")
-  if [[ -n $f ]]; then echo "--machine $f"; fi
+  if [[ -f $f ]]; then echo "--machine $f"; fi
 }
 if [[ ${MODEL:-1} != 0 ]]; then
   echo

@@ -47,7 +47,7 @@ namespace {
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
 /// Visible (query, key) pairs between global query tokens [qa, qb) and key tokens [ka, kb) under causal attention
-/// (key <= query), within one document [d0, d1).
+/// (key <= query); the caller has clipped both ranges to one document.
 double pairs_in(std::int64_t qa, std::int64_t qb, std::int64_t ka, std::int64_t kb) {
   // For each query i in [qa, qb): keys in [ka, min(kb, i + 1)).
   double total = 0;

@@ -159,8 +159,6 @@ std::string MachineParams::error() const {
 
 namespace {
 
-std::string quoted(const std::string& s) { return json_quoted(s); }
-
 /// A parsed JSON value; objects keep their keys in order.
 struct Json {
   enum class Type { null, boolean, number, string, array, object };
@@ -186,7 +184,7 @@ std::string shown(const Json& v) {
       s = v.text;
       break;
     case Json::Type::string:
-      s = quoted(v.text);
+      s = json_quoted(v.text);
       break;
     case Json::Type::array:
       s = "[";
@@ -196,7 +194,7 @@ std::string shown(const Json& v) {
     case Json::Type::object:
       s = "{";
       for (std::size_t i = 0; i < v.members.size(); ++i) {
-        s += (i ? ", " : "") + quoted(v.members[i].first) + ": " + shown(v.members[i].second);
+        s += (i ? ", " : "") + json_quoted(v.members[i].first) + ": " + shown(v.members[i].second);
       }
       s += "}";
       break;
@@ -235,6 +233,13 @@ class Reader {
                           what + ", got " + got + " (not valid JSON)");
   }
 
+  /// Steps over `c` when it is next; false (nothing consumed) otherwise.
+  bool consume(char c) {
+    if (pos_ >= text_.size() || text_[pos_] != c) return false;
+    ++pos_;
+    return true;
+  }
+
   void skip_space() {
     while (pos_ < text_.size() &&
            (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r')) {
@@ -260,10 +265,7 @@ class Reader {
       v.type = Json::Type::object;
       ++pos_;
       skip_space();
-      if (pos_ < text_.size() && text_[pos_] == '}') {
-        ++pos_;
-        return v;
-      }
+      if (consume('}')) return v;
       for (;;) {
         skip_space();
         if (pos_ >= text_.size() || text_[pos_] != '"') fail("expected a key in double quotes");
@@ -272,24 +274,17 @@ class Reader {
         for (const auto& m : v.members) {
           if (m.first == key) {
             pos_ = key_at;
-            fail("expected each key once, but " + quoted(key) + " repeats");
+            fail("expected each key once, but " + json_quoted(key) + " repeats");
           }
         }
         skip_space();
-        if (pos_ >= text_.size() || text_[pos_] != ':') fail("expected ':' after the key " + quoted(key));
-        ++pos_;
+        if (!consume(':')) fail("expected ':' after the key " + json_quoted(key));
         skip_space();
         Json member = value(depth + 1);
         v.members.emplace_back(std::move(key), std::move(member));
         skip_space();
-        if (pos_ < text_.size() && text_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        if (pos_ < text_.size() && text_[pos_] == '}') {
-          ++pos_;
-          return v;
-        }
+        if (consume(',')) continue;
+        if (consume('}')) return v;
         fail("expected ',' or '}' in an object");
       }
     }
@@ -297,22 +292,13 @@ class Reader {
       v.type = Json::Type::array;
       ++pos_;
       skip_space();
-      if (pos_ < text_.size() && text_[pos_] == ']') {
-        ++pos_;
-        return v;
-      }
+      if (consume(']')) return v;
       for (;;) {
         skip_space();
         v.items.push_back(value(depth + 1));
         skip_space();
-        if (pos_ < text_.size() && text_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        if (pos_ < text_.size() && text_[pos_] == ']') {
-          ++pos_;
-          return v;
-        }
+        if (consume(',')) continue;
+        if (consume(']')) return v;
         fail("expected ',' or ']' in an array");
       }
     }
@@ -344,8 +330,7 @@ class Reader {
     };
     if (text_[pos_] == '-') ++pos_;
     if (!digits()) fail("expected digits in a number");
-    if (pos_ < text_.size() && text_[pos_] == '.') {
-      ++pos_;
+    if (consume('.')) {
       if (!digits()) fail("expected digits after the decimal point");
     }
     if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
@@ -475,7 +460,7 @@ class Schema {
   explicit Schema(const std::string& where) : where_(where) {}
 
   [[noreturn]] void fail(const std::string& key, const std::string& expected, const Json& got) const {
-    throw InvalidArgument(where_ + ": " + quoted(key) + ": expected " + expected + ", got " + shown(got));
+    throw InvalidArgument(where_ + ": " + json_quoted(key) + ": expected " + expected + ", got " + shown(got));
   }
 
   std::string string(const std::string& key, const Json& v) const {
@@ -513,16 +498,16 @@ class Schema {
       for (const char* k : known) found = found || name == k;
       if (!found) {
         std::string list;
-        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + quoted(k);
+        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + json_quoted(k);
         const std::string path = key.empty() ? name : key + "." + name;
-        throw InvalidArgument(where_ + ": " + quoted(path) + ": unknown key (expected one of " + list + ")");
+        throw InvalidArgument(where_ + ": " + json_quoted(path) + ": unknown key (expected one of " + list + ")");
       }
     }
   }
 
   void dtype(const std::string& key, const std::string& name) const {
     if (name != "double" && name != "float" && name != "bf16") {
-      throw InvalidArgument(where_ + ": " + quoted(key) +
+      throw InvalidArgument(where_ + ": " + json_quoted(key) +
                             ": unknown dtype (expected \"double\", \"float\" or \"bf16\")");
     }
   }
@@ -613,15 +598,15 @@ std::string machine_to_json(const MachineParams& m) {
     return "{\"alpha_s\": " + number_text(l.alpha_s) + ", \"beta_s_per_byte\": " + number_text(l.beta_s_per_byte) + "}";
   };
   out << "{\n";
-  out << "  \"name\": " << quoted(m.name) << ",\n";
-  out << "  \"source\": " << quoted(m.source) << ",\n";
+  out << "  \"name\": " << json_quoted(m.name) << ",\n";
+  out << "  \"source\": " << json_quoted(m.source) << ",\n";
   out << "  \"ranks_per_node\": " << m.ranks_per_node << ",\n";
   out << "  \"intra\": " << link(m.intra) << ",\n";
   out << "  \"inter\": " << link(m.inter) << ",\n";
   out << "  \"gemm\": {";
   bool first = true;
   for (const auto& [dtype, points] : m.gemm) {
-    out << (first ? "\n" : ",\n") << "    " << quoted(dtype) << ": [";
+    out << (first ? "\n" : ",\n") << "    " << json_quoted(dtype) << ": [";
     for (std::size_t i = 0; i < points.size(); ++i) {
       out << (i ? ", " : "") << "[" << number_text(points[i].first) << ", " << number_text(points[i].second) << "]";
     }
@@ -632,7 +617,7 @@ std::string machine_to_json(const MachineParams& m) {
   out << "  \"attention\": {";
   first = true;
   for (const auto& [dtype, rate] : m.attention) {
-    out << (first ? "\n" : ",\n") << "    " << quoted(dtype)
+    out << (first ? "\n" : ",\n") << "    " << json_quoted(dtype)
         << ": {\"forward_flops\": " << number_text(rate.forward_flops)
         << ", \"backward_flops\": " << number_text(rate.backward_flops) << "}";
     first = false;

@@ -60,18 +60,13 @@ std::vector<std::int64_t> gathered(std::int64_t v) {
   return all;
 }
 
-// This rank's rows of a full [B, S, D] tensor: its TokenMap ranges, concatenated.
-Tensor rows_of(const Tensor& full, const std::vector<mlacp::TokenRange>& ranges) {
-  std::size_t n = 0;
-  for (const auto& r : ranges) n += static_cast<std::size_t>(r.count);
-  Tensor local("planned shard", full.extent(0), n, full.extent(2));
-  std::size_t row = 0;
-  for (const auto& r : ranges) {
-    const auto b = static_cast<std::size_t>(r.begin), c = static_cast<std::size_t>(r.count);
-    Kokkos::deep_copy(Kokkos::subview(local, Kokkos::ALL(), std::make_pair(row, row + c), Kokkos::ALL()),
-                      Kokkos::subview(full, Kokkos::ALL(), std::make_pair(b, b + c), Kokkos::ALL()));
-    row += c;
-  }
+// This rank's rows of a full [B, S, D] tensor: mlacp::shard by the layer's token map.
+Tensor rows_of(const Tensor& full, const mlacp::TokenMap& map, const mlacp::Mesh& mesh) {
+  const int g = mesh.ring_rank(), u = mesh.ulysses_rank();
+  Tensor local("planned shard", full.extent(0), static_cast<std::size_t>(map.count(g, u)), full.extent(2));
+  const Kokkos::DefaultExecutionSpace space;
+  mlacp::shard(space, map, g, u, full, local);
+  space.fence();
   return local;
 }
 
@@ -144,15 +139,15 @@ TEST(MeshPlan, EveryChoiceOfThePlanRunsTheLayer) {
     mlacp::Mesh mesh(MPI_COMM_WORLD, choice.ring);
     ASSERT_EQ(mesh.ulysses_size(), choice.ulysses) << choice.describe();
     mlacp::MlaAttention<double> layer(applied, weights, mesh);
-    const auto& ranges = layer.token_map().ranges(mesh.ring_rank(), mesh.ulysses_rank());
-    auto forward = layer.forward(space, rows_of(x, ranges));
-    const auto grads = layer.backward(space, forward, rows_of(dy, ranges));
+    const mlacp::TokenMap& map = layer.token_map();
+    auto forward = layer.forward(space, rows_of(x, map, mesh));
+    const auto grads = layer.backward(space, forward, rows_of(dy, map, mesh));
     EXPECT_LE(mlacp::test::relative_error(mlacp::test::host_values(forward.output()),
-                                          mlacp::test::host_values(rows_of(ref_forward.output(), ranges))),
+                                          mlacp::test::host_values(rows_of(ref_forward.output(), map, mesh))),
               1e-10)
         << "y, " << choice.describe();
     EXPECT_LE(mlacp::test::relative_error(mlacp::test::host_values(grads.dx),
-                                          mlacp::test::host_values(rows_of(ref.dx, ranges))),
+                                          mlacp::test::host_values(rows_of(ref.dx, map, mesh))),
               1e-10)
         << "dx, " << choice.describe();
     std::vector<double> dw_o = mlacp::test::host_values(grads.w_o);
