@@ -3,6 +3,7 @@
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/document_layout.hpp>
 
+#include <cmath>
 #include <sstream>
 
 namespace mlacp {
@@ -56,12 +57,22 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
     out << "mlacp::MlaConfig: rope = " << rope << "; expected an even qk_rope_head_dim (RoPE rotates pairs)";
   } else if (!(rms_eps > 0) || !(rope_base > 0)) {
     out << "mlacp::MlaConfig: rms_eps = " << rms_eps << ", rope_base = " << rope_base << "; expected positive values";
+  } else if (q_lora_rank < 0) {
+    out << "mlacp::MlaConfig: q_lora_rank = " << q_lora_rank
+        << "; expected 0 (a dense w_q) or a positive query latent width";
+  } else if (!(softmax_scale >= 0) || !std::isfinite(softmax_scale)) {
+    out << "mlacp::MlaConfig: softmax_scale = " << softmax_scale
+        << "; expected 0 (1/sqrt(dqk)) or a positive finite scale";
   } else if (max_documents < 1) {
     out << "mlacp::MlaConfig: max_documents = " << max_documents << "; expected a positive count of documents";
   } else {
     out << cu_seqlens_error(cu_seqlens, seq, "MlaConfig");
   }
   return out.str();
+}
+
+double MlaConfig::attention_scale() const {
+  return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(qk_dim()));
 }
 
 std::string cu_seqlens_error(const std::vector<std::int64_t>& cu_seqlens, int seq, const char* who) {
@@ -79,6 +90,8 @@ std::string MlaConfig::describe() const {
   out << "B=" << batch << " S=" << seq << " D=" << hidden << " H=" << heads << " dn=" << nope << " dr=" << rope
       << " dv=" << vdim << " R=" << latent << " bias=" << (bias ? "yes" : "no") << " strategy=" << to_string(strategy)
       << " wire=" << to_string(wire_dtype) << " ring_layout=" << to_string(ring_layout);
+  if (q_lora_rank != 0) out << " Rq=" << q_lora_rank;
+  if (softmax_scale != 0) out << " softmax_scale=" << softmax_scale;
   if (!cu_seqlens.empty()) out << " documents=" << cu_seqlens.size() - 1;
   return out.str();
 }

@@ -56,6 +56,14 @@ struct MlaConfig {
   int vdim = 0;       ///< dv, v_head_dim
   int latent = 0;     ///< R, kv_lora_rank
   bool bias = false;  ///< b_q, b_kvb and b_o present
+  /// Rq, q_lora_rank: 0 (the default) projects the query with one dense w_q [H*dqk, D]; Rq > 0 factors it as
+  /// DeepSeek-V2 and V3 do (MLA_SPEC step 1): cq = RMSNorm(x w_qa^T) * g_q with w_qa [Rq, D], g_q [Rq] and rms_eps (the
+  /// latent norm's epsilon), then q = cq w_qb^T + b_q with w_qb [H*dqk, Rq]. The parameter table (parameter_table.hpp)
+  /// holds w_q or w_qa, g_q, w_qb accordingly.
+  int q_lora_rank = 0;
+  /// The attention's softmax scale (MLA_SPEC step 6): 0 (the default) means 1/sqrt(dqk); a positive value replaces it
+  /// (DeepSeek-V3's YaRN-adjusted scale, mscale^2 / sqrt(dqk)). Part of the configuration the ranks agree on.
+  double softmax_scale = 0.0;
   MlaStrategy strategy = MlaStrategy::latent;
   double rope_base = 10000.0;
   double rms_eps = 1e-6;
@@ -80,6 +88,10 @@ struct MlaConfig {
   RingLayout ring_layout = RingLayout::zigzag;
 
   int qk_dim() const { return nope + rope; }
+  /// Whether the query is factored (q-LoRA, q_lora_rank > 0).
+  bool q_lora() const { return q_lora_rank > 0; }
+  /// The softmax scale the attention uses: softmax_scale when set (> 0), else 1/sqrt(dqk).
+  double attention_scale() const;
   /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
   /// dr even, cu_seqlens empty or strictly increasing from 0 to seq (cu_seqlens_error), max_documents positive. S and H
   /// need neither be divisible by P nor reach it: with S < P or H < P the ranks past them hold no token or no head (and
@@ -108,10 +120,16 @@ struct MlaRequiresGrad {
   bool b_kvb = true;
   bool w_o = true;
   bool b_o = true;
+  // q-LoRA's parameters (MlaConfig::q_lora_rank > 0; a flag of a parameter the configuration lacks is ignored).
+  bool w_qa = true;
+  bool g_q = true;
+  bool w_qb = true;
 
   /// Every flag false. (One initialiser per flag: a flag added without one fails -Wmissing-field-initializers, and
   /// a static_assert in weights.hpp ties the flags to the parameter table.)
-  static MlaRequiresGrad none() { return {false, false, false, false, false, false, false, false, false}; }
+  static MlaRequiresGrad none() {
+    return {false, false, false, false, false, false, false, false, false, false, false, false};
+  }
 };
 
 }  // namespace mlacp

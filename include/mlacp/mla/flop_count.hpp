@@ -12,7 +12,7 @@ namespace mlacp {
 struct MlaFlops {
   // Forward projections, per rank (N = B*S/P tokens). The latent strategy expands h = H/P heads over all S tokens
   // instead of H heads over its N tokens: the same count.
-  double q_proj = 0;                ///< 2*N*D*H*dqk
+  double q_proj = 0;                ///< 2*N*D*H*dqk; with q-LoRA 2*N*(D*Rq + Rq*H*dqk)
   double kv_a_proj = 0;             ///< 2*N*D*(R+dr)
   double kv_b_proj = 0;             ///< 2*N*R*H*(dn+dv)
   double o_proj = 0;                ///< 2*N*H*dv*D
@@ -35,7 +35,8 @@ inline MlaFlops mla_flops(const MlaConfig& c, int P) {
   const double dqk = dn + dr, N = B * S / P, h = H / P;
   const double E = B * h * S * (S + 1) / 2;
   MlaFlops f;
-  f.q_proj = 2 * N * D * H * dqk;
+  const double Rq = c.q_lora_rank;
+  f.q_proj = c.q_lora() ? 2 * N * (D * Rq + Rq * H * dqk) : 2 * N * D * H * dqk;
   f.kv_a_proj = 2 * N * D * (R + dr);
   f.kv_b_proj = 2 * N * R * H * (dn + dv);
   f.o_proj = 2 * N * H * dv * D;

@@ -257,7 +257,7 @@ class MlaAttention {
       const auto gemm_scope = bf16_gemm_scope();
       Forward f;
       f.owner_ = this;
-      f.flags_ = requires_grad;
+      f.flags_ = flags_for(config_, requires_grad);
       f.x_ = x;
       f.y_ = std::visit(
           [&](const auto& schedule) {
@@ -271,7 +271,7 @@ class MlaAttention {
           schedule_);
       // A forward whose backward computes nothing (no_grad, inference) gives its workspace back at once: the caller's y
       // keeps only itself, and the next forward reuses the workspace.
-      if (!detail::needs_backward(requires_grad)) f.give_back();
+      if (!detail::needs_backward(f.flags_)) f.give_back();
       return f;
     } catch (const std::exception& e) {
       mesh_->report_failure("mlacp::MlaAttention::forward: " + std::string(e.what()));  // the others raise too

@@ -4,8 +4,8 @@
 // gradient's value type. Everything that lists parameters iterates it: MlaParameters::allocate, weights_error, the
 // backward's gradient checks and allocation, the gradient flag word, the check tool's dumps, the synthetic test data
 // and the Python package (mlacp._mlacp.parameter_table, from which python/mlacp derives its names, shapes and flags).
-// Adding a weight (q-LoRA's w_qa / g_q / w_qb, say) is one member of MlaParameters, one flag of MlaRequiresGrad and
-// one entry in parameter_entries() below. What derives from the table (parameter_table(), for_each_parameter,
+// Adding a weight (as q-LoRA's w_qa / g_q / w_qb were) is one member of MlaParameters, one flag of MlaRequiresGrad
+// and one entry in parameter_entries() below. What derives from the table (parameter_table(), for_each_parameter,
 // flag_word) is in weights.hpp, after MlaParameters.
 #pragma once
 
@@ -84,12 +84,15 @@ inline ParameterShape vector_shape(std::size_t n) { return {1, {n, 0}}; }
 inline ParameterShape matrix_shape(std::size_t rows, std::size_t cols) { return {2, {rows, cols}}; }
 inline bool always_present(const MlaConfig&) { return true; }
 inline bool with_bias(const MlaConfig& c) { return c.bias; }
+inline bool dense_q(const MlaConfig& c) { return !c.q_lora(); }
+inline bool factored_q(const MlaConfig& c) { return c.q_lora(); }
 
 }  // namespace detail
 
 /// THE parameter table (MLA_SPEC "Weights"), in the order the parameters are registered in Python (state_dict order),
-/// allocated, filled with synthetic data and checked. Params is MlaParameters<T, MemSpace> (or a type derived from
-/// it, e.g. MlaGradients): the members are named through it.
+/// allocated, filled with synthetic data and checked. q-LoRA's rows come last, so that the synthetic data of the rows
+/// before them (seeded by their place in the table) is what it was before they were added. Params is MlaParameters<T,
+/// MemSpace> (or a type derived from it, e.g. MlaGradients): the members are named through it.
 template <class Params>
 constexpr auto parameter_entries() {
   using P = std::remove_cv_t<Params>;
@@ -99,11 +102,12 @@ constexpr auto parameter_entries() {
   constexpr auto weight = ParameterKind::weight, bias = ParameterKind::bias, gain = ParameterKind::norm_gain;
   constexpr auto same = GradientType::accumulation_type;
   constexpr auto always = &detail::always_present, with_bias = &detail::with_bias;
+  constexpr auto dense_q = &detail::dense_q, q_lora = &detail::factored_q;
   return std::make_tuple(
       detail::parameter_entry(
           {"w_q", 2, weight, &MlaRequiresGrad::w_q,
            [](const MlaConfig& c) { return matrix_shape(extent_of(c.heads * c.qk_dim()), extent_of(c.hidden)); },
-           always, same},
+           dense_q, same},
           &P::w_q),
       detail::parameter_entry(
           {"b_q", 1, bias, &MlaRequiresGrad::b_q,
@@ -133,7 +137,21 @@ constexpr auto parameter_entries() {
           &P::w_o),
       detail::parameter_entry({"b_o", 1, bias, &MlaRequiresGrad::b_o,
                                [](const MlaConfig& c) { return vector_shape(extent_of(c.hidden)); }, with_bias, same},
-                              &P::b_o));
+                              &P::b_o),
+      // q-LoRA (DeepSeek's q_a_proj, q_a_layernorm, q_b_proj) in w_q's place.
+      detail::parameter_entry(
+          {"w_qa", 2, weight, &MlaRequiresGrad::w_qa,
+           [](const MlaConfig& c) { return matrix_shape(extent_of(c.q_lora_rank), extent_of(c.hidden)); }, q_lora,
+           same},
+          &P::w_qa),
+      detail::parameter_entry({"g_q", 1, gain, &MlaRequiresGrad::g_q,
+                               [](const MlaConfig& c) { return vector_shape(extent_of(c.q_lora_rank)); }, q_lora, same},
+                              &P::g_q),
+      detail::parameter_entry(
+          {"w_qb", 2, weight, &MlaRequiresGrad::w_qb,
+           [](const MlaConfig& c) { return matrix_shape(extent_of(c.heads * c.qk_dim()), extent_of(c.q_lora_rank)); },
+           q_lora, same},
+          &P::w_qb));
 }
 
 }  // namespace mlacp

@@ -56,7 +56,10 @@ struct MlaParameters {
   using matrix_type = detail::Matrix<T, MemSpace>;
   using vector_type = detail::Vector<T, MemSpace>;
 
-  matrix_type w_q;    ///< [H*dqk, D]
+  matrix_type w_q;    ///< [H*dqk, D] (q_lora_rank == 0)
+  matrix_type w_qa;   ///< [Rq, D] (q-LoRA: q_lora_rank = Rq > 0)
+  vector_type g_q;    ///< [Rq] (q-LoRA)
+  matrix_type w_qb;   ///< [H*dqk, Rq] (q-LoRA)
   vector_type b_q;    ///< [H*dqk]
   matrix_type w_kva;  ///< [R + dr, D]
   vector_type g_kv;   ///< [R]
@@ -128,6 +131,14 @@ inline std::int64_t flag_word(const MlaRequiresGrad& r) {
   return word;
 }
 
+/// `r` with the flags of the parameters `c` lacks cleared (b_q's without bias, w_q's with q-LoRA, w_qa's, g_q's and
+/// w_qb's without): what a pass computes.
+inline MlaRequiresGrad flags_for(const MlaConfig& c, MlaRequiresGrad r) {
+  for (const auto& info : parameter_table())
+    if (!info.present(c)) r.*(info.flag) = false;
+  return r;
+}
+
 /// The table's entry called `name`, or nullptr.
 inline const ParameterInfo* find_parameter(const std::string& name) {
   for (const auto& info : parameter_table())
@@ -167,6 +178,13 @@ struct MlaGradients : MlaParameters<G, MemSpace> {
 
 namespace detail {
 
+/// Why the configuration lacks a parameter of the table: its bias flag, or its q_lora_rank.
+inline std::string absent_because(const ParameterInfo& info) {
+  if (info.kind == ParameterKind::bias) return "bias = false";
+  if (std::string(info.name) == "w_q") return "q_lora_rank > 0 factors the query into w_qa, g_q, w_qb";
+  return "q_lora_rank = 0: the query has one dense w_q";
+}
+
 /// "" if `weights` match `config` (every parameter the configuration has, allocated with the table's shape; none of
 /// those it does not have), else a message naming the first (in the table's order) that does not.
 template <class T, class MemSpace>
@@ -181,7 +199,7 @@ std::string weights_error(const MlaConfig& c, const MlaParameters<T, MemSpace>& 
         if (!present) {
           if (has)
             e = head + " has " + (info.rank == 2 ? "shape " + got.str() : "extent " + std::to_string(got[0])) +
-                "; expected none (bias = false) for " + c.describe();
+                "; expected none (" + absent_because(info) + ") for " + c.describe();
           return;
         }
         if (info.rank == 1) {

@@ -174,7 +174,7 @@ class ExpandedSchedule {
     void q_branch() {
       if (!active_ || !needs_q(p_.flags)) return;
       wait_dq();
-      q_branch_backward(ctx(), space_, p_, dq_blocks_, *g_);
+      q_branch_backward(ctx(), schedule_->scratch_, space_, p_, dq_blocks_, *g_);
     }
     /// dK's head blocks (as they arrived, no unpack) into d(kv)'s key columns and the shared key's gradient.
     void k_branch() {

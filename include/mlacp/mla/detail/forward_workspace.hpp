@@ -82,11 +82,14 @@ struct ForwardWorkspace {
   virtual ~ForwardWorkspace() = default;
 
   // Owned buffers, allocated on first use.
-  tensor3 y;                                  ///< [B, s, D], the output
-  tensor3 kv_a;                               ///< [B, s, R+dr], x w_kva^T
-  Vector<statistic_type, memory_space> rstd;  ///< [B*s]
-  tensor4 q_local;                            ///< [B, s, H, dqk] (the head-local q when P = 1)
-  tensor4 o;                                  ///< [B, S, h, dv]
+  tensor3 y;                                    ///< [B, s, D], the output
+  tensor3 kv_a;                                 ///< [B, s, R+dr], x w_kva^T
+  Vector<statistic_type, memory_space> rstd;    ///< [B*s]
+  tensor4 q_local;                              ///< [B, s, H, dqk] (the head-local q when P = 1)
+  tensor3 q_a;                                  ///< q-LoRA: [B, s, Rq], x w_qa^T (the query RMSNorm's input)
+  tensor3 cq;                                   ///< q-LoRA: [B, s, Rq], its RMSNorm (w_qb's input)
+  Vector<statistic_type, memory_space> rstd_q;  ///< q-LoRA: [B*s], the query RMSNorm's rstd
+  tensor4 o;                                    ///< [B, S, h, dv]
   // Destinations of the forward collectives whose results backward reads (P > 1; at P == 1 a collective returns its
   // input): the head-local q and the token-local attention output.
   tensor4 q_heads;                            ///< [B, S, h, dqk]
@@ -102,8 +105,8 @@ struct ForwardWorkspace {
   /// Bytes of the buffers this workspace owns (its y included while it still references it); a schedule's workspace
   /// adds its own.
   virtual std::size_t owned_bytes() const {
-    return bytes_of(y, kv_a, rstd, q_local, o, q_heads, o_tokens, lse, documents.positions, documents.table.cos,
-                    documents.table.sin);
+    return bytes_of(y, kv_a, rstd, q_local, q_a, cq, rstd_q, o, q_heads, o_tokens, lse, documents.positions,
+                    documents.table.cos, documents.table.sin);
   }
 
   /// Drops everything a consumed pass referenced outside the owned buffers (collective results, the pieces' state).
@@ -123,6 +126,7 @@ struct SharedScratch {
   Tensor4<T, memory_space> dq, dk, dv;  ///< [B, S, h, *], the attention core's gradients
   Tensor5<T, memory_space> dq_blocks;   ///< [P, B, s, h, dqk], the dQ inverse all-to-all's result (P > 1)
   Tensor3<T, memory_space> d_kv_a;      ///< [B, s, R+dr], the payload's gradient before the RMSNorm backward
+  Tensor3<T, memory_space> d_cq, d_qa;  ///< q-LoRA: [B, s, Rq], the gradients of w_qb's input and of x w_qa^T
   // bf16 on the wire (MlaConfig::wire_dtype, wire.hpp): the bf16 send and receive buffers of each collective that
   // moves bf16, allocated on first use (never with wire_dtype same). Every collective of a call is waited inside it.
   WireSlot<Tensor4<T, memory_space>> q_wire, o_wire;     ///< forward: the Q and O all-to-alls

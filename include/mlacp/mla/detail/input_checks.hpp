@@ -53,6 +53,7 @@ inline AgreementFields config_fields(const MlaConfig& c) {
           {"rope", c.rope},
           {"vdim", c.vdim},
           {"latent", c.latent},
+          {"q_lora_rank", c.q_lora_rank},
           {"bias", c.bias},
           {"strategy", static_cast<int>(c.strategy)},
           {"overlap", c.overlap},
@@ -60,6 +61,7 @@ inline AgreementFields config_fields(const MlaConfig& c) {
           {"ring_layout", static_cast<int>(c.ring_layout)},
           {"rope_base (bit pattern of the double)", bits(c.rope_base)},
           {"rms_eps (bit pattern of the double)", bits(c.rms_eps)},
+          {"softmax_scale (bit pattern of the double)", bits(c.softmax_scale)},
           {"cu_seqlens.size()", static_cast<std::int64_t>(c.cu_seqlens.size())},
           {"cu_seqlens (FNV-1a hash of the offsets)", hash_offsets(c.cu_seqlens)}};
 }

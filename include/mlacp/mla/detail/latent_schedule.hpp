@@ -208,7 +208,7 @@ class LatentSchedule {
     void q_branch() {
       if (!active_ || !needs_q(p_.flags)) return;
       wait_dq();
-      q_branch_backward(ctx(), space_, p_, dq_blocks_, *g_);
+      q_branch_backward(ctx(), schedule_->scratch_, space_, p_, dq_blocks_, *g_);
     }
     /// The latent reduce-scatter is waited and the local payload's backward runs: the RoPE transpose of the shared
     /// key's gradient (payload columns [R, R+dr)) and kv_a_backward (RMSNorm, w_kva).

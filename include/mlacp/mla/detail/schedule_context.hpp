@@ -23,8 +23,9 @@
 
 namespace mlacp::detail {
 
-/// Which gradients of the pass need which part of the backward.
-inline bool needs_q(const MlaRequiresGrad& r) { return r.x || r.w_q || r.b_q; }
+/// Which gradients of the pass need which part of the backward (the pass's flags: those of parameters the configuration
+/// lacks are cleared, flags_for in weights.hpp).
+inline bool needs_q(const MlaRequiresGrad& r) { return r.x || r.w_q || r.b_q || r.w_qa || r.g_q || r.w_qb; }
 inline bool needs_payload(const MlaRequiresGrad& r) { return r.x || r.w_kva || r.g_kv; }
 inline bool needs_kv(const MlaRequiresGrad& r) { return needs_payload(r) || r.w_kvb || r.b_kvb; }
 inline bool needs_attention(const MlaRequiresGrad& r) { return needs_q(r) || needs_kv(r); }

@@ -22,7 +22,31 @@ namespace mlacp::detail {
 
 // ---- forward ----
 
-/// q = RoPE(x w_q^T + b_q) [B, s, H, dqk], in the workspace.
+/// Multiplies q's values by `factor` (the configured softmax scale over 1/sqrt(dqk), scale_factor below).
+template <class ExecSpace, class View>
+void scale_values(const ExecSpace& space, const View& v, double factor) {
+  using V = typename View::non_const_value_type;
+  using A = compat::accumulation_t<V>;
+  auto* data = v.data();
+  const auto f = static_cast<A>(factor);
+  Kokkos::parallel_for(
+      "mlacp::scale q",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(v.span())),
+      KOKKOS_LAMBDA(const std::int64_t i) { data[i] = static_cast<V>(static_cast<A>(data[i]) * f); });
+}
+
+/// What the configured softmax scale (MlaConfig::attention_scale) is over the 1/sqrt(dqk) every attention core
+/// applies: the layer folds it into q (forward: q *= factor after RoPE; backward: dq *= factor before the RoPE
+/// transpose), so that every core, the library's and a user's, computes softmax(q k^T * scale) without a scale
+/// argument. 1 (nothing to do) by default.
+inline double scale_factor(const MlaConfig& c) {
+  return c.attention_scale() * compat::math::sqrt(static_cast<double>(c.qk_dim()));
+}
+inline bool scales_q(const MlaConfig& c) { return c.softmax_scale > 0 && scale_factor(c) != 1.0; }
+
+/// q = RoPE(x w_q^T + b_q) [B, s, H, dqk], in the workspace; with q-LoRA (MlaConfig::q_lora_rank > 0),
+/// q = RoPE(cq w_qb^T + b_q) with cq = RMSNorm(x w_qa^T) * g_q, both kept in the workspace for the backward. With a
+/// configured softmax scale, q is multiplied by scale_factor().
 template <class Context>
 typename Context::tensor4 project_q(const Context& ctx, const typename Context::execution_space& space,
                                     const typename Context::pass_type& p) {
@@ -31,8 +55,18 @@ typename Context::tensor4 project_q(const Context& ctx, const typename Context::
   const auto& q = ensure(p.w.q_local, "mlacp::q", B, s, H, dqk);
   ComputePhase<typename Context::execution_space> phase(space, names::w_q_fprop);
   const auto& w = ctx.weights();
-  linear_forward(space, as_matrix(p.x, B * s, D), w.w_q, w.b_q, as_matrix(q, B * s, H * dqk));
+  if (c.q_lora()) {
+    const int Rq = c.q_lora_rank;
+    const auto& q_a = ensure(p.w.q_a, "mlacp::q_a", B, s, Rq);
+    const auto& cq = ensure(p.w.cq, "mlacp::cq", B, s, Rq);
+    linear_forward(space, as_matrix(p.x, B * s, D), w.w_qa, typename Context::vector_part(), as_matrix(q_a, B * s, Rq));
+    rms_norm_forward(space, q_a, w.g_q, cq, ensure(p.w.rstd_q, "mlacp::rstd q", B * s), c.rms_eps);
+    linear_forward(space, as_matrix(cq, B * s, Rq), w.w_qb, w.b_q, as_matrix(q, B * s, H * dqk));
+  } else {
+    linear_forward(space, as_matrix(p.x, B * s, D), w.w_q, w.b_q, as_matrix(q, B * s, H * dqk));
+  }
   rope_forward(space, q, c.nope, q, c.nope, ctx.rope_table(space, p));
+  if (scales_q(c)) scale_values(space, q, scale_factor(c));
   return q;
 }
 
@@ -133,32 +167,58 @@ bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const t
 }
 
 /// The token-local dq as the head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads
-/// [r*h, (r+1)*h); one block [1, B, s, H, dqk] when the heads are split unevenly) -> w_q / b_q gradients and dx += dq
-/// w_q, one GEMM per block on w_q's rows of its heads (no unpack).
-template <class Context>
-void q_branch_backward(const Context& ctx, const typename Context::execution_space& space,
+/// [r*h, (r+1)*h); one block [1, B, s, H, dqk] when the heads are split unevenly) -> the query projection's gradients
+/// and dx, one GEMM per block on the weight rows of its heads (no unpack). Dense: w_q / b_q gradients and dx += dq w_q.
+/// q-LoRA: w_qb / b_q gradients and d(cq) = dq w_qb, then the query RMSNorm's backward (g_q's gradient, d(x w_qa^T)
+/// in the scratch), w_qa's gradient and dx += d(x w_qa^T) w_qa.
+template <class Context, class Scratch>
+void q_branch_backward(const Context& ctx, Scratch& scratch, const typename Context::execution_space& space,
                        const typename Context::pass_type& p, const typename Context::tensor5& dq_blocks,
                        typename Context::gradients_type& g) {
   using T = typename Context::value_type;
   const MlaConfig& c = ctx.config();
-  const int B = c.batch, s = ctx.local_seq(), D = c.hidden, dqk = c.qk_dim();
+  const MlaRequiresGrad& r = p.flags;
+  const int B = c.batch, s = ctx.local_seq(), D = c.hidden, dqk = c.qk_dim(), Rq = c.q_lora_rank;
   const auto parts = static_cast<std::int64_t>(dq_blocks.extent(0)), h = static_cast<std::int64_t>(dq_blocks.extent(3));
   const std::int64_t rows = static_cast<std::int64_t>(B) * s, width = h * dqk;
   ComputePhase<typename Context::execution_space> phase(space, names::q_backward);
   // RoPE acts per token and head: the blocks are P*B batches of [s, h, dqk] with the same positions.
   const typename Context::tensor4 blocks(dq_blocks.data(), parts * B, s, h, dqk);
+  if (scales_q(c)) scale_values(space, blocks, scale_factor(c));
   rope_backward(space, blocks, c.nope, blocks, c.nope, ctx.rope_table(space, p));
+  const auto& w = ctx.weights();
+  const bool lora = c.q_lora();
   const auto x2 = as_matrix(p.x, rows, D);
-  for (std::int64_t r = 0; r < parts; ++r) {
-    const typename Context::matrix_rows block(dq_blocks.data() + r * rows * width, static_cast<std::size_t>(rows),
+  // What the blocks multiply: x and w_q (dense), or cq and w_qb (q-LoRA), whose gradient d(cq) the blocks sum into.
+  const auto in2 = lora ? as_matrix(p.w.cq, rows, Rq) : x2;
+  const auto& weight = lora ? w.w_qb : w.w_q;
+  const auto& weight_grad = lora ? g.w_qb : g.w_q;
+  const bool weight_flag = lora ? r.w_qb : r.w_q;
+  const bool lora_input = lora && (r.x || r.w_qa || r.g_q);
+  const auto d_cq = lora_input ? as_matrix(ensure(scratch.d_cq, "mlacp::d cq", B, s, Rq), rows, Rq)
+                               : decltype(as_matrix(scratch.d_cq, rows, Rq))();
+  for (std::int64_t part = 0; part < parts; ++part) {
+    const typename Context::matrix_rows block(dq_blocks.data() + part * rows * width, static_cast<std::size_t>(rows),
                                               static_cast<std::size_t>(width));
-    const auto heads = std::make_pair(static_cast<std::size_t>(r * width), static_cast<std::size_t>((r + 1) * width));
-    if (p.flags.w_q) linear_wgrad(space, block, x2, Kokkos::subview(g.w_q, heads, Kokkos::ALL()));
-    if (p.flags.b_q && c.bias) bias_grad(space, block, Kokkos::subview(g.b_q, heads));
-    if (p.flags.x)
-      linear_dgrad(space, block, Kokkos::subview(ctx.weights().w_q, heads, Kokkos::ALL()), T(1),
-                   as_matrix(g.dx, rows, D));
+    const auto heads =
+        std::make_pair(static_cast<std::size_t>(part * width), static_cast<std::size_t>((part + 1) * width));
+    if (weight_flag) linear_wgrad(space, block, in2, Kokkos::subview(weight_grad, heads, Kokkos::ALL()));
+    if (r.b_q && c.bias) bias_grad(space, block, Kokkos::subview(g.b_q, heads));
+    if (lora_input)
+      linear_dgrad(space, block, Kokkos::subview(weight, heads, Kokkos::ALL()), T(part == 0 ? 0 : 1), d_cq);
+    else if (!lora && r.x)
+      linear_dgrad(space, block, Kokkos::subview(weight, heads, Kokkos::ALL()), T(1), as_matrix(g.dx, rows, D));
   }
+  if (!lora_input) return;
+  const bool d_qa_needed = r.x || r.w_qa;
+  const typename Context::tensor3 d_qa =
+      d_qa_needed ? ensure(scratch.d_qa, "mlacp::d q_a", B, s, Rq) : typename Context::tensor3();
+  rms_norm_backward(space, p.w.q_a, w.g_q, p.w.rstd_q, ensure(scratch.d_cq, "mlacp::d cq", B, s, Rq), d_qa,
+                    r.g_q ? g.g_q : decltype(g.g_q)());
+  if (!d_qa_needed) return;
+  const auto d_qa2 = as_matrix(d_qa, rows, Rq);
+  if (r.w_qa) linear_wgrad(space, d_qa2, x2, g.w_qa);
+  if (r.x) linear_dgrad(space, d_qa2, w.w_qa, T(1), as_matrix(g.dx, rows, D));
 }
 
 /// The kv_a projection's gradient buffer d(kv_a) [B, s, R+dr] in the scratch: the schedule writes the shared key's
