@@ -104,7 +104,8 @@ void expect_matches_single_rank_full_sequence(const MlaConfig& config, const Mla
   // noise in both runs, whose agreement depends on the kernels' summation order: its error is measured against 1% of
   // the largest reference gradient rather than against its own (noise) size.
   double error_floor = 0;
-  for (const auto* v : {&ref_grads.w_q, &ref_grads.w_kva, &ref_grads.w_kvb, &ref_grads.w_o})
+  for (const auto* v :
+       {&ref_grads.w_q, &ref_grads.w_qa, &ref_grads.w_qb, &ref_grads.w_kva, &ref_grads.w_kvb, &ref_grads.w_o})
     if (v->data() != nullptr) error_floor = std::max(error_floor, 1e-2 * frobenius_norm(host_values(*v)));
 
   MlaAttention<T> layer(config, weights, mesh);
@@ -134,7 +135,11 @@ void expect_matches_single_rank_full_sequence(const MlaConfig& config, const Mla
       expect_gradient("dx", grads.dx, shard(ref_grads.dx, seq, rank), true, false);
     else
       expect_gradient("dx", grads.dx, ref_grads.dx, false, false);
-    expect_gradient("dw_q", grads.w_q, ref_grads.w_q, flags.w_q, true);
+    const bool lora = config.q_lora();
+    expect_gradient("dw_q", grads.w_q, ref_grads.w_q, flags.w_q && !lora, true);
+    expect_gradient("dw_qa", grads.w_qa, ref_grads.w_qa, flags.w_qa && lora, true);
+    expect_gradient("dg_q", grads.g_q, ref_grads.g_q, flags.g_q && lora, true);
+    expect_gradient("dw_qb", grads.w_qb, ref_grads.w_qb, flags.w_qb && lora, true);
     expect_gradient("dw_kva", grads.w_kva, ref_grads.w_kva, flags.w_kva, true);
     expect_gradient("dg_kv", grads.g_kv, ref_grads.g_kv, flags.g_kv, true);
     expect_gradient("dw_kvb", grads.w_kvb, ref_grads.w_kvb, flags.w_kvb, true);
@@ -159,7 +164,13 @@ inline void expect_single_rank_forward_matches_plain_loop(const MlaConfig& confi
   namespace reference = mlacp::testing::reference;
   reference::ReferenceWeights<double> hw;
   auto host = [](const auto& v) { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v); };
-  hw.w_q = host(w.w_q);
+  if (config.q_lora()) {
+    hw.w_qa = host(w.w_qa);
+    hw.g_q = host(w.g_q);
+    hw.w_qb = host(w.w_qb);
+  } else {
+    hw.w_q = host(w.w_q);
+  }
   hw.w_kva = host(w.w_kva);
   hw.g_kv = host(w.g_kv);
   hw.w_kvb = host(w.w_kvb);
@@ -169,14 +180,15 @@ inline void expect_single_rank_forward_matches_plain_loop(const MlaConfig& confi
     hw.b_kvb = host(w.b_kvb);
     hw.b_o = host(w.b_o);
   }
-  const reference::ReferenceDims dims{config.batch, config.seq,  config.hidden, config.heads,
-                                      config.nope,  config.rope, config.vdim,   config.latent};
+  const reference::ReferenceDims dims{config.batch,       config.seq,          config.hidden, config.heads,
+                                      config.nope,        config.rope,         config.vdim,   config.latent,
+                                      config.q_lora_rank, config.softmax_scale};
   reference::ReferenceWeights<double>::tensor3_type y_ref("y_ref", config.batch, config.seq, config.hidden);
   reference::mla_forward(dims, hw, host(x), y_ref, config.cu_seqlens);
   const std::vector<double> want(y_ref.data(), y_ref.data() + y_ref.size());
   EXPECT_LE(relative_error(host_values(y), want), 1e-12)
       << mlacp::to_string(config.strategy) << (config.bias ? " with" : " without") << " bias"
-      << (what.empty() ? "" : ", " + what);
+      << (config.q_lora() ? ", q-LoRA" : "") << (what.empty() ? "" : ", " + what);
 }
 
 /// Every gradient of the one-rank layer (x and all weights, biases included: config.bias must be set) equals central
@@ -223,7 +235,13 @@ inline void expect_single_rank_gradients_match_finite_differences(const MlaConfi
         << mlacp::to_string(config.strategy) << " " << name;
   };
   check("x", x, grads.dx);
-  check("w_q", w.w_q, grads.w_q);
+  if (config.q_lora()) {
+    check("w_qa", w.w_qa, grads.w_qa);
+    check("g_q", w.g_q, grads.g_q);
+    check("w_qb", w.w_qb, grads.w_qb);
+  } else {
+    check("w_q", w.w_q, grads.w_q);
+  }
   check("b_q", w.b_q, grads.b_q);
   check("w_kva", w.w_kva, grads.w_kva);
   check("g_kv", w.g_kv, grads.g_kv);

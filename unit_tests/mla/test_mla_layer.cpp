@@ -9,6 +9,7 @@
 #include <mpi.h>
 #include <mlacp/mla/mla_attention.hpp>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -33,11 +34,15 @@ struct Case {
   // Batch 1 takes the collectives' copy-free paths (token blocks sent as they are, received blocks in place); batch 2
   // packs and unpacks.
   int batch = 2;
+  // q-LoRA (MlaConfig::q_lora_rank) and a configured softmax scale (0: 1/sqrt(dqk)).
+  int q_lora = 0;
+  double softmax_scale = 0;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias_" : "_nobias_") +
-         info.param.flags_name + (info.param.overlap ? "" : "_blocking") + (info.param.batch == 1 ? "_batch1" : "");
+         info.param.flags_name + (info.param.overlap ? "" : "_blocking") + (info.param.batch == 1 ? "_batch1" : "") +
+         (info.param.q_lora > 0 ? "_qlora" : "") + (info.param.softmax_scale > 0 ? "_scaled" : "");
 }
 
 template <class T>
@@ -49,6 +54,8 @@ template <class T>
 void check_against_single_rank(const Case& c) {
   auto config = small_config(c.strategy, c.bias, c.batch);
   config.overlap = c.overlap;
+  config.q_lora_rank = c.q_lora;
+  config.softmax_scale = c.softmax_scale;
   mlacp::test::expect_matches_single_rank_full_sequence<T>(config, c.flags);
 }
 
@@ -77,7 +84,24 @@ mlacp::MlaRequiresGrad only_kv() {
 }
 mlacp::MlaRequiresGrad only_q() {
   auto r = mlacp::MlaRequiresGrad::none();
-  r.w_q = r.b_q = true;
+  r.w_q = r.b_q = r.w_qa = r.g_q = r.w_qb = true;
+  return r;
+}
+// q-LoRA: only the query's up-projection and its bias learn (no d(cq), no query RMSNorm backward).
+mlacp::MlaRequiresGrad only_q_up() {
+  auto r = mlacp::MlaRequiresGrad::none();
+  r.w_qb = r.b_q = true;
+  return r;
+}
+// q-LoRA: only the query RMSNorm's gain learns (d(cq) and the norm's backward, no w_qa GEMMs).
+mlacp::MlaRequiresGrad only_q_norm() {
+  auto r = mlacp::MlaRequiresGrad::none();
+  r.g_q = true;
+  return r;
+}
+mlacp::MlaRequiresGrad frozen_q_lora() {
+  mlacp::MlaRequiresGrad r;
+  r.w_qa = r.g_q = r.w_qb = r.w_kva = r.w_kvb = r.g_kv = false;
   return r;
 }
 
@@ -95,6 +119,18 @@ std::vector<Case> all_cases() {
     cases.push_back({strategy, true, "all", {}, false});  // the blocking baseline computes the same numbers
     cases.push_back({strategy, true, "all", {}, true, 1});
     cases.push_back({strategy, false, "only_q", only_q(), false, 1});
+    // q-LoRA (Rq = 20), with DeepSeek-V3's kind of softmax scale (not 1/sqrt(dqk)) on most cases.
+    cases.push_back({strategy, true, "all", {}, true, 2, 20, 0.3});
+    cases.push_back({strategy, false, "all", {}, true, 2, 20});
+    cases.push_back({strategy, false, "frozen_weights", frozen_q_lora(), true, 2, 20, 0.3});
+    cases.push_back({strategy, true, "no_input_grad", no_input_grad(), true, 2, 20, 0.3});
+    cases.push_back({strategy, true, "only_q", only_q(), true, 2, 20, 0.3});
+    cases.push_back({strategy, true, "only_q_up", only_q_up(), true, 2, 20});
+    cases.push_back({strategy, false, "only_q_norm", only_q_norm(), true, 2, 20, 0.3});
+    cases.push_back({strategy, true, "all", {}, false, 2, 20, 0.3});
+    cases.push_back({strategy, false, "all", {}, true, 1, 20, 0.3});
+    // A scale without q-LoRA.
+    cases.push_back({strategy, true, "all", {}, true, 2, 0, 0.3});
   }
   return cases;
 }
@@ -284,7 +320,8 @@ TEST(MlaLayerErrors, SettingsThatDifferAcrossRanksRaiseOnEveryRank) {
   const std::vector<std::pair<std::function<void(mlacp::MlaConfig&)>, std::string>> cases = {
       {[](mlacp::MlaConfig& c) { c.rope_base = 500000.0; }, "disagree on rope_base"},
       {[](mlacp::MlaConfig& c) { c.rms_eps = 1e-5; }, "disagree on rms_eps"},
-      {[](mlacp::MlaConfig& c) { c.overlap = false; }, "disagree on overlap"}};
+      {[](mlacp::MlaConfig& c) { c.overlap = false; }, "disagree on overlap"},
+      {[](mlacp::MlaConfig& c) { c.softmax_scale = 0.125; }, "disagree on softmax_scale"}};
   for (const auto& [change, message] : cases) {
     auto config = base;
     if (odd_one) change(config);
@@ -299,8 +336,58 @@ TEST(MlaLayerErrors, SettingsThatDifferAcrossRanksRaiseOnEveryRank) {
 
 TEST(MlaLayerMath, SingleRankForwardMatchesPlainLoopReference) {
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded})
-    for (bool bias : {false, true})
+    for (bool bias : {false, true}) {
       mlacp::test::expect_single_rank_forward_matches_plain_loop(small_config(strategy, bias));
+      auto config = small_config(strategy, bias);
+      config.q_lora_rank = 20;
+      mlacp::test::expect_single_rank_forward_matches_plain_loop(config, "Rq = 20");
+      config.softmax_scale = 0.3;
+      mlacp::test::expect_single_rank_forward_matches_plain_loop(config, "Rq = 20, softmax_scale = 0.3");
+      config.q_lora_rank = 0;
+      mlacp::test::expect_single_rank_forward_matches_plain_loop(config, "softmax_scale = 0.3");
+    }
+}
+
+// The configured softmax scale is what it says: a layer with scale a/sqrt(dqk) computes what the default layer
+// computes with w_q and b_q multiplied by a (q k^T * a/sqrt(dqk) = (a q) k^T / sqrt(dqk)), forward and dx; and a scale
+// of exactly 1/sqrt(dqk) is the default's, bit for bit.
+TEST(MlaLayerMath, SoftmaxScaleEqualsScaledQueryWeights) {
+  mlacp::Mesh self(MPI_COMM_SELF);
+  for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+    auto config = small_config(strategy, true);
+    const double a = 1.7;
+    const auto w = mlacp::test::make_weights<double, Mem>(config, 3);
+    auto scaled = mlacp::MlaWeights<double, Mem>::allocate(config);
+    for_each_parameter(
+        [&](const mlacp::ParameterInfo& info, const auto& from, const auto& to) {
+          if (!info.present(config)) return;
+          Kokkos::deep_copy(to, from);
+          if (std::string(info.name) == "w_q" || std::string(info.name) == "b_q") {
+            auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), to);
+            for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] *= a;
+            Kokkos::deep_copy(to, h);
+          }
+        },
+        w, scaled);
+    Tensor3<double> x("x", config.batch, config.seq, config.hidden), dy("dy", config.batch, config.seq, config.hidden);
+    mlacp::test::fill(x, 21, 1.0);
+    mlacp::test::fill(dy, 22, 1.0);
+    auto run = [&](const mlacp::MlaConfig& c, const mlacp::MlaWeights<double, Mem>& weights) {
+      mlacp::MlaAttention<double> layer(c, weights, self);
+      auto f = layer.forward(Space(), x);
+      auto y = mlacp::test::host_values(f.output());
+      const auto g = layer.backward(Space(), f, dy);
+      return std::make_pair(y, mlacp::test::host_values(g.dx));
+    };
+    auto with_scale = config;
+    with_scale.softmax_scale = a / std::sqrt(static_cast<double>(config.qk_dim()));
+    const auto want = run(config, scaled), got = run(with_scale, w);
+    EXPECT_LE(mlacp::test::relative_error(got.first, want.first), 1e-12) << mlacp::to_string(strategy) << " y";
+    EXPECT_LE(mlacp::test::relative_error(got.second, want.second), 1e-12) << mlacp::to_string(strategy) << " dx";
+    auto exact = config;
+    exact.softmax_scale = 1.0 / std::sqrt(static_cast<double>(config.qk_dim()));
+    EXPECT_EQ(run(exact, w).first, run(config, w).first) << mlacp::to_string(strategy);
+  }
 }
 
 // Every gradient of the P = 1 layer equals central finite differences of L = sum(y * dy) along a random direction.
@@ -309,6 +396,9 @@ TEST(MlaLayerMath, SingleRankGradientsMatchFiniteDifferences) {
     auto config = small_config(strategy, true);
     config.seq = 8;
     mlacp::test::expect_single_rank_gradients_match_finite_differences(config, 1000);
+    config.q_lora_rank = 20;
+    config.softmax_scale = 0.3;
+    mlacp::test::expect_single_rank_gradients_match_finite_differences(config, 2000);
   }
 }
 

@@ -22,14 +22,16 @@ namespace mlacp::testing::reference {
 
 /// The dimensions of MLA_SPEC (see its table of names); P = 1, so S is the whole sequence.
 struct ReferenceDims {
-  int B = 0;   ///< batch
-  int S = 0;   ///< sequence length
-  int D = 0;   ///< hidden size
-  int H = 0;   ///< query heads
-  int dn = 0;  ///< qk_nope_head_dim
-  int dr = 0;  ///< qk_rope_head_dim (even)
-  int dv = 0;  ///< v_head_dim
-  int R = 0;   ///< kv_lora_rank
+  int B = 0;                 ///< batch
+  int S = 0;                 ///< sequence length
+  int D = 0;                 ///< hidden size
+  int H = 0;                 ///< query heads
+  int dn = 0;                ///< qk_nope_head_dim
+  int dr = 0;                ///< qk_rope_head_dim (even)
+  int dv = 0;                ///< v_head_dim
+  int R = 0;                 ///< kv_lora_rank
+  int Rq = 0;                ///< q_lora_rank (0: dense w_q)
+  double softmax_scale = 0;  ///< 0: 1/sqrt(dqk)
 };
 
 /// The MLA weights in MLA_SPEC's shapes, as host Views (nn.Linear form, W is [out, in]). The biases b_q, b_kvb and
@@ -40,7 +42,10 @@ struct ReferenceWeights {
   using matrix_type = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
   using tensor3_type = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace>;
 
-  matrix_type w_q;    ///< [H*dqk, D]
+  matrix_type w_q;    ///< [H*dqk, D] (Rq == 0)
+  matrix_type w_qa;   ///< [Rq, D] (Rq > 0)
+  vector_type g_q;    ///< [Rq] (Rq > 0)
+  matrix_type w_qb;   ///< [H*dqk, Rq] (Rq > 0)
   vector_type b_q;    ///< [H*dqk] or empty
   matrix_type w_kva;  ///< [R + dr, D]
   vector_type g_kv;   ///< [R]
@@ -132,7 +137,15 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
   require(B >= 0 && S >= 0 && D > 0 && H > 0 && dn >= 0 && dv > 0 && R > 0, "a dimension is not positive");
   require(dr > 0 && dr % 2 == 0, "dr = " + std::to_string(dr) + ", expected an even number > 0");
   const int dqk = dn + dr;
-  require_extents("w_q", w.w_q, H * dqk, D);
+  const int Rq = dims.Rq;
+  require(Rq >= 0 && dims.softmax_scale >= 0, "Rq and softmax_scale must not be negative");
+  if (Rq == 0) {
+    require_extents("w_q", w.w_q, H * dqk, D);
+  } else {
+    require_extents("w_qa", w.w_qa, Rq, D);
+    require_extents("g_q", w.g_q, Rq);
+    require_extents("w_qb", w.w_qb, H * dqk, Rq);
+  }
   detail::require_optional("b_q", w.b_q, H * dqk);
   require_extents("w_kva", w.w_kva, R + dr, D);
   require_extents("g_kv", w.g_kv, R);
@@ -152,7 +165,20 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
       for (int i = 0; i < D; ++i) xb[t * D + i] = static_cast<double>(x(b, t, i));
     }
     // 1-2. projections
-    std::vector<double> q = detail::linear(xb, n_tok, D, w.w_q, w.b_q);      // [S, H*dqk]
+    std::vector<double> q;  // [S, H*dqk]
+    if (Rq == 0) {
+      q = detail::linear(xb, n_tok, D, w.w_q, w.b_q);
+    } else {
+      // q-LoRA: cq = RMSNorm(x w_qa^T) * g_q, q = cq w_qb^T + b_q
+      std::vector<double> cq = detail::linear(xb, n_tok, D, w.w_qa, no_bias);  // [S, Rq]
+      for (int t = 0; t < S; ++t) {
+        double ss = 0.0;
+        for (int j = 0; j < Rq; ++j) ss += cq[t * Rq + j] * cq[t * Rq + j];
+        const double rstd = 1.0 / std::sqrt(ss / Rq + 1e-6);
+        for (int j = 0; j < Rq; ++j) cq[t * Rq + j] *= rstd * static_cast<double>(w.g_q(j));
+      }
+      q = detail::linear(cq, n_tok, Rq, w.w_qb, w.b_q);
+    }
     std::vector<double> a = detail::linear(xb, n_tok, D, w.w_kva, no_bias);  // [S, R+dr]
     // 3. RMSNorm of the latent c = a[:, :R]
     std::vector<double> c(n_tok * R);
@@ -172,7 +198,7 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
     std::vector<double> kv = detail::linear(c, n_tok, R, w.w_kvb, w.b_kvb);  // [S, H*(dn+dv)]
     // 6. causal attention per head (within each document), naive softmax
     std::vector<double> o(n_tok * H * dv, 0.0);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(dqk));
+    const double scale = dims.softmax_scale > 0 ? dims.softmax_scale : 1.0 / std::sqrt(static_cast<double>(dqk));
     std::vector<double> scores(n_tok);
     for (int hd = 0; hd < H; ++hd) {
       for (int i = 0; i < S; ++i) {
