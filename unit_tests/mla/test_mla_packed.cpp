@@ -67,11 +67,12 @@ struct Case {
   mlacp::MlaStrategy strategy;
   bool bias;
   int batch;
+  int q_lora = 0;  // MlaConfig::q_lora_rank (with a softmax scale of 0.3 when set)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias" : "_nobias") + "_batch" +
-         std::to_string(info.param.batch);
+         std::to_string(info.param.batch) + (info.param.q_lora > 0 ? "_qlora" : "");
 }
 
 class MlaPacked : public ::testing::TestWithParam<Case> {};
@@ -81,9 +82,12 @@ class MlaPacked : public ::testing::TestWithParam<Case> {};
 // second reuses the layer's RoPE positions and workspaces built by the first).
 template <class T>
 void check_against_single_rank(const Case& c) {
-  for (const auto& cu : packings())
-    mlacp::test::expect_matches_single_rank_full_sequence<T>(packed_config(c.strategy, c.bias, cu, c.batch), {}, 2,
-                                                             describe(cu));
+  for (const auto& cu : packings()) {
+    auto config = packed_config(c.strategy, c.bias, cu, c.batch);
+    config.q_lora_rank = c.q_lora;
+    if (c.q_lora > 0) config.softmax_scale = 0.3;
+    mlacp::test::expect_matches_single_rank_full_sequence<T>(config, {}, 2, describe(cu));
+  }
 }
 
 TEST_P(MlaPacked, DoubleMatchesSingleRankFullSequence) { check_against_single_rank<double>(GetParam()); }
@@ -95,6 +99,8 @@ std::vector<Case> all_cases() {
     for (bool bias : {false, true}) cases.push_back({strategy, bias, 2});
   cases.push_back({mlacp::MlaStrategy::latent, true, 1});
   cases.push_back({mlacp::MlaStrategy::expanded, false, 1});
+  cases.push_back({mlacp::MlaStrategy::latent, true, 2, 20});
+  cases.push_back({mlacp::MlaStrategy::expanded, false, 2, 20});
   return cases;
 }
 

@@ -94,7 +94,8 @@ void expect_ring_matches(mlacp::MlaConfig config, int ring, mlacp::RingLayout la
   auto ref_forward = reference.forward(space, ref_x);
   const auto ref_grads = reference.backward(space, ref_forward, ref_dy);
   double error_floor = 0;
-  for (const auto* v : {&ref_grads.w_q, &ref_grads.w_kva, &ref_grads.w_kvb, &ref_grads.w_o})
+  for (const auto* v :
+       {&ref_grads.w_q, &ref_grads.w_qa, &ref_grads.w_qb, &ref_grads.w_kva, &ref_grads.w_kvb, &ref_grads.w_o})
     if (v->data() != nullptr) error_floor = std::max(error_floor, 1e-2 * mlacp::test::frobenius_norm(host_values(*v)));
 
   mlacp::MlaAttention<T> layer(config, weights, mesh);
@@ -113,36 +114,36 @@ void expect_ring_matches(mlacp::MlaConfig config, int ring, mlacp::RingLayout la
         << "y" << suffix;
     EXPECT_LE(relative_error(host_values(grads.dx), host_values(rows_of(ref_grads.dx, ranges))), tolerance)
         << "dx" << suffix;
-    auto expect_sum = [&](const char* name, const auto& got, const auto& want) {
-      if (want.data() == nullptr) return;
-      ASSERT_NE(got.data(), nullptr) << name << suffix;
-      EXPECT_LE(relative_error(sum_over_ranks(host_values(got)), host_values(want), error_floor), tolerance)
-          << name << suffix;
-    };
-    expect_sum("dw_q", grads.w_q, ref_grads.w_q);
-    expect_sum("dw_kva", grads.w_kva, ref_grads.w_kva);
-    expect_sum("dg_kv", grads.g_kv, ref_grads.g_kv);
-    expect_sum("dw_kvb", grads.w_kvb, ref_grads.w_kvb);
-    expect_sum("dw_o", grads.w_o, ref_grads.w_o);
-    expect_sum("db_q", grads.b_q, ref_grads.b_q);
-    expect_sum("db_kvb", grads.b_kvb, ref_grads.b_kvb);
-    expect_sum("db_o", grads.b_o, ref_grads.b_o);
+    // Every weight gradient of the table (q-LoRA's included), summed over the ranks.
+    mlacp::for_each_parameter(
+        [&](const mlacp::ParameterInfo& info, const auto& got, const auto& want) {
+          if (want.data() == nullptr) return;
+          ASSERT_NE(got.data(), nullptr) << "d" << info.name << suffix;
+          EXPECT_LE(relative_error(sum_over_ranks(host_values(got)), host_values(want), error_floor), tolerance)
+              << "d" << info.name << suffix;
+        },
+        grads, ref_grads);
   }
 }
 
 struct Case {
   mlacp::MlaStrategy strategy;
   bool bias;
+  int q_lora = 0;  // MlaConfig::q_lora_rank (with a softmax scale of 0.3 when set)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias" : "_nobias");
+  return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias" : "_nobias") +
+         (info.param.q_lora > 0 ? "_qlora" : "");
 }
 
 class MlaRing : public ::testing::TestWithParam<Case> {};
 
 mlacp::MlaConfig ring_config(const Case& c, int seq, int heads) {
-  return mlacp::test::make_config(2, seq, 24, heads, 4, 4, 6, 8, c.bias, c.strategy);
+  auto config = mlacp::test::make_config(2, seq, 24, heads, 4, 4, 6, 8, c.bias, c.strategy);
+  config.q_lora_rank = c.q_lora;
+  if (c.q_lora > 0) config.softmax_scale = 0.3;
+  return config;
 }
 
 constexpr mlacp::RingLayout kLayouts[] = {mlacp::RingLayout::contiguous, mlacp::RingLayout::zigzag};
@@ -199,12 +200,12 @@ TEST_P(MlaRing, Bf16WithinItsTolerance) {
       expect_ring_matches<mlacp::bf16, double>(ring_config(GetParam(), 4 * P + 1, 4), ring, layout, "bf16", 2e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, MlaRing,
-                         ::testing::Values(Case{mlacp::MlaStrategy::latent, false},
-                                           Case{mlacp::MlaStrategy::latent, true},
-                                           Case{mlacp::MlaStrategy::expanded, false},
-                                           Case{mlacp::MlaStrategy::expanded, true}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, MlaRing,
+    ::testing::Values(Case{mlacp::MlaStrategy::latent, false}, Case{mlacp::MlaStrategy::latent, true},
+                      Case{mlacp::MlaStrategy::expanded, false}, Case{mlacp::MlaStrategy::expanded, true},
+                      Case{mlacp::MlaStrategy::latent, true, 10}, Case{mlacp::MlaStrategy::expanded, false, 10}),
+    case_name);
 
 // Each ring step's exchange is launched before the step's attention and waited after it, forward and backward; the
 // gradient accumulators travel one step behind; the last one is waited after dQ's inverse all-to-all is launched.

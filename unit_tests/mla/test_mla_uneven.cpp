@@ -50,10 +50,19 @@ std::vector<int> distinct(std::vector<int> v) {
 struct Case {
   mlacp::MlaStrategy strategy;
   bool bias;
+  int q_lora = 0;  // MlaConfig::q_lora_rank (with a softmax scale of 0.3 when set)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias" : "_nobias");
+  return std::string(mlacp::to_string(info.param.strategy)) + (info.param.bias ? "_bias" : "_nobias") +
+         (info.param.q_lora > 0 ? "_qlora" : "");
+}
+
+mlacp::MlaConfig case_config(const Case& c, int seq, int heads) {
+  auto config = uneven_config(c.strategy, c.bias, seq, heads);
+  config.q_lora_rank = c.q_lora;
+  if (c.q_lora > 0) config.softmax_scale = 0.3;
+  return config;
 }
 
 class MlaUneven : public ::testing::TestWithParam<Case> {};
@@ -70,7 +79,7 @@ void check_splits(const Case& c) {
   const int P = mlacp::test::world_size();
   for (int S : distinct({P * kBlocks, P * kBlocks + 1, P * kBlocks + P - 1}))
     for (int H : distinct({P, P + 1, 2 * P - 1}))
-      check_configuration<T>(uneven_config(c.strategy, c.bias, S, H),
+      check_configuration<T>(case_config(c, S, H),
                              "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", P = " + std::to_string(P));
 }
 
@@ -82,7 +91,7 @@ TEST_P(MlaUneven, FloatMatchesSingleRankFullSequence) { check_splits<float>(GetP
 TEST_P(MlaUneven, PackedDocumentsOnAnUnevenSplit) {
   const int P = mlacp::test::world_size();
   const int S = std::max(4 * P + 1, 7), H = P + 1;
-  auto config = uneven_config(GetParam().strategy, GetParam().bias, S, H);
+  auto config = case_config(GetParam(), S, H);
   config.cu_seqlens = {0, 1, 3, S - 2, S};
   const std::string what = "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", cu_seqlens {0,1,3," +
                            std::to_string(S - 2) + "," + std::to_string(S) + "}";
@@ -94,6 +103,8 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded})
     for (bool bias : {false, true}) cases.push_back({strategy, bias});
+  cases.push_back({mlacp::MlaStrategy::latent, true, 10});
+  cases.push_back({mlacp::MlaStrategy::expanded, false, 10});
   return cases;
 }
 
@@ -163,7 +174,7 @@ void check_empty_shards(const Case& c) {
   for (int S : few)
     for (int H : few) splits.emplace_back(S, H);
   for (const auto& [S, H] : splits)
-    check_configuration<T>(uneven_config(c.strategy, c.bias, S, H),
+    check_configuration<T>(case_config(c, S, H),
                            "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", P = " + std::to_string(P));
 }
 
@@ -177,7 +188,7 @@ TEST_P(MlaEmptyShards, FloatMatchesSingleRankFullSequence) { check_empty_shards<
 TEST_P(MlaEmptyShards, PackedDocumentsOverFewerTokensThanRanks) {
   const int P = mlacp::test::world_size();
   const int S = std::max(P - 1, 3), H = std::max(P - 1, 1);
-  auto config = uneven_config(GetParam().strategy, GetParam().bias, S, H);
+  auto config = case_config(GetParam(), S, H);
   config.cu_seqlens = {0, 1, S};
   const std::string what = "S = " + std::to_string(S) + ", H = " + std::to_string(H) + ", P = " + std::to_string(P) +
                            ", cu_seqlens {0,1," + std::to_string(S) + "}";
