@@ -69,7 +69,7 @@ void bind_plan(py::module_& m) {
         for (const std::string& error : {non_negative("q_lora", q_lora, "Rq >= 1, or 0 for a full-rank w_q"),
                                          non_negative("ring", ring, "C >= 1, or 0 for any")})
           if (!error.empty()) throw InvalidArgument(error);
-        request.q_lora = q_lora;
+        if (q_lora > 0) request.config.q_lora_rank = q_lora;  // else the configuration's own
         request.ring = ring;
         if (!strategy.is_none())
           request.strategy = py::isinstance<py::str>(strategy) ? parse_strategy(strategy.cast<std::string>())

@@ -289,12 +289,14 @@ std::vector<double> ring_step_pairs(const MlaConfig& config, const Choice& choic
 }
 
 Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster,
-                   const MachineParams& machine, int q_lora) {
+                   const MachineParams& machine) {
   const std::string why = choice_error(config, choice, cluster);
   if (!why.empty()) throw InvalidArgument("mlacp::model::predict: " + why);
   const std::string bad = machine.error();
   if (!bad.empty()) throw InvalidArgument("mlacp::model::predict: machine \"" + machine.name + "\": " + bad);
-  if (q_lora < 0) throw InvalidArgument("mlacp::model::predict: q_lora " + std::to_string(q_lora) + ": expected >= 0");
+  const int q_lora = config.q_lora_rank;
+  if (q_lora < 0)
+    throw InvalidArgument("mlacp::model::predict: q_lora_rank " + std::to_string(q_lora) + ": expected >= 0");
   if (cluster.nodes > 1 && (machine.inter.alpha_s <= 0 && machine.inter.beta_s_per_byte <= 0))
     throw InvalidArgument("mlacp::model::predict: machine \"" + machine.name + "\" has no inter-node level (" +
                           machine.source + ") and the cluster has " + std::to_string(cluster.nodes) +
@@ -310,7 +312,7 @@ Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, c
 
   Prediction out;
   out.choice = choice;
-  out.memory = predict_memory(config, dtype, choice, cluster, q_lora);
+  out.memory = predict_memory(config, dtype, choice, cluster);
   Simulation sim(machine, dtype, out);
   auto a2a = [&](double bytes) { return grouped ? all_to_all(machine, group, bytes) : CollectiveCost{}; };
 
@@ -466,8 +468,8 @@ Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, c
   return out;
 }
 
-MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster,
-                              int q_lora) {
+MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster) {
+  const int q_lora = c.q_lora_rank;
   const std::string why = choice_error(c, choice, cluster);
   if (!why.empty()) throw InvalidArgument("mlacp::model::predict_memory: " + why);
   const TokenMap map(c.seq, choice.ulysses, choice.ring, choice.layout);

@@ -84,7 +84,7 @@ Plan plan(const PlanRequest& request, const MachineParams& machine) {
         config.ring_layout = layout;
         if (!choice_error(config, choice, cluster).empty()) continue;
         PlanRow row;
-        row.prediction = predict(config, request.dtype, choice, cluster, machine, request.q_lora);
+        row.prediction = predict(config, request.dtype, choice, cluster, machine);
         const double need = row.prediction.memory.total();
         if (out.budget > 0 && need > out.budget) {
           row.fits = false;
@@ -104,9 +104,8 @@ Plan plan(const PlanRequest& request, const MachineParams& machine) {
 std::string format_plan(const Plan& plan) {
   const PlanRequest& r = plan.request;
   std::ostringstream s;
-  s << "mlacp-plan: " << r.config.describe() << (r.q_lora > 0 ? " q_lora=" + std::to_string(r.q_lora) : "")
-    << " dtype=" << to_string(r.dtype) << " on " << r.cluster.nodes << " node(s) x " << r.cluster.ranks_per_node
-    << " rank(s) = " << r.cluster.ranks() << " ranks\n";
+  s << "mlacp-plan: " << r.config.describe() << " dtype=" << to_string(r.dtype) << " on " << r.cluster.nodes
+    << " node(s) x " << r.cluster.ranks_per_node << " rank(s) = " << r.cluster.ranks() << " ranks\n";
   s << "machine: " << plan.machine << "\n";
   s << "memory budget per rank: " << (plan.budget > 0 ? size_text(plan.budget) : std::string("none")) << "\n";
   s << "predictions of the performance model (mlacp/model/layer_model.hpp), ranked:\n";
@@ -149,7 +148,7 @@ std::string plan_to_json(const Plan& plan) {
     << ", \"budget_bytes\": " << json_number(plan.budget) << ", \"request\": {\"batch\": " << c.batch
     << ", \"seq\": " << c.seq << ", \"hidden\": " << c.hidden << ", \"heads\": " << c.heads << ", \"nope\": " << c.nope
     << ", \"rope\": " << c.rope << ", \"vdim\": " << c.vdim << ", \"latent\": " << c.latent
-    << ", \"q_lora\": " << r.q_lora << ", \"documents\": " << (c.cu_seqlens.empty() ? 1 : c.cu_seqlens.size() - 1)
+    << ", \"q_lora\": " << c.q_lora_rank << ", \"documents\": " << (c.cu_seqlens.empty() ? 1 : c.cu_seqlens.size() - 1)
     << ", \"dtype\": " << json_quoted(to_string(r.dtype)) << ", \"nodes\": " << r.cluster.nodes
     << ", \"ranks_per_node\": " << r.cluster.ranks_per_node << "}, \"rows\": [";
   for (std::size_t i = 0; i < plan.rows.size(); ++i) {

@@ -88,7 +88,7 @@ const char* usage =
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
     "                       [--no-reference] [--cu-seqlens 0,a,b,...,S] [--wire-dtype same|bf16|bf16_all]\n"
     "                       [--ring C|node|plan] [--ring-layout zigzag|contiguous] [--machine FILE]\n"
-    "                       [--memory-per-rank BYTES]\n"
+    "                       [--memory-per-rank BYTES] [--q-lora Rq] [--softmax-scale X]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
     "--no-reference skips the single-rank full-sequence reference (timing at large S): no PASS/FAIL, exit 0.\n"
     "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
@@ -100,7 +100,9 @@ const char* usage =
     "--machine FILE (the model's machine parameters, mlacp-plan --calibrate or by hand) prints the model's prediction\n"
     "for this run beside the measured time and memory (and \"predicted\" in --json); --ring plan (needs --machine)\n"
     "runs the planner's first choice of strategy, ring size and layout (overriding --strategy and --ring-layout)\n"
-    "within --memory-per-rank BYTES (default: the machine's memory per rank).\n";
+    "within --memory-per-rank BYTES (default: the machine's memory per rank).\n"
+    "--q-lora Rq factors the query as DeepSeek-V2/V3 do (w_qa [Rq, D], RMSNorm g_q, w_qb [H*dqk, Rq]; 0: dense w_q);\n"
+    "--softmax-scale X replaces the attention's 1/sqrt(dqk) (e.g. DeepSeek-V3's YaRN-adjusted scale).\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -114,10 +116,10 @@ Options parse(int argc, char** argv) {
   c.rope = 4;
   c.vdim = 6;
   c.latent = 12;
-  const std::map<std::string, int*> ints = {{"--batch", &c.batch},  {"--seq", &c.seq},       {"--hidden", &c.hidden},
-                                            {"--heads", &c.heads},  {"--nope", &c.nope},     {"--rope", &c.rope},
-                                            {"--vdim", &c.vdim},    {"--latent", &c.latent}, {"--iters", &o.iters},
-                                            {"--warmup", &o.warmup}};
+  const std::map<std::string, int*> ints = {
+      {"--batch", &c.batch}, {"--seq", &c.seq},       {"--hidden", &c.hidden},     {"--heads", &c.heads},
+      {"--nope", &c.nope},   {"--rope", &c.rope},     {"--vdim", &c.vdim},         {"--latent", &c.latent},
+      {"--iters", &o.iters}, {"--warmup", &o.warmup}, {"--q-lora", &c.q_lora_rank}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--bias") {
@@ -179,6 +181,10 @@ Options parse(int argc, char** argv) {
         }
       } else if (flag == "--json") {
         o.json = value;
+      } else if (flag == "--softmax-scale") {
+        std::size_t used = 0;
+        c.softmax_scale = std::stod(value, &used);
+        if (used != value.size()) throw std::invalid_argument("");
       } else if (flag == "--tolerance") {
         o.tolerance = std::stod(value);
       } else {
@@ -624,13 +630,14 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
       json << "{\n  \"batch\": " << c.batch << ",\n  \"seq\": " << c.seq << ",\n  \"hidden\": " << c.hidden
            << ",\n  \"heads\": " << c.heads << ",\n  \"qk_nope_head_dim\": " << c.nope
            << ",\n  \"qk_rope_head_dim\": " << c.rope << ",\n  \"v_head_dim\": " << c.vdim
-           << ",\n  \"kv_lora_rank\": " << c.latent << ",\n  \"bias\": " << (c.bias ? "true" : "false")
-           << ",\n  \"dtype\": \"" << o.dtype << "\",\n  \"strategy\": \"" << mlacp::to_string(c.strategy)
-           << "\",\n  \"wire_dtype\": \"" << mlacp::to_string(c.wire_dtype)
-           << "\",\n  \"ulysses_size\": " << mesh.ulysses_size() << ",\n  \"ring_size\": " << mesh.ring_size()
-           << ",\n  \"ring_layout\": \"" << mlacp::to_string(c.ring_layout) << "\",\n  \"seed\": " << o.seed
-           << ",\n  \"ranks\": " << P << ",\n  \"overlap\": " << (c.overlap ? "true" : "false")
-           << ",\n  \"cu_seqlens\": [";
+           << ",\n  \"kv_lora_rank\": " << c.latent << ",\n  \"q_lora_rank\": " << c.q_lora_rank
+           << ",\n  \"softmax_scale\": " << std::setprecision(17) << c.attention_scale() << std::setprecision(6)
+           << ",\n  \"bias\": " << (c.bias ? "true" : "false") << ",\n  \"dtype\": \"" << o.dtype
+           << "\",\n  \"strategy\": \"" << mlacp::to_string(c.strategy) << "\",\n  \"wire_dtype\": \""
+           << mlacp::to_string(c.wire_dtype) << "\",\n  \"ulysses_size\": " << mesh.ulysses_size()
+           << ",\n  \"ring_size\": " << mesh.ring_size() << ",\n  \"ring_layout\": \""
+           << mlacp::to_string(c.ring_layout) << "\",\n  \"seed\": " << o.seed << ",\n  \"ranks\": " << P
+           << ",\n  \"overlap\": " << (c.overlap ? "true" : "false") << ",\n  \"cu_seqlens\": [";
       for (std::size_t i = 0; i < c.cu_seqlens.size(); ++i) json << (i ? ", " : "") << c.cu_seqlens[i];
       json << "]\n}\n";
       std::cout << "  dumped " << got.size() + 2 + params.size() + (c.cu_seqlens.empty() ? 0 : 1)
@@ -645,6 +652,7 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
       json << "{\"tool\": \"mlacp-mla-block\", \"status\": \"ok\", \"config\": {\"B\": " << c.batch
            << ", \"S\": " << c.seq << ", \"D\": " << c.hidden << ", \"H\": " << c.heads << ", \"dn\": " << c.nope
            << ", \"dr\": " << c.rope << ", \"dv\": " << c.vdim << ", \"R\": " << c.latent
+           << ", \"Rq\": " << c.q_lora_rank << ", \"softmax_scale\": " << jnum(c.attention_scale())
            << ", \"bias\": " << (c.bias ? "true" : "false") << "}, \"P\": " << P << ", \"dtype\": \"" << o.dtype
            << "\", \"strategy\": \"" << mlacp::to_string(c.strategy) << "\", \"wire_dtype\": \""
            << mlacp::to_string(c.wire_dtype) << "\", \"overlap\": " << (c.overlap ? "true" : "false")

@@ -143,7 +143,7 @@ PlanOptions parse_plan(int argc, char** argv) {
       {"--nope", &c.nope},           {"--rope", &c.rope},
       {"--vdim", &c.vdim},           {"--latent", &c.latent},
       {"--hidden", &c.hidden},       {"--seq", &c.seq},
-      {"--q-lora", &r.q_lora},       {"--ring", &r.ring},
+      {"--q-lora", &c.q_lora_rank},  {"--ring", &r.ring},
       {"--nodes", &r.cluster.nodes}, {"--ranks-per-node", &r.cluster.ranks_per_node}};
   // Flags without a default: the layer's dimensions, its dtype, the cluster and the machine.
   std::vector<std::string> required = {"--batch",  "--heads", "--nope",  "--rope",  "--vdim",           "--latent",
@@ -189,7 +189,8 @@ PlanOptions parse_plan(int argc, char** argv) {
     throw UsageFailure("missing " + missing);
   }
   if (r.ring < 0) throw UsageFailure("--ring " + std::to_string(r.ring) + ": expected C >= 1, or 0 for any");
-  if (r.q_lora < 0) throw UsageFailure("--q-lora " + std::to_string(r.q_lora) + ": expected Rq >= 1, or 0 for none");
+  if (c.q_lora_rank < 0)
+    throw UsageFailure("--q-lora " + std::to_string(c.q_lora_rank) + ": expected Rq >= 1, or 0 for none");
   if (r.cluster.nodes < 1) throw UsageFailure("--nodes " + std::to_string(r.cluster.nodes) + ": expected at least 1");
   if (r.cluster.ranks_per_node < 1)
     throw UsageFailure("--ranks-per-node " + std::to_string(r.cluster.ranks_per_node) + ": expected at least 1");

@@ -83,13 +83,13 @@ std::string choice_error(const MlaConfig& config, const Choice& choice, const Cl
 /// the whole sequence's. Causal within each document of config.cu_seqlens.
 std::vector<double> ring_step_pairs(const MlaConfig& config, const Choice& choice);
 
-/// The memory of `choice` per rank (no machine needed); `q_lora` as predict's.
-MemoryEstimate predict_memory(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster,
-                              int q_lora = 0);
+/// The memory of `choice` per rank (no machine needed).
+MemoryEstimate predict_memory(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster);
 
 /// The model's prediction; throws InvalidArgument with choice_error's message when the choice cannot run.
-/// `q_lora` > 0 models a low-rank query projection (w_qa [Rq, D], RMSNorm, w_qb [H*dqk, Rq]) instead of w_q.
+/// config.q_lora_rank > 0 models the low-rank query projection (w_qa [Rq, D], RMSNorm, w_qb [H*dqk, Rq]) in place of
+/// w_q, as the layer runs it.
 Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster,
-                   const MachineParams& machine, int q_lora = 0);
+                   const MachineParams& machine);
 
 }  // namespace mlacp::model

@@ -13,7 +13,8 @@
 
 namespace mlacp::model {
 
-/// What to plan for: the layer (its strategy and ring_layout are ignored; the choices enumerate them), its dtype,
+/// What to plan for: the layer (its strategy and ring_layout are ignored; the choices enumerate them; its q_lora_rank
+/// is modelled), its dtype,
 /// the cluster, and optional restrictions.
 struct PlanRequest {
   MlaConfig config;
@@ -21,7 +22,6 @@ struct PlanRequest {
   Cluster cluster;
   /// Bytes per rank the layer may hold; 0: the machine's memory_per_rank_bytes (0 there too: no limit).
   double memory_per_rank = 0;
-  int q_lora = 0;                       ///< Rq, 0: a full-rank w_q
   std::optional<MlaStrategy> strategy;  ///< only this strategy
   int ring = 0;                         ///< only this C (0: every C that divides P)
   std::optional<RingLayout> layout;     ///< only this layout (rings only)
