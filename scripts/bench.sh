@@ -23,6 +23,7 @@
 #                                       # bytes and 2 x 2 vs 4 x 1 times at the DeepSeek-like shape; about 8 minutes)
 #   RING_NP=4 RING_ROUNDS=3 RING_SEQ=4096   # the ring cells' P, alternating rounds and S of the DeepSeek-like shape
 #   PEER_ITERS=9 PEER_WARMUP=2          # timed / untimed iterations of each comparison run (default 7 / 1)
+#   PEER_SHAPES="deepseek deepseek_qlora"  # which comparison shapes (default: block deepseek block_qlora deepseek_qlora)
 #   SWEEP_DTYPES=double                 # the sweep's dtypes (default "double float"; bf16 is accepted too)
 #   SWEEP_SEQS="512 1024 2048"          # the sweep's sequence lengths
 #   MODEL=0 ./scripts/bench.sh          # without the performance model: no calibration (mlacp-plan --calibrate on each
@@ -199,6 +200,11 @@ if [[ ${PEER:-1} != 0 ]]; then
   iters=(--warmup "${PEER_WARMUP:-1}" --iters "${PEER_ITERS:-7}")
   shape_block=(--batch 1 --seq 512 --hidden 1024 --heads 8 --nope 16 --rope 16 --vdim 32 --latent 512)
   shape_deepseek=(--batch 1 --seq 1024 --hidden 1024 --heads 8 --nope 128 --rope 64 --vdim 128 --latent 512)
+  # The same two with DeepSeek-V2/V3's factored query (q-LoRA; Rq / D as V3's 1536 / 7168 ~ 0.2-0.4).
+  # shellcheck disable=SC2034  # read through `declare -n dims="shape_$shape"` below
+  shape_block_qlora=("${shape_block[@]}" --q-lora 192)
+  # shellcheck disable=SC2034
+  shape_deepseek_qlora=("${shape_deepseek[@]}" --q-lora 384)
 
   on_transport() {  # <shm|tcp-lo> <command...>
     local transport=$1
@@ -245,7 +251,7 @@ print("%.1f ms" % (d["time_median_s"] * 1e3) if d["status"] == "ok" else d["stat
     /usr/bin/python3 "$root/scripts/cpu_bf16_caps.py" --binary "$block_bin" --json "$runs/cpu_bf16_caps.json" ||
       echo "bench: scripts/cpu_bf16_caps.py failed (rc $?)"
   fi
-  for shape in block deepseek; do
+  for shape in ${PEER_SHAPES:-block deepseek block_qlora deepseek_qlora}; do
     declare -n dims="shape_$shape"
     for strategy in latent expanded; do
       for dtype in "${dtypes[@]}"; do
