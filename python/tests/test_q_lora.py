@@ -92,6 +92,21 @@ def test_matches_reference(comm, mesh, strategy, dtype, bias, scale):
     assert max(errors.values()) <= tolerance(dtype), f"relative errors above {tolerance(dtype)}: {errors}"
 
 
+@pytest.mark.parametrize("strategy", ["latent", "expanded"])
+def test_packed_documents(comm, mesh, strategy):
+    """q-LoRA with packed documents (the configuration's cu_seqlens) and the blocking schedule (overlap off)."""
+    config = q_lora_config(strategy=strategy, bias=True, cu_seqlens=[0, 1, 11, 13, 16], overlap=False)
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=3)
+    generator = torch.Generator().manual_seed(6)
+    x_full = torch.randn(config.batch, config.seq, config.hidden, generator=generator, dtype=torch.float64)
+    dy_full = torch.randn(x_full.shape, generator=generator, dtype=torch.float64)
+    y, dx, grads = run_layer(comm, layer, x_full, dy_full)
+    y_ref, dx_ref, grads_ref = reference(config, layer, x_full, dy_full)
+    errors = {"y": relative_error(y, y_ref), "dx": relative_error(dx, dx_ref)}
+    errors.update({"d" + n: relative_error(g, grads_ref[n]) for n, g in grads.items()})
+    assert max(errors.values()) <= 1e-10, errors
+
+
 def test_softmax_scale_changes_the_output(comm, mesh):
     """The configured scale is used (not 1/sqrt(dqk)): the reference with the other scale is far off."""
     config = q_lora_config()
