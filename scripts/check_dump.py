@@ -8,6 +8,9 @@ usage: check_dump.py DIR   (exit 0 when every check passes)
    process), within MLA_SPEC's tolerance (1e-10 double, 1e-4 float, 2e-2 bf16 or a bf16 wire). With cu_seqlens.npy (int64, packed documents;
    written by --cu-seqlens) the RoPE positions restart at each document's start (step 4) and attention is causal
    within a document only (step 6), the same for every batch row.
+   With q-LoRA (config.json's q_lora_rank > 0) the query is factored (w_qa, g_q, w_qb in place of w_q, MLA_SPEC
+   step 1), and a positive softmax_scale replaces 1/sqrt(dqk) (step 6); both keys default to 0 when absent (dumps
+   of tools that predate them).
 3. Every gradient (dx and each weight's) is checked against finite differences of L = sum(y * dy) of that numpy
    forward along a random direction u: |(L(p + h u) - L(p - h u)) / 2h - <grad, u>| <= tol * |grad| |u|.
 """
@@ -33,10 +36,16 @@ def mla_forward(p, x, c, cu_seqlens=None):
     positions = np.arange(S) - starts
     H, dn, dr, dv, R = c["heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
     dqk = dn + dr
-    q = (x @ p["w_q"].T + p.get("b_q", 0.0)).reshape(B, S, H, dqk)
+    eps = c.get("rms_eps", 1e-6)
+    if "w_qa" in p:  # q-LoRA: cq = RMSNorm(x w_qa^T) * g_q, q = cq w_qb^T + b_q
+        cq = x @ p["w_qa"].T
+        cq = cq / np.sqrt(np.mean(cq * cq, axis=-1, keepdims=True) + eps) * p["g_q"]
+        q = (cq @ p["w_qb"].T + p.get("b_q", 0.0)).reshape(B, S, H, dqk)
+    else:
+        q = (x @ p["w_q"].T + p.get("b_q", 0.0)).reshape(B, S, H, dqk)
     a = x @ p["w_kva"].T
     lat, k_pe = a[..., :R], a[..., R:]
-    lat = lat / np.sqrt(np.mean(lat * lat, axis=-1, keepdims=True) + 1e-6) * p["g_kv"]
+    lat = lat / np.sqrt(np.mean(lat * lat, axis=-1, keepdims=True) + eps) * p["g_kv"]
     inv_freq = 10000.0 ** (-2.0 * np.arange(dr // 2) / dr)
     angle = positions[:, None] * inv_freq[None, :]
     cos, sin = np.concatenate([np.cos(angle)] * 2, -1), np.concatenate([np.sin(angle)] * 2, -1)
@@ -50,7 +59,8 @@ def mla_forward(p, x, c, cu_seqlens=None):
     kv = (lat @ p["w_kvb"].T + p.get("b_kvb", 0.0)).reshape(B, S, H, dn + dv)
     k = np.concatenate([kv[..., :dn], np.broadcast_to(k_pe[:, :, None, :], (B, S, H, dr))], -1)
     v = kv[..., dn:]
-    scores = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(dqk)
+    scale = softmax_scale(c)
+    scores = np.einsum("bihd,bjhd->bhij", q, k) * (scale if scale > 0 else 1.0 / np.sqrt(dqk))
     keys = np.arange(S)
     visible = (keys[None, :] <= keys[:, None]) & (keys[None, :] >= starts[:, None])  # causal, within the document
     scores = np.where(visible, scores, -np.inf)
@@ -58,6 +68,22 @@ def mla_forward(p, x, c, cu_seqlens=None):
     prob /= prob.sum(-1, keepdims=True)
     o = np.einsum("bhij,bjhd->bihd", prob, v).reshape(B, S, H * dv)
     return o @ p["w_o"].T + p.get("b_o", 0.0)
+
+
+def q_lora_rank(c):
+    """config.json's q_lora_rank (0, the dense w_q, when the key is absent)."""
+    return int(c.get("q_lora_rank", 0) or 0)
+
+
+def softmax_scale(c):
+    """config.json's softmax_scale (0, meaning 1/sqrt(dqk), when the key is absent)."""
+    return float(c.get("softmax_scale", 0.0) or 0.0)
+
+
+def weight_names(c):
+    """The dumped weights of a configuration: w_qa, g_q, w_qb in place of w_q with q-LoRA; biases with bias."""
+    query = ["w_qa", "g_q", "w_qb"] if q_lora_rank(c) > 0 else ["w_q"]
+    return query + ["w_kva", "g_kv", "w_kvb", "w_o"] + (["b_q", "b_kvb", "b_o"] if c["bias"] else [])
 
 
 def tolerance(c):
@@ -70,7 +96,7 @@ def tolerance(c):
 def check_values(d, c):
     """Checks 2 and 3 of the module docstring; a list of problems."""
     tol = tolerance(c)
-    names = ["w_q", "w_kva", "g_kv", "w_kvb", "w_o"] + (["b_q", "b_kvb", "b_o"] if c["bias"] else [])
+    names = weight_names(c)
     p = {n: np.load(d / f"{n}.npy").astype(np.float64) for n in names}
     x = np.load(d / "x.npy").astype(np.float64)
     dy = np.load(d / "dy.npy").astype(np.float64)
@@ -119,8 +145,13 @@ def main(directory: str) -> int:
     dtype = {"double": np.float64, "float": np.float32, "bf16": np.float32}[c["dtype"]]
     shapes = {
         "x": (B, S, D), "dy": (B, S, D), "y": (B, S, D), "dx": (B, S, D),
-        "w_q": (H * (dn + dr), D), "w_kva": (R + dr, D), "g_kv": (R,), "w_kvb": (H * (dn + dv), R), "w_o": (D, H * dv),
+        "w_kva": (R + dr, D), "g_kv": (R,), "w_kvb": (H * (dn + dv), R), "w_o": (D, H * dv),
     }
+    Rq = q_lora_rank(c)
+    if Rq > 0:
+        shapes.update({"w_qa": (Rq, D), "g_q": (Rq,), "w_qb": (H * (dn + dr), Rq)})
+    else:
+        shapes["w_q"] = (H * (dn + dr), D)
     if c["bias"]:
         shapes.update({"b_q": (H * (dn + dr),), "b_kvb": (H * (dn + dv),), "b_o": (D,)})
     for name in list(shapes):
@@ -137,7 +168,7 @@ def main(directory: str) -> int:
             problems.append(f"{name}.npy: {a.dtype}{a.shape}, expected {np.dtype(dtype)}{shape}")
         elif not np.all(np.isfinite(a)):
             problems.append(f"{name}.npy has non-finite values")
-        elif c["dtype"] == "bf16" and not name.startswith("dw") and not name.startswith("db") and name != "dg_kv":
+        elif c["dtype"] == "bf16" and not name.startswith(("dw", "db", "dg")):
             # Stored in bf16 (x, dy, y, dx, the weights): the low 16 bits of every float32 are zero. The weight
             # gradients are float (the library accumulates them in float).
             if np.any(a.view(np.uint32) & 0xFFFF):
@@ -147,6 +178,8 @@ def main(directory: str) -> int:
     for p in problems:
         print("check_dump:", p)
     packed = "" if not (d / "cu_seqlens.npy").exists() else " (packed documents, cu_seqlens.npy)"
+    packed += f" (q-LoRA, q_lora_rank={Rq})" if Rq > 0 else ""
+    packed += f" (softmax_scale={softmax_scale(c):g})" if softmax_scale(c) > 0 else ""
     print(f"check_dump: {len(shapes)} tensors in {d}{packed}, y against a numpy forward, every gradient against finite "
           f"differences: {'OK' if not problems else 'FAILED'}")
     return 0 if not problems else 1

@@ -17,6 +17,9 @@ What it is, so that the comparison with mlacp-mla-block is fair:
   * attention is matmul + causal mask + softmax + matmul, materialising the S x S scores per head (DeepSpeed-Ulysses'
     default local attention), all differentiated by autograd;
   * weight gradients are the rank's partial sums (no data-parallel reduction), as in MLA_SPEC;
+  * --q-lora R factors the query as DeepSeek-V2/V3 do (MLA_SPEC step 1: cq = RMSNorm(x w_qa^T) * g_q, q = cq w_qb^T
+    + b_q, w_qa [R, D], g_q [R], w_qb [H*dqk, R] in place of w_q), and --softmax-scale replaces 1/sqrt(dqk) (step
+    6); --check reads both from the dump's config.json (q_lora_rank, softmax_scale; 0 when absent);
   * --dtype bf16 runs it the way a PyTorch user trains on CPU: torch.bfloat16 parameters and activations, GEMMs
     through torch (oneDNN's bf16 matmul on CPUs with AVX512-BF16 / AMX), RMSNorm's statistics in float32 (as Hugging
     Face's LlamaRMSNorm / DeepseekV2RMSNorm do), and 2-byte payloads on the wire. gloo in torch 1.13 refuses
@@ -234,6 +237,7 @@ class UlyssesMLA(torch.nn.Module):
         self.P, self.rank = dist.get_world_size(), dist.get_rank()
         for key in ("batch", "seq", "hidden", "heads", "nope", "rope", "vdim", "latent"):
             setattr(self, key, cfg[key])
+        self.q_lora = cfg.get("q_lora", 0)
         if self.seq % self.P or self.heads % self.P:
             raise ValueError(f"S={self.seq} and H={self.heads} must be divisible by P={self.P}")
         if self.rope % 2:
@@ -252,12 +256,17 @@ class UlyssesMLA(torch.nn.Module):
         angles = torch.cat((angles, angles), dim=-1)  # [s, dr] as [f, f]
         self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
         self.mask = torch.ones(self.seq, self.seq, dtype=torch.bool).triu(1)
-        self.scale = 1.0 / math.sqrt(self.nope + self.rope)
+        softmax_scale = cfg.get("softmax_scale", 0.0)
+        self.scale = softmax_scale if softmax_scale > 0 else 1.0 / math.sqrt(self.nope + self.rope)
 
     def forward(self, x):
         B, s, H, h = x.shape[0], self.s, self.heads, self.h
         dn, dr, dv, R = self.nope, self.rope, self.vdim, self.latent
-        q = F.linear(x, self.w_q, self.b_q).view(B, s, H, dn + dr)
+        if self.q_lora:  # DeepSeek's q_a_proj, q_a_layernorm, q_b_proj
+            cq = rms_norm(F.linear(x, self.w_qa), self.g_q, 1e-6)
+            q = F.linear(cq, self.w_qb, self.b_q).view(B, s, H, dn + dr)
+        else:
+            q = F.linear(x, self.w_q, self.b_q).view(B, s, H, dn + dr)
         q_nope, q_pe = q.split([dn, dr], dim=-1)
         q = torch.cat((q_nope, apply_rope(q_pe, self.cos[:, None, :], self.sin[:, None, :])), dim=-1)
         c, k_pe = F.linear(x, self.w_kva).split([R, dr], dim=-1)
@@ -285,8 +294,9 @@ class UlyssesMLA(torch.nn.Module):
 
 
 def weight_shapes(cfg, bias):
-    H, D, dqk = cfg["heads"], cfg["hidden"], cfg["nope"] + cfg["rope"]
-    shapes = {"w_q": (H * dqk, D), "w_kva": (cfg["latent"] + cfg["rope"], D), "g_kv": (cfg["latent"],),
+    H, D, dqk, Rq = cfg["heads"], cfg["hidden"], cfg["nope"] + cfg["rope"], cfg.get("q_lora", 0)
+    query = {"w_qa": (Rq, D), "g_q": (Rq,), "w_qb": (H * dqk, Rq)} if Rq else {"w_q": (H * dqk, D)}
+    shapes = {**query, "w_kva": (cfg["latent"] + cfg["rope"], D), "g_kv": (cfg["latent"],),
               "w_kvb": (H * (cfg["nope"] + cfg["vdim"]), cfg["latent"]), "w_o": (D, H * cfg["vdim"])}
     if bias:
         shapes.update({"b_q": (H * dqk,), "b_kvb": (H * (cfg["nope"] + cfg["vdim"]),), "b_o": (D,)})
@@ -298,11 +308,11 @@ def synthetic_weights(cfg, bias, seed):
     gen = torch.Generator().manual_seed(seed)
     weights = {}
     for name, shape in weight_shapes(cfg, bias).items():
-        if name == "g_kv":
+        if name in ("g_kv", "g_q"):
             weights[name] = 1.0 + 0.2 * (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1)
             continue
-        fan_in = {"w_q": cfg["hidden"], "w_kva": cfg["hidden"], "w_kvb": cfg["latent"],
-                  "w_o": cfg["heads"] * cfg["vdim"]}.get(name)
+        fan_in = {"w_q": cfg["hidden"], "w_qa": cfg["hidden"], "w_qb": cfg.get("q_lora", 0), "w_kva": cfg["hidden"],
+                  "w_kvb": cfg["latent"], "w_o": cfg["heads"] * cfg["vdim"]}.get(name)
         scale = 1.0 / math.sqrt(fan_in) if fan_in else 0.1
         weights[name] = scale * (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1)
     return weights
@@ -312,9 +322,10 @@ def mla_flops(cfg, P):
     """FLOPs per rank of one forward and backward: the counts of include/mlacp/mla/flop_count.hpp."""
     B, S, D, H = cfg["batch"], cfg["seq"], cfg["hidden"], cfg["heads"]
     dn, dr, dv, R = cfg["nope"], cfg["rope"], cfg["vdim"], cfg["latent"]
-    dqk, N, h = dn + dr, B * S / P, H / P
+    dqk, N, h, Rq = dn + dr, B * S / P, H / P, cfg.get("q_lora", 0)
     E = B * h * S * (S + 1) / 2
-    proj = 2 * N * D * H * dqk + 2 * N * D * (R + dr) + 2 * N * R * H * (dn + dv) + 2 * N * H * dv * D
+    q_proj = 2 * N * (D * Rq + Rq * H * dqk) if Rq else 2 * N * D * H * dqk
+    proj = q_proj + 2 * N * D * (R + dr) + 2 * N * R * H * (dn + dv) + 2 * N * H * dv * D
     f = {"projections_forward_flops": proj, "projections_backward_flops": 2 * proj,
          "attention_forward_flops": 2 * E * (dqk + dv), "attention_backward_flops": 2 * E * (3 * dqk + 2 * dv)}
     f["forward_flops"] = proj + f["attention_forward_flops"]
@@ -405,6 +416,10 @@ def parse_args(argv):
     for name, default in (("batch", 2), ("seq", 32), ("hidden", 48), ("heads", 4), ("nope", 8), ("rope", 4),
                           ("vdim", 6), ("latent", 12)):
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--q-lora", type=int, default=0, metavar="R",
+                   help="q_lora_rank: the query through w_qa [R, D], RMSNorm g_q, w_qb [H*dqk, R] (0: dense w_q)")
+    p.add_argument("--softmax-scale", type=float, default=0.0,
+                   help="the attention's softmax scale (0, the default: 1/sqrt(nope + rope))")
     p.add_argument("--strategy", choices=("latent", "expanded"), default="latent")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                    help="double (default), float, or bf16 (torch.bfloat16 parameters and activations); with --check: "
@@ -423,6 +438,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be at least 1 and --warmup at least 0")
+    if args.q_lora < 0 or args.softmax_scale < 0:
+        p.error("--q-lora and --softmax-scale must not be negative")
     if args.dtype is None and not args.check:
         args.dtype = "double"
     return args
@@ -452,7 +469,9 @@ def check(args, comm):
         raise SystemExit("ulysses-mla-torch: packed sequences (cu_seqlens.npy) are not supported by the peer")
     cfg = {"batch": cfg_json["batch"], "seq": cfg_json["seq"], "hidden": cfg_json["hidden"],
            "heads": cfg_json["heads"], "nope": cfg_json["qk_nope_head_dim"], "rope": cfg_json["qk_rope_head_dim"],
-           "vdim": cfg_json["v_head_dim"], "latent": cfg_json["kv_lora_rank"]}
+           "vdim": cfg_json["v_head_dim"], "latent": cfg_json["kv_lora_rank"],
+           "q_lora": int(cfg_json.get("q_lora_rank", 0) or 0),
+           "softmax_scale": float(cfg_json.get("softmax_scale", 0.0) or 0.0)}
     strategy, bias = cfg_json["strategy"], cfg_json["bias"]
     # The peer runs in --dtype where given (e.g. bf16 against a float or double dump), else in the dump's dtype
     # (a bf16 dump of mlacp-mla-block holds float arrays, MLA_SPEC).
@@ -490,7 +509,8 @@ def check(args, comm):
     if rank == 0:
         tolerance = TOLERANCE[dtype_name]
         print(f"ulysses-mla-torch --check {d}: B={cfg['batch']} S={cfg['seq']} D={cfg['hidden']} H={cfg['heads']} "
-              f"dn={cfg['nope']} dr={cfg['rope']} dv={cfg['vdim']} R={cfg['latent']} bias={'yes' if bias else 'no'} "
+              f"dn={cfg['nope']} dr={cfg['rope']} dv={cfg['vdim']} R={cfg['latent']} Rq={cfg['q_lora']} "
+              f"softmax_scale={cfg['softmax_scale']:g} bias={'yes' if bias else 'no'} "
               f"strategy={strategy} dtype={dtype_name} P={P}"
               + (f" (dump: {cfg_json['dtype']})" if dtype_name != cfg_json["dtype"] else ""))
         if dtype == torch.bfloat16:
@@ -524,12 +544,14 @@ def gemm_rate(cfg, P, dtype, comm):
 
 def timing(args, comm):
     """The timing mode: synthetic weights and inputs, mlacp-mla-block's protocol, text + machine-readable line."""
-    cfg = {k: getattr(args, k) for k in ("batch", "seq", "hidden", "heads", "nope", "rope", "vdim", "latent")}
+    cfg = {k: getattr(args, k) for k in ("batch", "seq", "hidden", "heads", "nope", "rope", "vdim", "latent", "q_lora",
+                                         "softmax_scale")}
     dtype, P, rank = DTYPES[args.dtype], comm.size, comm.rank
     doc = {"tool": "ulysses-mla-torch", "status": "ok", "torch": torch.__version__, "backend": "gloo",
            "transport": args.transport_label,
            "config": {"B": args.batch, "S": args.seq, "D": args.hidden, "H": args.heads, "dn": args.nope,
-                      "dr": args.rope, "dv": args.vdim, "R": args.latent, "bias": args.bias},
+                      "dr": args.rope, "dv": args.vdim, "R": args.latent, "Rq": args.q_lora,
+                      "softmax_scale": args.softmax_scale, "bias": args.bias},
            "P": P, "dtype": args.dtype, "element_bytes": torch.tensor([], dtype=dtype).element_size(),
            "strategy": args.strategy, "reduce_scatter": args.reduce_scatter,
            "warmup": args.warmup, "iters": args.iters,
@@ -582,7 +604,8 @@ def timing(args, comm):
     doc["peak_rss_bytes"] = peak
     doc["gloo_payload"] = _WireBytes.describe(dtype)
     label = (f"B={args.batch} S={args.seq} D={args.hidden} H={args.heads} dn={args.nope} dr={args.rope} "
-             f"dv={args.vdim} R={args.latent} bias={'yes' if args.bias else 'no'} strategy={args.strategy} "
+             f"dv={args.vdim} R={args.latent} Rq={args.q_lora} softmax_scale={args.softmax_scale:g} "
+             f"bias={'yes' if args.bias else 'no'} strategy={args.strategy} "
              f"dtype={args.dtype} P={P}")
     if rank == 0:
         print(f"ulysses-mla-torch: {label} (torch {torch.__version__}, gloo, reduce-scatter {args.reduce_scatter}"

@@ -24,6 +24,7 @@ from ._mlacp import (CommunicationError, Error, InvalidArgument, MlaConfig, MlaR
                      ReduceScatterAlgorithm, RingLayout, UsageError, events, names, overlap_policy, set_overlap_policy,
                      set_wait_timeout, wait_timeout)
 from .attention import MlaAttention
+from .deepseek import from_deepseek_state_dict, to_deepseek_state_dict
 from .gradients import all_reduce_grads
 from .mesh import Mesh
 from .plan import Plan, plan, read_machine
@@ -38,6 +39,6 @@ _atexit.register(_mlacp._finalize_kokkos)
 __all__ = [
     "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
     "MlaStrategy", "Plan", "ReduceScatterAlgorithm", "RingLayout", "TokenMap", "UsageError", "all_reduce_grads",
-    "events", "names", "overlap_policy", "plan", "read_machine", "set_overlap_policy", "set_wait_timeout",
-    "wait_timeout"
+    "events", "from_deepseek_state_dict", "names", "overlap_policy", "plan", "read_machine", "set_overlap_policy",
+    "set_wait_timeout", "to_deepseek_state_dict", "wait_timeout"
 ]

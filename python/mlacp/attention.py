@@ -62,6 +62,12 @@ def _gradient_dtype(row, weight_dtype):
     raise _mlacp.InvalidArgument(f"mlacp: gradient type {row.gradient!r} of {row.name} is not known to this package")
 
 
+def _bias_weight(bias, shapes):
+    """The weight whose output a bias adds to (b_q: w_q, or w_qb with q-LoRA; b_kvb: w_kvb; b_o: w_o)."""
+    weight = "w" + bias[1:]
+    return weight if weight in shapes else weight + "b"
+
+
 class FrozenConfig(_mlacp.MlaConfig):
     """A module's configuration, read-only: the C++ layer copied it at construction, so a changed field would be
     ignored. Reads like an mlacp.MlaConfig (and is one, for the library's functions); ``mlacp.MlaConfig(frozen)`` or
@@ -276,10 +282,10 @@ class MlaAttention(torch.nn.Module):
 
     Arguments: ``config`` an mlacp.MlaConfig (seq is the global S), ``mesh`` an mlacp.Mesh, ``dtype`` of the
     parameters: torch.float32, torch.float64 or torch.bfloat16, ``seed`` (every rank draws the same weights from it:
-    nn.Linear's uniform(+-1/sqrt(in)) for the weights and biases, ones for g_kv; drawn in float64 and rounded to
-    ``dtype``), ``bias`` (overrides config.bias when given), ``compute_dtype`` (None, or torch.bfloat16 with float32
-    parameters: see below). Construction is collective. ``module.config`` is a read-only copy (the C++ layer's
-    configuration is fixed at construction).
+    nn.Linear's uniform(+-1/sqrt(in)) for the weights and biases, ones for the RMSNorm gains g_kv and g_q (q-LoRA);
+    drawn in float64 and rounded to ``dtype``), ``bias`` (overrides config.bias when given), ``compute_dtype`` (None,
+    or torch.bfloat16 with float32 parameters: see below). Construction is collective. ``module.config`` is a
+    read-only copy (the C++ layer's configuration is fixed at construction).
 
     Weight gradients are this rank's partial sums (MLA_SPEC); ``mlacp.all_reduce_grads(module)`` sums them over the
     mesh. Errors (wrong shape, dtype, device, a non-contiguous tensor) are raised as mlacp.InvalidArgument (a
@@ -341,8 +347,8 @@ class MlaAttention(torch.nn.Module):
             if row.kind == "norm_gain":
                 value = torch.ones(row.shape, dtype=torch.float64)
             else:
-                # nn.Linear's: a bias takes the fan-in of its weight (b_q: w_q's).
-                fan_in = shapes["w" + row.name[1:]][1] if row.kind == "bias" else row.shape[1]
+                # nn.Linear's: a bias takes the fan-in of its weight (b_q: w_q's, or w_qb's with q-LoRA).
+                fan_in = shapes[_bias_weight(row.name, shapes)][1] if row.kind == "bias" else row.shape[1]
                 bound = 1.0 / math.sqrt(fan_in)
                 value = torch.empty(row.shape, dtype=torch.float64).uniform_(-bound, bound, generator=generator)
             self.register_parameter(row.name, torch.nn.Parameter(value.to(dtype)))
@@ -386,7 +392,8 @@ class MlaAttention(torch.nn.Module):
     @property
     def dtype(self):
         """The parameters' dtype."""
-        return self.w_q.dtype if hasattr(self, "w_q") else None
+        names = getattr(self, "_names", ())
+        return getattr(self, names[0]).dtype if names else None
 
     @property
     def compute_dtype(self):
@@ -396,6 +403,25 @@ class MlaAttention(torch.nn.Module):
     def extra_repr(self):
         compute = "" if self._compute_dtype is None else f", compute_dtype={self._compute_dtype}"
         return f"{self.config.describe()}, P={self.mesh.size}, dtype={self.dtype}{compute}"
+
+    def load_deepseek_state_dict(self, state_dict, prefix="", rope_interleave=False):
+        """Loads a DeepSeek-V2/V3 attention state_dict (HF ``DeepseekV3Attention``'s keys after ``prefix``, e.g.
+        ``"model.layers.0.self_attn."``: q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa,
+        kv_a_layernorm, kv_b_proj, o_proj; mlacp.deepseek has the table) into this module's parameters, in place (as
+        load_state_dict). A missing or unexpected key, or a wrong shape, raises mlacp.InvalidArgument naming it.
+        ``rope_interleave=True`` for checkpoints whose RoPE rotates interleaved pairs (DeepSeek's): their rope rows
+        are permuted into MLA_SPEC's rotate-half order."""
+        from .deepseek import from_deepseek_state_dict
+
+        self.load_state_dict(from_deepseek_state_dict(state_dict, self.config, prefix, rope_interleave))
+
+    def deepseek_state_dict(self, prefix="", rope_interleave=False):
+        """This module's parameters under DeepSeek-V2/V3's attention keys (the inverse of load_deepseek_state_dict;
+        detached tensors, copies where ``rope_interleave`` permutes rows)."""
+        from .deepseek import to_deepseek_state_dict
+
+        own = {n: p.detach() for n, p in self.named_parameters()}
+        return to_deepseek_state_dict(own, self.config, prefix, rope_interleave)
 
     def forward(self, x, cu_seqlens=None):
         """y_local for x_local ``[B, s, D]``. ``cu_seqlens`` (optional): this batch's packed documents, the offsets

@@ -33,7 +33,9 @@ std::string repr(const MlaConfig& c) {
   return "mlacp.MlaConfig(batch=" + std::to_string(c.batch) + ", seq=" + std::to_string(c.seq) +
          ", hidden=" + std::to_string(c.hidden) + ", heads=" + std::to_string(c.heads) +
          ", nope=" + std::to_string(c.nope) + ", rope=" + std::to_string(c.rope) + ", vdim=" + std::to_string(c.vdim) +
-         ", latent=" + std::to_string(c.latent) + ", bias=" + flag(c.bias) + ", strategy='" + to_string(c.strategy) +
+         ", latent=" + std::to_string(c.latent) + ", q_lora_rank=" + std::to_string(c.q_lora_rank) +
+         ", softmax_scale=" + py::repr(py::float_(c.softmax_scale)).cast<std::string>() + ", bias=" + flag(c.bias) +
+         ", strategy='" + to_string(c.strategy) +
          "', rope_base=" + py::repr(py::float_(c.rope_base)).cast<std::string>() +
          ", rms_eps=" + py::repr(py::float_(c.rms_eps)).cast<std::string>() + ", overlap=" + flag(c.overlap) +
          ", ring_layout='" + to_string(c.ring_layout) + "'" +
@@ -57,9 +59,10 @@ void bind_config(py::module_& m) {
   const MlaConfig defaults;
   py::class_<MlaConfig>(m, "MlaConfig",
                         "The dimensions of one MLA block (mlacp::MlaConfig; seq is the global sequence length S).")
-      .def(py::init([](int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent, bool bias,
-                       const py::object& strategy, double rope_base, double rms_eps, bool overlap,
-                       std::vector<std::int64_t> cu_seqlens, const py::object& ring_layout) {
+      .def(py::init([](int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent,
+                       int q_lora_rank, double softmax_scale, bool bias, const py::object& strategy, double rope_base,
+                       double rms_eps, bool overlap, std::vector<std::int64_t> cu_seqlens,
+                       const py::object& ring_layout) {
              MlaConfig c;
              c.batch = batch;
              c.seq = seq;
@@ -69,6 +72,8 @@ void bind_config(py::module_& m) {
              c.rope = rope;
              c.vdim = vdim;
              c.latent = latent;
+             c.q_lora_rank = q_lora_rank;
+             c.softmax_scale = softmax_scale;
              c.bias = bias;
              c.strategy = strategy_of(strategy);
              c.rope_base = rope_base;
@@ -80,6 +85,7 @@ void bind_config(py::module_& m) {
            }),
            py::kw_only(), py::arg("batch") = 0, py::arg("seq") = 0, py::arg("hidden") = 0, py::arg("heads") = 0,
            py::arg("nope") = 0, py::arg("rope") = 0, py::arg("vdim") = 0, py::arg("latent") = 0,
+           py::arg("q_lora_rank") = defaults.q_lora_rank, py::arg("softmax_scale") = defaults.softmax_scale,
            py::arg("bias") = defaults.bias, py::arg("strategy") = "latent", py::arg("rope_base") = defaults.rope_base,
            py::arg("rms_eps") = defaults.rms_eps, py::arg("overlap") = defaults.overlap,
            py::arg("cu_seqlens") = std::vector<std::int64_t>{},
@@ -93,6 +99,10 @@ void bind_config(py::module_& m) {
       .def_readwrite("rope", &MlaConfig::rope)
       .def_readwrite("vdim", &MlaConfig::vdim)
       .def_readwrite("latent", &MlaConfig::latent)
+      .def_readwrite("q_lora_rank", &MlaConfig::q_lora_rank,
+                     "Rq: 0 projects the query with one dense w_q; > 0 factors it (w_qa, g_q, w_qb, MLA_SPEC step 1)")
+      .def_readwrite("softmax_scale", &MlaConfig::softmax_scale,
+                     "The attention's softmax scale: 0 means 1/sqrt(nope + rope), a positive value replaces it")
       .def_readwrite("bias", &MlaConfig::bias)
       .def_property(
           "strategy", [](const MlaConfig& c) { return c.strategy; },
@@ -107,6 +117,9 @@ void bind_config(py::module_& m) {
           [](MlaConfig& c, const py::object& l) { c.ring_layout = ring_layout_of(l); },
           "The ring's token layout on a two-level mesh: RingLayout or 'contiguous'/'zigzag' (mlacp.TokenMap)")
       .def("qk_dim", &MlaConfig::qk_dim)
+      .def("q_lora", &MlaConfig::q_lora, "Whether the query is factored (q_lora_rank > 0).")
+      .def("attention_scale", &MlaConfig::attention_scale,
+           "The softmax scale the attention uses: softmax_scale when set (> 0), else 1/sqrt(nope + rope).")
       .def("error", &MlaConfig::error, py::arg("group_size"),
            "Why this configuration cannot run on a group of group_size ranks ('' when it can).")
       .def("describe", &MlaConfig::describe)

@@ -34,7 +34,12 @@ def mla_forward(config, x, p):
     offsets = list(config.cu_seqlens) or [0, S]
     document = torch.repeat_interleave(torch.arange(len(offsets) - 1), torch.tensor(offsets).diff())
     positions = torch.arange(S) - torch.tensor(offsets[:-1])[document]
-    q = F.linear(x, p["w_q"], p.get("b_q")).view(B, S, H, dn + dr)  # step 1
+    if "w_qa" in p:  # step 1 with q-LoRA (config.q_lora_rank > 0): RMSNorm of the query latent, then w_qb
+        cq = F.linear(x, p["w_qa"])
+        cq = cq * torch.rsqrt(cq.pow(2).mean(-1, keepdim=True) + config.rms_eps) * p["g_q"]
+        q = F.linear(cq, p["w_qb"], p.get("b_q")).view(B, S, H, dn + dr)
+    else:
+        q = F.linear(x, p["w_q"], p.get("b_q")).view(B, S, H, dn + dr)  # step 1
     q = torch.cat([q[..., :dn], rope(q[..., dn:], positions, config.rope_base)], -1)  # step 4 on q_pe
     a = F.linear(x, p["w_kva"])  # step 2
     c, k_pe = a[..., :R], a[..., R:]
@@ -43,7 +48,8 @@ def mla_forward(config, x, p):
     kv = F.linear(c, p["w_kvb"], p.get("b_kvb")).view(B, S, H, dn + dv)  # step 5
     k = torch.cat([kv[..., :dn], k_pe[:, :, None, :].expand(B, S, H, dr)], -1)
     v = kv[..., dn:]
-    scores = torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(dn + dr)  # step 6, causal
+    scale = config.softmax_scale if config.softmax_scale > 0 else 1.0 / math.sqrt(dn + dr)
+    scores = torch.einsum("bshd,bthd->bhst", q, k) * scale  # step 6, causal
     causal = torch.ones(S, S, dtype=torch.bool).tril() & (document[:, None] == document[None, :])
     attention = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     o = torch.einsum("bhst,bthd->bshd", attention, v).reshape(B, S, H * dv)

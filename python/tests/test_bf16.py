@@ -68,6 +68,21 @@ def test_bf16_parameters_match_float64(comm, mesh, strategy, bias, packed):
     print(f"bf16 parameters {strategy} bias={bias} packed={packed}: worst {max(errors.values()):.2e}")
 
 
+@pytest.mark.parametrize("strategy", ["latent", "expanded"])
+def test_bf16_q_lora_matches_float64(comm, mesh, strategy):
+    """q-LoRA (w_qa, g_q, w_qb; the query RMSNorm in float) and a configured softmax scale in bf16."""
+    config = small_config(strategy=strategy, bias=True, q_lora_rank=8, softmax_scale=0.23)
+    layer = mlacp.MlaAttention(config, mesh, dtype=bf16, seed=7)
+    x_full, dy_full = data(config, 11)
+    _, _, y, dx, grads = run(comm, layer, x_full, dy_full, bf16)
+    twin = run(comm, float64_twin(mesh, config, layer), x_full, dy_full, torch.float64)
+    errors = errors_against(twin, y, dx, grads)
+    assert {"dw_qa", "dg_q", "dw_qb"} <= set(errors) and "dw_q" not in errors
+    for n, p in layer.named_parameters():
+        errors["main_grad " + n] = relative_error(p.main_grad, twin[4][n])
+    assert max(errors.values()) <= BF16_TOLERANCE, errors
+
+
 @pytest.mark.parametrize("x_dtype", [torch.float32, bf16], ids=["float_x", "bf16_x"])
 @pytest.mark.parametrize("strategy", ["latent", "expanded"])
 def test_compute_dtype_matches_float64(comm, mesh, strategy, x_dtype):

@@ -17,23 +17,31 @@ def last(comm):
 
 
 def spec_shapes(c, bias):
-    """MLA_SPEC's "Weights" table, written out."""
-    H, D, R, qk, kv = c.heads, c.hidden, c.latent, c.nope + c.rope, c.nope + c.vdim
+    """MLA_SPEC's "Weights" table, written out (w_q only without q-LoRA, w_qa, g_q, w_qb only with it)."""
+    H, D, R, qk, kv, Rq = c.heads, c.hidden, c.latent, c.nope + c.rope, c.nope + c.vdim, c.q_lora_rank
     shapes = {"w_q": (H * qk, D), "b_q": (H * qk,), "w_kva": (R + c.rope, D), "g_kv": (R,), "w_kvb": (H * kv, R),
-              "b_kvb": (H * kv,), "w_o": (D, H * c.vdim), "b_o": (D,)}
-    return {n: s for n, s in shapes.items() if bias or not n.startswith("b_")}
+              "b_kvb": (H * kv,), "w_o": (D, H * c.vdim), "b_o": (D,), "w_qa": (Rq, D), "g_q": (Rq,),
+              "w_qb": (H * qk, Rq)}
+    q_lora = ("w_qa", "g_q", "w_qb")
+    return {
+        n: s
+        for n, s in shapes.items()
+        if (bias or not n.startswith("b_")) and (n != "w_q" if Rq else n not in q_lora)
+    }
 
 
+@pytest.mark.parametrize("q_lora_rank", [0, 8], ids=["dense", "qlora"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_python_table_is_the_cpp_table(mesh, bias):
-    c = small_config(bias=bias)
+def test_python_table_is_the_cpp_table(mesh, bias, q_lora_rank):
+    c = small_config(bias=bias, q_lora_rank=q_lora_rank)
     rows = mlacp._mlacp.parameter_table(c)
-    assert [r[0] for r in rows] == list(PARAMETER_NAMES) == ["w_q", "b_q", "w_kva", "g_kv", "w_kvb", "b_kvb", "w_o",
-                                                             "b_o"]
+    assert [r[0] for r in rows] == list(PARAMETER_NAMES) == [
+        "w_q", "b_q", "w_kva", "g_kv", "w_kvb", "b_kvb", "w_o", "b_o", "w_qa", "g_q", "w_qb"
+    ]
     assert BIAS_NAMES == ("b_q", "b_kvb", "b_o")
     assert parameter_shapes(c) == {r[0]: r[1] for r in rows if r[2]} == spec_shapes(c, bias)
     for row in parameter_table(c):
-        assert row.present == (bias or row.kind != "bias")
+        assert row.present == (row.name in spec_shapes(c, bias))
         assert row.gradient == "accumulation"
         assert hasattr(mlacp.MlaRequiresGrad(), row.flag)
     layer = mlacp.MlaAttention(c, mesh, dtype=torch.float64, seed=2)
