@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The overlap schedule of the MLA backward, read from the event recorder, and the layer's misuse errors.
+// The overlap schedule of the MLA forward and backward, read from the event recorder, and the layer's misuse errors.
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
 
@@ -32,6 +32,13 @@ struct Recorded {
   }
   std::ptrdiff_t at(EventKind kind, const std::string& name) const { return mlacp::events::find(events, kind, name); }
   bool has(EventKind kind, const std::string& name) const { return at(kind, name) >= 0; }
+  // The positions of every event of `kind` named `name`, in recorded order.
+  std::vector<std::ptrdiff_t> all(EventKind kind, const std::string& name) const {
+    std::vector<std::ptrdiff_t> found;
+    for (std::size_t i = 0; i < events.size(); ++i)
+      if (events[i].kind == kind && events[i].name == name) found.push_back(static_cast<std::ptrdiff_t>(i));
+    return found;
+  }
   // `collective` is launched before compute `phase` begins and waited after it ends.
   void expect_overlap(const std::string& collective, const std::string& phase) const {
     const auto launch = at(EventKind::launch, collective), wait = at(EventKind::wait_begin, collective);
@@ -60,6 +67,96 @@ Recorded record_backward(mlacp::MlaStrategy strategy, const mlacp::MlaRequiresGr
   layer.backward(Space(), forward, dy);
   mlacp::events::enable(false);
   return Recorded{mlacp::events::snapshot()};
+}
+
+// Runs one forward with the recorder on and returns its events.
+Recorded record_forward(mlacp::MlaStrategy strategy, bool overlap = true, int q_lora_rank = 0) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  auto config = config_for(strategy, mesh.size());
+  config.overlap = overlap;
+  config.q_lora_rank = q_lora_rank;
+  mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 7), mesh);
+  Tensor3 x("x", config.batch, config.seq / mesh.size(), config.hidden);
+  mlacp::test::fill(x, 1 + mesh.rank(), 1.0);
+  mlacp::events::clear();
+  mlacp::events::enable(true);
+  const auto forward = layer.forward(Space(), x);
+  mlacp::events::enable(false);
+  EXPECT_EQ(forward.output().extent(0), static_cast<std::size_t>(config.batch));
+  return Recorded{mlacp::events::snapshot()};
+}
+
+// The O exchange is per peer: P - 1 receives (at P == 1 the all-to-all's local copy), and w_o runs once per source
+// block, the own block's before the first wait and each received block's after its wait and before the next wait: the
+// GEMMs of the blocks that arrived run while the others are in flight.
+void expect_output_projection_per_source(const Recorded& r, int P, bool overlap) {
+  const auto launches = r.all(EventKind::launch, mlacp::names::o_a2a);
+  const auto waits = r.all(EventKind::wait_end, mlacp::names::o_a2a);
+  const auto gemms = r.all(EventKind::compute_begin, mlacp::names::w_o_fprop);
+  ASSERT_EQ(gemms.size(), static_cast<std::size_t>(P)) << "one w_o GEMM per source rank\n" << r.dump();
+  if (P == 1) {
+    // Nothing to exchange: the all-to-all's local copy, waited before the one GEMM.
+    ASSERT_EQ(waits.size(), 1u) << r.dump();
+    EXPECT_LT(waits.front(), gemms.front()) << r.dump();
+    return;
+  }
+  ASSERT_EQ(launches.size(), static_cast<std::size_t>(P - 1)) << r.dump();
+  ASSERT_EQ(waits.size(), static_cast<std::size_t>(P - 1)) << r.dump();
+  EXPECT_LT(launches.back(), gemms.front()) << "every block is on its way before the first GEMM\n" << r.dump();
+  if (!overlap) {
+    EXPECT_LT(waits.back(), gemms.front()) << "blocking: every exchange waited before the GEMMs\n" << r.dump();
+    return;
+  }
+  EXPECT_LT(gemms.front(), r.all(EventKind::wait_begin, mlacp::names::o_a2a).front())
+      << "the own block's GEMM runs before any wait\n"
+      << r.dump();
+  for (std::size_t k = 0; k < waits.size(); ++k) {
+    EXPECT_LT(waits[k], gemms[k + 1]) << "block " << k + 1 << "'s GEMM after its wait\n" << r.dump();
+    if (k + 1 < waits.size()) {
+      EXPECT_LT(gemms[k + 1], waits[k + 1]) << "block " << k + 1 << "'s GEMM before the next wait\n" << r.dump();
+    }
+  }
+}
+
+TEST(MlaSchedule, LatentForwardHidesTheGatherBehindQAndQBehindTheExpansion) {
+  int P = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  for (const int q_lora_rank : {0, 4}) {
+    const auto r = record_forward(mlacp::MlaStrategy::latent, true, q_lora_rank);
+    // The payload is projected first and its all-gather leaves before the Q projection, which runs while it is in
+    // flight; Q's all-to-all leaves next and the w_kvb expansion runs while it is in flight.
+    EXPECT_LT(r.at(EventKind::compute_end, mlacp::names::w_kva_fprop),
+              r.at(EventKind::launch, mlacp::names::payload_all_gather))
+        << r.dump();
+    r.expect_overlap(mlacp::names::payload_all_gather, mlacp::names::w_q_fprop);
+    r.expect_overlap(mlacp::names::q_a2a, mlacp::names::w_kvb_fprop);
+    EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::payload_all_gather),
+              r.at(EventKind::compute_begin, mlacp::names::w_kvb_fprop))
+        << r.dump();
+    EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::q_a2a),
+              r.at(EventKind::compute_begin, mlacp::names::attention_fprop))
+        << r.dump();
+    expect_output_projection_per_source(r, P, true);
+  }
+}
+
+TEST(MlaSchedule, ExpandedForwardConsumesTheOutputBlocksAsTheyArrive) {
+  int P = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  const auto r = record_forward(mlacp::MlaStrategy::expanded);
+  expect_output_projection_per_source(r, P, true);
+}
+
+TEST(MlaSchedule, BlockingBaselineForwardWaitsEachCollectiveAtItsLaunch) {
+  int P = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  const auto r = record_forward(mlacp::MlaStrategy::latent, false);
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::payload_all_gather),
+            r.at(EventKind::compute_begin, mlacp::names::w_q_fprop))
+      << r.dump();
+  EXPECT_LT(r.at(EventKind::wait_end, mlacp::names::q_a2a), r.at(EventKind::compute_begin, mlacp::names::w_kvb_fprop))
+      << r.dump();
+  expect_output_projection_per_source(r, P, false);
 }
 
 TEST(MlaSchedule, LatentBackwardOverlapsEachCollectiveWithItsIndependentCompute) {

@@ -219,11 +219,11 @@ TEST(MlaWireBytes, HalfTheBytes) {
       continue;
     }
     // What the send buffers hold, in elements: each all-to-all sends its whole input, the all-gather its shard, the
-    // reduce-scatter its whole [B, S, R+dr] of partial sums.
+    // reduce-scatter its whole [B, S, R+dr] of partial sums; the O exchange (per peer) the other ranks' tokens.
     const std::int64_t s = S / P, h = H / P, dqk = dn + dr;
-    const std::int64_t o_a2a = B * S * h * dv, do_a2a = B * s * H * dv, q_a2a = B * s * H * dqk,
+    const std::int64_t o_exchange = B * (S - s) * h * dv, do_a2a = B * s * H * dv, q_a2a = B * s * H * dqk,
                        dq_a2a = B * S * h * dqk;
-    std::int64_t a2a = q_a2a + dq_a2a + o_a2a + do_a2a, ag = 0, rs = 0;
+    std::int64_t a2a = q_a2a + dq_a2a + do_a2a, ag = 0, rs = 0;
     if (strategy == mlacp::MlaStrategy::latent) {
       ag = B * s * (R + dr);
       rs = B * S * (R + dr);
@@ -234,9 +234,11 @@ TEST(MlaWireBytes, HalfTheBytes) {
       EXPECT_EQ(full.bytes.all_to_all, static_cast<std::uint64_t>(4 * a2a)) << name;
       EXPECT_EQ(full.bytes.all_gather, static_cast<std::uint64_t>(4 * ag)) << name;
       EXPECT_EQ(full.bytes.reduce_scatter, static_cast<std::uint64_t>(4 * rs)) << name;
+      EXPECT_EQ(full.bytes.send_recv, static_cast<std::uint64_t>(4 * o_exchange)) << name;
     }
     EXPECT_EQ(2 * half.bytes.all_to_all, full.bytes.all_to_all) << name;
     EXPECT_EQ(2 * half.bytes.all_gather, full.bytes.all_gather) << name;
+    EXPECT_EQ(2 * half.bytes.send_recv, full.bytes.send_recv) << name;
     EXPECT_EQ(half.bytes.reduce_scatter, full.bytes.reduce_scatter) << name << ": bf16 keeps float partial sums";
     EXPECT_EQ(2 * all_half.bytes.total(), full.bytes.total()) << name;
     if (mlacp::test::world_rank() == 0)

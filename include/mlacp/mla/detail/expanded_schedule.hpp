@@ -55,7 +55,8 @@ struct ExpandedScratch : SharedScratch<T, ExecSpace> {
   WireSlot<tensor5> dk_wire, dv_wire;
 };
 
-/// Forward: V, then K, then Q are launched as each is ready, all three waited in Q, K, V order. Backward (Backward's
+/// Forward: V, then K, then Q are launched as each is ready (the Q projection beside V and K), all three waited in
+/// launch order; the O exchange is consumed per source block (OutputProjection). Backward (Backward's
 /// steps in the order run() takes them): the three inverse all-to-alls are launched at once; dQ is waited first and
 /// the Q branch runs while dK and dV are in flight, then the K and V branches read dK and dV where they arrived, then
 /// w_kvb's gradients and the payload's.
@@ -101,22 +102,28 @@ class ExpandedSchedule {
     const tensor4& key = ensure(w.k_local, "mlacp::k local", B, s, H, dn + dr);
     const tensor4& value = ensure(w.v_local, "mlacp::v local", B, s, H, dv);
     assemble_kv(space, tensor4(kv.data(), B, s, H, dn + dv), kpe, key, value, dn);
-    // V, then K, then Q are launched as each is ready; all three are waited in Q, K, V order.
-    const bool kv_grad = needs_kv(p.flags);
+    // V, then K are launched as each is ready and the Q projection runs while they are in flight; then Q is launched.
+    // The attention core needs all three, so nothing independent is left to run beside Q's exchange: they are waited
+    // in launch order (on a FIFO link V and K arrive before Q). Overlap off: each is waited right after its launch.
+    const bool kv_grad = needs_kv(p.flags), overlap = cfg.overlap;
     w.v_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::v, ctx.seq_partition(), ctx.head_partition());
     w.k_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::k, ctx.seq_partition(), ctx.head_partition());
     w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
     const int S = ctx.attention_seq(), h = ctx.local_heads();
     w.v_pair.launch_forward(space, value, kv_grad, ctx.into(w.v_heads, "mlacp::v heads", B, S, h, dv),
                             ctx.wire(scratch_.v_wire));
+    if (!overlap) w.v_saved = w.v_pair.wait_forward();
     w.k_pair.launch_forward(space, key, kv_grad, ctx.into(w.k_heads, "mlacp::k heads", B, S, h, dn + dr),
                             ctx.wire(scratch_.k_wire));
+    if (!overlap) w.k_saved = w.k_pair.wait_forward();
     tensor4 q = project_q(ctx, space, p);
     w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr),
                             ctx.wire(scratch_.q_wire));
+    if (overlap) {
+      w.v_saved = w.v_pair.wait_forward();
+      w.k_saved = w.k_pair.wait_forward();
+    }
     w.q_saved = w.q_pair.wait_forward();
-    w.k_saved = w.k_pair.wait_forward();
-    w.v_saved = w.v_pair.wait_forward();
     if (ctx.ring()) {
       // Ring attention: K and V of the rank's heads travel round the ring, chunk by chunk.
       return attend_and_project(ctx, scratch_, space, p, [&] {

@@ -131,6 +131,7 @@ struct SharedScratch {
   // moves bf16, allocated on first use (never with wire_dtype same). Every collective of a call is waited inside it.
   WireSlot<Tensor4<T, memory_space>> q_wire, o_wire;     ///< forward: the Q and O all-to-alls
   WireSlot<Tensor5<T, memory_space>> d_o_wire, dq_wire;  ///< backward: the dO and dQ all-to-alls
+  OutputExchangeBuffers<T, memory_space> o_exchange;     ///< forward: the O exchange's blocks in T (P > 1)
 };
 
 /// One forward pass as a schedule sees it: its input x [B, s, D], the gradients its backward will produce, and the

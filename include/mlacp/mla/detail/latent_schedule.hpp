@@ -54,8 +54,10 @@ struct LatentScratch : SharedScratch<T, ExecSpace> {
   WireSlot<tensor3> payload_wire, reduce_wire;
 };
 
-/// Forward: the Q all-to-all is launched before the independent KV expansion (payload all-gather, the rank's w_kvb
-/// rows) and waited after it. Backward (Backward's steps in the order run() takes them): the inverse all-to-all of dQ
+/// Forward: each exchange leaves as soon as its input exists: the payload is projected first and its all-gather runs
+/// beside the Q projection, then Q's all-to-all runs beside the KV expansion (the rank's w_kvb rows on the gathered
+/// payload), and the O exchange is consumed per source block (OutputProjection). Overlap off: each collective is waited
+/// right after its launch. Backward (Backward's steps in the order run() takes them): the inverse all-to-all of dQ
 /// is launched first and the KV path's backward (the w_kvb dgrad, the latent reduce-scatter launched and the w_kvb
 /// weight gradient while it is in flight) runs while dQ is in flight; then dQ is waited and the Q branch's backward
 /// runs while the reduce-scatter is still in flight; then the reduce-scatter is waited and the payload's backward
@@ -90,11 +92,7 @@ class LatentSchedule {
     const int B = c.batch, S = ctx.attention_seq(), s = ctx.local_seq(), h = ctx.local_heads(), dn = c.nope;
     const int dv = c.vdim, dr = c.rope, R = c.latent;
     auto& w = p.w;
-    tensor4 q = project_q(ctx, space, p);
-    // The Q all-to-all is launched before the independent KV expansion and waited after it.
-    w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
-    w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr),
-                            ctx.wire(scratch_.q_wire));
+    const bool overlap = c.overlap;
     // The payload [RMSNorm(c), RoPE(k_pe)]: both written straight into the all-gather's input, no copies. On a ring
     // the gathered chunk is kept in the workspace (the backward passes it round the ring again).
     const bool ring = ctx.ring(), grouped = ctx.mesh().size() > 1;
@@ -104,16 +102,26 @@ class LatentSchedule {
     rope_forward(space, as_rank4(kv_a), R, as_rank4(payload), R, ctx.rope_table(space, p));
     const tensor3 gathered_into = ring ? ctx.into(w.ring_payload, "mlacp::ring payload", B, S, R + dr)
                                        : ctx.into(scratch_.gathered, "mlacp::gathered payload", B, S, R + dr);
-    tensor3 gathered =
-        launch_wire(space, payload, gathered_into, ctx.wire(scratch_.payload_wire), names::payload_all_gather,
-                    [&](const auto& view, const auto& into) {
-                      return launch_all_gather(space, view, 1, ctx.seq_partition(), ctx.mesh(),
-                                               names::payload_all_gather, into);
-                    })
-            .wait();
+    // The all-gather leaves first, as soon as its input exists: the Q projection (two GEMMs and an RMSNorm with
+    // q-LoRA) runs while it is in flight.
+    auto gather = launch_wire(space, payload, gathered_into, ctx.wire(scratch_.payload_wire), names::payload_all_gather,
+                              [&](const auto& view, const auto& into) {
+                                return launch_all_gather(space, view, 1, ctx.seq_partition(), ctx.mesh(),
+                                                         names::payload_all_gather, into);
+                              });
+    tensor3 gathered;
+    if (!overlap) gathered = gather.wait();
+    tensor4 q = project_q(ctx, space, p);
+    // Q's all-to-all leaves next; the KV expansion (the rank's w_kvb rows on the gathered payload) runs while it is in
+    // flight.
+    w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
+    w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr),
+                            ctx.wire(scratch_.q_wire));
+    if (!overlap) w.q_saved = w.q_pair.wait_forward();
+    if (gather.pending()) gathered = gather.wait();
     if (ring) {
       // Ring attention: each chunk (this one first) is expanded for the rank's heads as it comes round.
-      w.q_saved = w.q_pair.wait_forward();
+      if (overlap) w.q_saved = w.q_pair.wait_forward();
       return attend_and_project(ctx, scratch_, space, p,
                                 [&] { ring_.forward_latent(space, ctx, p, w.q_saved, w.ring_payload, w.o, w.lse); });
     }
@@ -121,7 +129,7 @@ class LatentSchedule {
     // The shared key is read from the gathered payload by assemble_kv: no k_pe copy.
     w.latent_kv.forward(space, gathered, ctx.rows_of(ctx.weights().w_kvb), ctx.part_of(ctx.weights().b_kvb), ctx.mesh(),
                         ctx.seq_partition(), kv, tensor3(), ensure(w.latent, "mlacp::latent", B, S, R));
-    w.q_saved = w.q_pair.wait_forward();
+    if (overlap) w.q_saved = w.q_pair.wait_forward();
     assemble_kv(space, tensor4(kv.data(), B, S, h, dn + dv), gathered, ensure(w.k, "mlacp::k", B, S, h, dn + dr),
                 ensure(w.v, "mlacp::v", B, S, h, dv), dn, R);
     w.k_saved = w.k;

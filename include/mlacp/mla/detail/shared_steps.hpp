@@ -104,7 +104,8 @@ typename Context::tensor3 attend_and_project(const Context& ctx, Scratch& scratc
   attend();
   return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
                             ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
-                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim), ctx.wire(scratch.o_wire));
+                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim), ctx.wire(scratch.o_wire),
+                            &scratch.o_exchange, c.overlap);
 }
 template <class Context, class Scratch>
 typename Context::tensor3 attend_and_project(const Context& ctx, Scratch& scratch,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The output projection piece: head-to-token all-to-all of the attention output, then o_proj; its backward overlaps
-// the token-to-head all-to-all of the output gradient with the o_proj weight gradient.
+// The output projection piece: head-to-token exchange of the attention output, consumed per source rank by o_proj as
+// each block arrives; its backward overlaps the token-to-head all-to-all of the output gradient with the o_proj weight
+// gradient.
 #pragma once
 
 #include <mlacp/all_to_all.hpp>
@@ -10,9 +11,78 @@
 #include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/names.hpp>
 #include <mlacp/partition.hpp>
+#include <mlacp/send_recv.hpp>
 #include <mlacp/view_types.hpp>
 
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 namespace mlacp {
+
+namespace detail {
+/// The buffers of the output projection's per-peer exchange in T (wire_dtype same), owned by the caller (a schedule's
+/// scratch): allocated on first use, reused by every later forward. `send` [B, S, h, dv]: the attention output packed
+/// by destination (B > 1: each destination's tokens are strided in it); `recv` [B, s, H, dv]: the blocks as they
+/// arrive, source r's [B, s, h_r, dv] at offset B * s * heads.offset(r) * dv.
+template <class T, class MemorySpace>
+struct OutputExchangeBuffers {
+  Tensor4<T, MemorySpace> send, recv;
+  std::size_t bytes() const { return (send.span() + recv.span()) * sizeof(T); }
+};
+
+/// A value converted between the layer's type and the wire's (float <-> bf16 round-to-nearest-even), or copied.
+template <class D, class S>
+KOKKOS_INLINE_FUNCTION D convert_value(const S& v) {
+  if constexpr (std::is_same_v<D, S>)
+    return v;
+  else if constexpr (std::is_same_v<D, bf16>)
+    return compat::to_bf16(v);
+  else
+    return compat::to_float(v);
+}
+
+/// o [B, S, h, dv] packed by destination into `packed`: destination r's tokens [B, seq.count(r), h, dv] at offset
+/// B * seq.offset(r) * h * dv, converted to U (rounded onto the wire, or copied).
+template <class ExecSpace, class Tensor4View, class U>
+void pack_token_blocks(const ExecSpace& space, const Tensor4View& o, const Partition& seq, U* packed) {
+  const auto* in = o.data();
+  const auto B = static_cast<std::int64_t>(o.extent(0)), S = static_cast<std::int64_t>(o.extent(1));
+  const auto hdv = static_cast<std::int64_t>(o.extent(2) * o.extent(3));
+  for (int r = 0; r < seq.parts(); ++r) {
+    const std::int64_t first = seq.offset(r), count = seq.count(r), out_offset = B * first * hdv;
+    Kokkos::parallel_for(
+        "mlacp::pack O blocks",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, B * count * hdv),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          const std::int64_t k = i % hdv, row = i / hdv, b = row / count, t = row % count;
+          packed[out_offset + i] = convert_value<U>(in[(b * S + first + t) * hdv + k]);
+        });
+  }
+}
+
+/// A received head block [B, s, count, dv] (values of U) into heads [first, first + count) of `local` [B, s, H, dv],
+/// converted to its type (widened from the wire, or copied).
+template <class ExecSpace, class U, class Tensor4View>
+void unpack_head_block(const ExecSpace& space, const U* block, const Tensor4View& local, std::int64_t first,
+                       std::int64_t count) {
+  using T = typename Tensor4View::non_const_value_type;
+  const auto tokens = static_cast<std::int64_t>(local.extent(0) * local.extent(1)),
+             dv = static_cast<std::int64_t>(local.extent(3));
+  const std::int64_t width = count * dv, row = static_cast<std::int64_t>(local.extent(2)) * dv, column = first * dv;
+  T* out = local.data();
+  Kokkos::parallel_for(
+      "mlacp::unpack O block",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, tokens * width),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const std::int64_t n = i / width, k = i % width;
+        out[n * row + column + k] = convert_value<T>(block[i]);
+      });
+}
+}  // namespace detail
 
 /// One forward invocation of the output projection and its backward (the reference's _OutputProjection).
 template <class T, class ExecSpace>
@@ -31,45 +101,99 @@ class OutputProjection {
   using gradient_matrix = detail::Matrix<compat::accumulation_t<T>, memory_space>;
   using gradient_vector = detail::Vector<compat::accumulation_t<T>, memory_space>;
 
-  /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D]: launches the head-to-token all-to-all (tokens split by
-  /// `seq`, heads by `heads`; both outlive the invocation: the layer's), waits, flattens
-  /// the heads and applies w_o [D, H*dv] (+ b_o, when not empty). Saves what backward needs. `y_out` [B, s, D]: where
-  /// y is written (a layer's workspace); empty: allocated. `local_out` [B, s, H, dv]: where the all-to-all's result
-  /// (kept for the w_o gradient) goes; empty: allocated. `wire` (float only): the all-to-all moves bf16 through these
-  /// buffers, widened into `local_out` at the wait (wire.hpp); null: it moves T.
+  using buffers_type = detail::OutputExchangeBuffers<T, memory_space>;
+
+  /// attention_output [B, S, h, dv] (head-local) -> y [B, s, D] = o_tokens [B*s, H*dv] w_o^T (+ b_o, when not empty),
+  /// tokens split by `seq`, heads by `heads` (both outlive the invocation: the layer's). At P > 1 the head-to-token
+  /// exchange is per peer: each rank's token block is sent to it and each source's head block received on its own
+  /// (launch_send_recv, rank + k / rank - k at step k), and y is summed block by block as they arrive, y = sum over
+  /// sources r of O_r [B*s, h_r*dv] w_o[:, r's head columns]^T: the own block first (no wait), then each received one
+  /// (its GEMM progressing the others in flight). `overlap` false: every exchange is waited right after its launch,
+  /// before any GEMM (the same sums in the same order). Saves what backward needs. `y_out` [B, s, D]: where y is
+  /// written (a layer's workspace); empty: allocated. `local_out` [B, s, H, dv]: where the gathered heads (kept for the
+  /// w_o gradient) go; empty: allocated. `wire` (float only): the blocks move as bf16 through these buffers, rounded
+  /// before the send and widened into `local_out` as each arrives (wire.hpp); null: they move T through `buffers`
+  /// (null: allocated per call).
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                   const Mesh& mesh, const Partition& seq, const Partition& heads, tensor3 y_out = {},
-                  const tensor4& local_out = {}, wire4* wire = nullptr) {
-    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out, wire);
+                  const tensor4& local_out = {}, wire4* wire = nullptr, buffers_type* buffers = nullptr,
+                  bool overlap = true) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out, wire,
+                        buffers, overlap);
   }
   /// The even split (S and H divisible by the group size).
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
-                  const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {}, wire4* wire = nullptr) {
-    return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out, wire);
+                  const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {}, wire4* wire = nullptr,
+                  buffers_type* buffers = nullptr, bool overlap = true) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out, wire,
+                        buffers, overlap);
   }
 
  private:
+  // The tag of the per-peer exchange: one message per ordered pair and forward, apart from ring attention's (21+,
+  // 31+, on the ring's communicator).
+  static constexpr int exchange_tag = 41;
+
   tensor3 forward_impl(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                        const Mesh& mesh, const Partition* seq, const Partition* heads, tensor3 y_out,
-                       const tensor4& local_out, wire4* wire) {
+                       const tensor4& local_out, wire4* wire, buffers_type* buffers, bool overlap) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
-    auto local = detail::launch_wire(space, attention_output, local_out, wire, names::o_a2a,
-                                     [&](const auto& view, const auto& result) {
-                                       return seq == nullptr
-                                                  ? launch_all_to_all(space, view, 2, 1, mesh, names::o_a2a, result)
-                                                  : launch_all_to_all(space, view, 2, 1, *heads, *seq, mesh,
-                                                                      names::o_a2a, result);
-                                     })
-                     .wait();  // [B, s, H, dv]
-    const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
-    const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
-    tensor3 y = y_out.data() != nullptr
-                    ? y_out
-                    : tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y"), B, s, w_o.extent(0));
-    {
+    tensor3 y;
+    tensor4 local;
+    if (mesh.size() == 1) {
+      // Nothing to exchange: the collective's local copy (or the input itself), then one GEMM.
+      local = detail::launch_wire(space, attention_output, local_out, wire, names::o_a2a,
+                                  [&](const auto& view, const auto& result) {
+                                    return seq == nullptr
+                                               ? launch_all_to_all(space, view, 2, 1, mesh, names::o_a2a, result)
+                                               : launch_all_to_all(space, view, 2, 1, *heads, *seq, mesh, names::o_a2a,
+                                                                   result);
+                                  })
+                  .wait();  // [B, s, H, dv]
+      const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
+      const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
+      y = allocated_y(std::move(y_out), B, s, w_o);
       detail::ComputePhase<ExecSpace> phase(space, names::w_o_fprop);
       detail::linear_forward(space, detail::as_matrix(local, B * s, Hdv), w_o, b_o,
                              detail::as_matrix(y, B * s, static_cast<std::int64_t>(w_o.extent(0))));
+    } else {
+      const int P = mesh.size();
+      const auto S = static_cast<std::int64_t>(attention_output.extent(1));
+      const auto h = static_cast<std::int64_t>(attention_output.extent(2));
+      if (seq == nullptr && S % P != 0)
+        throw InvalidArgument("mlacp::OutputProjection: the attention output has " + std::to_string(S) +
+                              " tokens; expected a multiple of the group size " + std::to_string(P) +
+                              " for the even split (pass Partitions for an uneven one)");
+      const Partition token_part = seq != nullptr ? *seq : Partition(S, P);
+      const Partition head_part = heads != nullptr ? *heads : Partition(h * P, P);
+      if (token_part.total() != S || token_part.parts() != P)
+        throw InvalidArgument("mlacp::OutputProjection: the token partition " + token_part.str() + " splits " +
+                              std::to_string(token_part.total()) + " tokens over " +
+                              std::to_string(token_part.parts()) + " ranks; expected " + std::to_string(S) +
+                              " tokens (the attention output's) over the group's " + std::to_string(P));
+      if (head_part.parts() != P || head_part.count(mesh.rank()) != h)
+        throw InvalidArgument("mlacp::OutputProjection: the attention output has " + std::to_string(h) +
+                              " heads on rank " + std::to_string(mesh.rank()) + "; expected the head partition " +
+                              head_part.str() + "'s count for it over the group's " + std::to_string(P) + " ranks");
+      const auto H = head_part.total();
+      if (static_cast<std::int64_t>(w_o.extent(1)) != H * static_cast<std::int64_t>(attention_output.extent(3)))
+        throw InvalidArgument(
+            "mlacp::OutputProjection: w_o has " + std::to_string(w_o.extent(1)) +
+            " columns; expected H * dv = " + std::to_string(H * static_cast<std::int64_t>(attention_output.extent(3))));
+      bool done = false;
+      if constexpr (std::is_same_v<T, float>) {
+        if (wire != nullptr) {
+          std::tie(y, local) = exchange_and_project(space, attention_output, w_o, b_o, mesh, token_part, head_part,
+                                                    std::move(y_out), local_out, wire->send, wire->recv, overlap);
+          done = true;
+        }
+      }
+      if (!done) {
+        buffers_type own;
+        buffers_type& b = buffers != nullptr ? *buffers : own;
+        std::tie(y, local) = exchange_and_project(space, attention_output, w_o, b_o, mesh, token_part, head_part,
+                                                  std::move(y_out), local_out, b.send, b.recv, overlap);
+      }
     }
     local_output_ = local;
     w_o_ = w_o;
@@ -78,6 +202,97 @@ class OutputProjection {
     heads_ = heads;
     forwarded_ = true;
     return y;
+  }
+
+  static tensor3 allocated_y(tensor3 y_out, std::int64_t B, std::int64_t s, const matrix& w_o) {
+    if (y_out.data() != nullptr) return y_out;
+    return tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y"), B, s, w_o.extent(0));
+  }
+
+  // `slot` when it has the extents [n0, n1, n2, n3], else a new uninitialised View of them (assigned to `slot`).
+  template <class View>
+  static const View& ensure_extents(View& slot, const std::string& label, std::int64_t n0, std::int64_t n1,
+                                    std::int64_t n2, std::int64_t n3) {
+    const std::int64_t n[4] = {n0, n1, n2, n3};
+    bool same = slot.use_count() > 0;
+    for (unsigned d = 0; same && d < 4; ++d) same = static_cast<std::int64_t>(slot.extent(d)) == n[d];
+    if (!same) slot = View(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n0, n1, n2, n3);
+    return slot;
+  }
+
+  // The per-peer exchange of the head blocks (values of type U on the wire: T, or bf16 for a float layer's wire) and
+  // the output projection summed block by block. `send_slot` / `recv_slot`: the caller's buffers (see
+  // OutputExchangeBuffers). Returns y and the gathered heads [B, s, H, dv].
+  template <class U>
+  std::pair<tensor3, tensor4> exchange_and_project(const ExecSpace& space, const tensor4& o, const matrix& w_o,
+                                                   const vector& b_o, const Mesh& mesh, const Partition& seq,
+                                                   const Partition& heads, tensor3 y_out, const tensor4& local_out,
+                                                   Kokkos::View<U****, Kokkos::LayoutRight, memory_space>& send_slot,
+                                                   Kokkos::View<U****, Kokkos::LayoutRight, memory_space>& recv_slot,
+                                                   bool overlap) {
+    using unmanaged = detail::Vector<U, memory_space, detail::Unmanaged>;
+    const int P = mesh.size(), me = mesh.rank();
+    const auto B = static_cast<std::int64_t>(o.extent(0)), S = static_cast<std::int64_t>(o.extent(1));
+    const auto h = static_cast<std::int64_t>(o.extent(2)), dv = static_cast<std::int64_t>(o.extent(3));
+    const auto s = seq.count(me), H = heads.total(), D = static_cast<std::int64_t>(w_o.extent(0));
+    const tensor4 local =
+        local_out.data() != nullptr
+            ? local_out
+            : tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::o tokens"), B, s, H, dv);
+    tensor3 y = allocated_y(std::move(y_out), B, s, w_o);
+    // The send blocks, by destination: destination r's [B, s_r, h, dv] at offset B * seq.offset(r) * h * dv. With
+    // B == 1 and T on the wire that is the attention output itself (no pack).
+    const U* send = nullptr;
+    if constexpr (std::is_same_v<U, T>) {
+      if (B == 1) send = o.data();
+    }
+    if (send == nullptr) {
+      U* packed = ensure_extents(send_slot, std::string("mlacp::") + names::o_a2a + " send", B, S, h, dv).data();
+      detail::pack_token_blocks(space, o, seq, packed);
+      send = packed;
+    }
+    // The received blocks, by source: source r's [B, s, h_r, dv] at offset B * s * heads.offset(r) * dv.
+    U* recv = ensure_extents(recv_slot, std::string("mlacp::") + names::o_a2a + " recv", B, s, H, dv).data();
+    const auto send_block = [&](int r) {
+      return detail::Vector<const U, memory_space, detail::Unmanaged>(
+          send + B * seq.offset(r) * h * dv, static_cast<std::size_t>(B * seq.count(r) * h * dv));
+    };
+    // Step k: to rank me + k, from rank me - k (every pair's send and receive meet at the same step on both ranks).
+    std::vector<AsyncCollective<unmanaged>> arriving;
+    arriving.reserve(static_cast<std::size_t>(P - 1));
+    for (int k = 1; k < P; ++k) {
+      const int dest = (me + k) % P, source = (me + P - k) % P;
+      arriving.push_back(launch_send_recv(space, send_block(dest), dest,
+                                          unmanaged(recv + B * s * heads.offset(source) * dv,
+                                                    static_cast<std::size_t>(B * s * heads.count(source) * dv)),
+                                          source, mesh, names::o_a2a, exchange_tag));
+      if (!overlap) arriving.back().wait();
+    }
+    // Block `source` [B, s, h_r, dv] (values of U) into its head columns of `local`, then its GEMM: beta 0 for the
+    // first block with heads, 1 after it (b_o is added once, after the last).
+    const auto y2 = detail::as_matrix(y, B * s, D);
+    const auto tokens = detail::as_matrix(local, B * s, H * dv);
+    bool first = true;
+    const auto consume = [&](int source, const U* block) {
+      const std::int64_t hr = heads.count(source), column = heads.offset(source) * dv, width = hr * dv;
+      detail::unpack_head_block(space, block, local, heads.offset(source), hr);
+      if (hr == 0) return;
+      detail::ComputePhase<ExecSpace> phase(space, names::w_o_fprop);
+      const auto columns = std::make_pair(static_cast<std::size_t>(column), static_cast<std::size_t>(column + width));
+      detail::gemm_with_progress(space, "N", "T", T(1), Kokkos::subview(tokens, Kokkos::ALL(), columns),
+                                 Kokkos::subview(w_o, Kokkos::ALL(), columns), first ? T(0) : T(1), y2);
+      first = false;
+    };
+    consume(me, send + B * seq.offset(me) * h * dv);  // the own block: in the send buffer already, no wait
+    for (int k = 1; k < P; ++k) {
+      const int source = (me + P - k) % P;
+      auto& handle = arriving[static_cast<std::size_t>(k - 1)];
+      if (handle.pending()) handle.wait();
+      consume(source, recv + B * s * heads.offset(source) * dv);
+    }
+    if (first) Kokkos::deep_copy(space, y, T(0));  // no head anywhere: y is the bias alone
+    if (b_o.data() != nullptr) detail::add_bias(space, y2, b_o);
+    return {y, local};
   }
 
  public:
