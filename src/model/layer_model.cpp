@@ -318,11 +318,15 @@ Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, c
 
   // ---- forward ----
   if (latent) {
+    // The payload all-gather is launched as soon as its input exists and runs beside the query projection; Q's
+    // all-to-all beside the w_kvb expansion (issue 23: the forward hides its collectives).
+    kv_a_projection(sim, x);
+    Simulation::Handle gather;
+    if (grouped)
+      gather = sim.launch(names::payload_all_gather, all_gather(machine, group, x.B * Sa * (x.R + x.dr) * x.e));
     q_projection(sim, x);
     auto q = sim.launch(names::q_a2a, a2a(N * x.H * x.dqk * x.e));
-    kv_a_projection(sim, x);
-    // The payload all-gather over the group, waited at once.
-    if (grouped) sim.blocking(names::payload_all_gather, all_gather(machine, group, x.B * Sa * (x.R + x.dr) * x.e));
+    if (grouped) sim.wait(names::payload_all_gather, gather);
     if (!is_ring) {
       sim.gemm(names::w_kvb_fprop, x.B * Sa, x.h * (x.dn + x.dv), x.R);
       sim.wait(names::q_a2a, q);
@@ -365,9 +369,14 @@ Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, c
       }
     }
   }
-  // The output projection: the O all-to-all waited at once, then w_o.
-  sim.blocking(names::o_a2a, a2a(N * x.H * x.dv * x.e));
-  sim.gemm(names::w_o_fprop, N, x.D, x.H * x.dv);
+  // The output projection, per source rank: the own heads' block through w_o while the other ranks' blocks are in
+  // flight, then theirs as they arrive (modelled as one exchange of the others' blocks).
+  {
+    auto o = sim.launch(names::o_a2a, a2a(N * x.H * x.dv * x.e));
+    sim.gemm(names::w_o_fprop, N, x.D, x.h * x.dv);
+    sim.wait(names::o_a2a, o);
+    if (x.H > x.h) sim.gemm(names::w_o_fprop, N, x.D, (x.H - x.h) * x.dv);
+  }
   out.forward_s = sim.now();
 
   // ---- backward ----

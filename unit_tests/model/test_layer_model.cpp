@@ -165,8 +165,9 @@ TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
   for (const auto& e : p.events)
     if (e.kind == ScheduleEvent::Kind::collective) collectives.push_back(e.name);
   namespace n = mlacp::names;
-  const std::vector<std::string> expected = {n::q_a2a,  n::payload_all_gather,   n::o_a2a, n::do_a2a,
-                                             n::dq_a2a, n::latent_reduce_scatter};
+  // The payload all-gather leaves first (the query projection runs beside it), then Q (beside the w_kvb expansion).
+  const std::vector<std::string> expected = {n::payload_all_gather,   n::q_a2a, n::o_a2a, n::do_a2a, n::dq_a2a,
+                                             n::latent_reduce_scatter};
   EXPECT_EQ(collectives, expected);
   // Bytes per rank (MLA_SPEC's formulas): Q, O, dO, dQ all-to-alls of s tokens x all heads, the payload all-gather's
   // result and the reduce-scatter's input of S tokens x (R + dr); 1 of 4 peers on the node, 2 across.
@@ -174,25 +175,34 @@ TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
   const double moved = 8 * (2 * B * s * H * dqk + 2 * B * s * H * dv + 2 * B * S * (R + dr));
   EXPECT_NEAR(p.bytes.intra, moved / 4, 1e-6);
   EXPECT_NEAR(p.bytes.inter, moved / 2, 1e-6);
-  // The O all-to-all and the payload all-gather are waited at their launch: never hidden.
+  // Each forward collective runs beside the compute the layer puts beside it: the gather beside the query projection
+  // (its launch before w_q fprop, its wait after), Q beside w_kvb fprop, O beside the own block's w_o.
+  auto at = [&](ScheduleEvent::Kind kind, const char* name) {
+    for (std::size_t i = 0; i < p.events.size(); ++i)
+      if (p.events[i].kind == kind && p.events[i].name == name) return static_cast<std::ptrdiff_t>(i);
+    return std::ptrdiff_t{-1};
+  };
+  using K = ScheduleEvent::Kind;
+  EXPECT_LT(at(K::collective, n::payload_all_gather), at(K::compute, n::w_q_fprop));
+  EXPECT_GT(at(K::wait, n::payload_all_gather), at(K::compute, n::w_q_fprop));
+  EXPECT_LT(at(K::collective, n::q_a2a), at(K::compute, n::w_kvb_fprop));
+  EXPECT_GT(at(K::wait, n::q_a2a), at(K::compute, n::w_kvb_fprop));
+  EXPECT_LT(at(K::collective, n::o_a2a), at(K::compute, n::w_o_fprop));
+  EXPECT_GT(at(K::wait, n::o_a2a), at(K::compute, n::w_o_fprop));
   EXPECT_LT(p.hidden_fraction, 1);
   EXPECT_GT(p.exposed_s, 0);
 }
 
 TEST(LayerModel, OverlapHidesWhatTheComputeCovers) {
-  // A slow compute and a fast network: every overlapped collective is hidden, only the blocking ones show.
+  // A slow compute and a fast network: every collective is hidden, the forward's too (each runs beside compute).
   MachineParams m = round_machine();
   m.intra = {0, 1e-15};
   MlaConfig c = tiny();
   Choice choice;
   choice.ulysses = 4;
   Prediction p = predict(c, Dtype::float64, choice, Cluster{1, 4}, m);
-  double blocking = 0;
-  for (const auto& e : p.events)
-    if (e.kind == ScheduleEvent::Kind::collective &&
-        (e.name == mlacp::names::o_a2a || e.name == mlacp::names::payload_all_gather))
-      blocking += e.end_s - e.start_s;
-  EXPECT_NEAR(p.exposed_s, blocking, 1e-15);
+  EXPECT_NEAR(p.exposed_s, 0, 1e-15);
+  EXPECT_NEAR(p.hidden_fraction, 1, 1e-9);
   // overlap_efficiency 0: nothing is hidden.
   m.intra = {1e-6, 1e-9};
   m.overlap_efficiency = 0;
