@@ -31,7 +31,11 @@ namespace detail {
 template <class T, class MemorySpace>
 struct OutputExchangeBuffers {
   Tensor4<T, MemorySpace> send, recv;
-  std::size_t bytes() const { return (send.span() + recv.span()) * sizeof(T); }
+  /// bf16 layers: y [B*s, D] summed over the source blocks in float, rounded into y once (empty otherwise).
+  Matrix<compat::accumulation_t<T>, MemorySpace> y_sum;
+  std::size_t bytes() const {
+    return (send.span() + recv.span()) * sizeof(T) + y_sum.span() * sizeof(compat::accumulation_t<T>);
+  }
 };
 
 /// A value converted between the layer's type and the wire's (float <-> bf16 round-to-nearest-even), or copied.
@@ -192,7 +196,7 @@ class OutputProjection {
         buffers_type own;
         buffers_type& b = buffers != nullptr ? *buffers : own;
         std::tie(y, local) = exchange_and_project(space, attention_output, w_o, b_o, mesh, token_part, head_part,
-                                                  std::move(y_out), local_out, b.send, b.recv, overlap);
+                                                  std::move(y_out), local_out, b.send, b.recv, overlap, &b);
       }
     }
     local_output_ = local;
@@ -229,7 +233,7 @@ class OutputProjection {
                                                    const Partition& heads, tensor3 y_out, const tensor4& local_out,
                                                    Kokkos::View<U****, Kokkos::LayoutRight, memory_space>& send_slot,
                                                    Kokkos::View<U****, Kokkos::LayoutRight, memory_space>& recv_slot,
-                                                   bool overlap) {
+                                                   bool overlap, buffers_type* sums = nullptr) {
     using unmanaged = detail::Vector<U, memory_space, detail::Unmanaged>;
     const int P = mesh.size(), me = mesh.rank();
     const auto B = static_cast<std::int64_t>(o.extent(0)), S = static_cast<std::int64_t>(o.extent(1));
@@ -269,8 +273,20 @@ class OutputProjection {
       if (!overlap) arriving.back().wait();
     }
     // Block `source` [B, s, h_r, dv] (values of U) into its head columns of `local`, then its GEMM: beta 0 for the
-    // first block with heads, 1 after it (b_o is added once, after the last).
+    // first block with heads, 1 after it (b_o is added once, after the last). A bf16 layer sums the blocks' products
+    // in float (`sums`' y_sum) and rounds into y once, as its single GEMM of all heads did.
+    using A = compat::accumulation_t<T>;
+    constexpr bool widened = !std::is_same_v<A, T>;
     const auto y2 = detail::as_matrix(y, B * s, D);
+    detail::Matrix<A, memory_space> y_sum;
+    if constexpr (widened) {
+      buffers_type own;
+      buffers_type& b = sums != nullptr ? *sums : own;
+      if (b.y_sum.extent(0) != static_cast<std::size_t>(B * s) || b.y_sum.extent(1) != static_cast<std::size_t>(D))
+        b.y_sum =
+            detail::Matrix<A, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y sum"), B * s, D);
+      y_sum = b.y_sum;
+    }
     const auto tokens = detail::as_matrix(local, B * s, H * dv);
     bool first = true;
     const auto consume = [&](int source, const U* block) {
@@ -279,8 +295,12 @@ class OutputProjection {
       if (hr == 0) return;
       detail::ComputePhase<ExecSpace> phase(space, names::w_o_fprop);
       const auto columns = std::make_pair(static_cast<std::size_t>(column), static_cast<std::size_t>(column + width));
-      detail::gemm_with_progress(space, "N", "T", T(1), Kokkos::subview(tokens, Kokkos::ALL(), columns),
-                                 Kokkos::subview(w_o, Kokkos::ALL(), columns), first ? T(0) : T(1), y2);
+      if constexpr (widened)
+        detail::gemm_with_progress(space, "N", "T", A(1), Kokkos::subview(tokens, Kokkos::ALL(), columns),
+                                   Kokkos::subview(w_o, Kokkos::ALL(), columns), first ? A(0) : A(1), y_sum);
+      else
+        detail::gemm_with_progress(space, "N", "T", T(1), Kokkos::subview(tokens, Kokkos::ALL(), columns),
+                                   Kokkos::subview(w_o, Kokkos::ALL(), columns), first ? T(0) : T(1), y2);
       first = false;
     };
     consume(me, send + B * seq.offset(me) * h * dv);  // the own block: in the send buffer already, no wait
@@ -289,6 +309,23 @@ class OutputProjection {
       auto& handle = arriving[static_cast<std::size_t>(k - 1)];
       if (handle.pending()) handle.wait();
       consume(source, recv + B * s * heads.offset(source) * dv);
+    }
+    if constexpr (widened) {
+      if (!first) {
+        // y = round(y_sum + b_o), one rounding per element.
+        const auto bias = b_o;
+        const bool has_bias = b_o.data() != nullptr;
+        Kokkos::parallel_for(
+            "mlacp::round y",
+            Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(space, {0, 0},
+                                                                                               {B * s, D}),
+            KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
+              A v = y_sum(i, j);
+              if (has_bias) v += static_cast<A>(bias(j));
+              y2(i, j) = detail::convert_value<T>(v);
+            });
+        return {y, local};
+      }
     }
     if (first) Kokkos::deep_copy(space, y, T(0));  // no head anywhere: y is the bias alone
     if (b_o.data() != nullptr) detail::add_bias(space, y2, b_o);
