@@ -11,8 +11,8 @@
 //    "attention bprop" phases, their BLAS tiles and kernels included), a communication wait (the "mlacp::wait <name>"
 //    region of AsyncCollective::wait, less the unpack kernels it runs), a memory-bound kernel (any other Kokkos kernel:
 //    RMSNorm, RoPE, packing, conversions, bias sums; by label), or the rest (host code, MPI launches and progress,
-//    allocations). The profiler fences at every boundary (a host execution space: cheap), so its total is a little
-//    above the layer time;
+//    allocations; by the enclosing ComputePhase). Deep copies count as memory-bound kernels. The profiler fences at
+//    every boundary (a host execution space: cheap), so its total is a little above the layer time;
 // 3. each distinct GEMM shape alone: the same detail::gemm_with_progress call (no collective pending: one BLAS call),
 //    fresh operands, warm, on every rank at once as the layer runs them, median per call over >= --alone-ms of repeats:
 //    the CPU's ceiling for that shape;
@@ -99,7 +99,7 @@ struct Frame {
 };
 
 struct Profile {
-  std::map<std::string, double> gemm_s, kernel_s;
+  std::map<std::string, double> gemm_s, kernel_s, rest_by_phase_s;
   std::map<std::string, long> gemm_calls;
   double attention_s = 0, wait_s = 0, rest_s = 0;
   double total_s = 0;
@@ -109,6 +109,8 @@ struct ProfilerState {
   bool on = false;
   std::vector<Frame> stack;
   std::vector<bool> region_pushed;  // per open region: whether it pushed a category
+  std::vector<std::string> phases;  // the open regions that are no category (ComputePhase names): where rest is spent
+  std::vector<bool> deep_copy_pushed;
   std::vector<std::uint64_t> kernel_pushed;
   std::uint64_t next_kernel = 1;
   double last = 0;
@@ -140,6 +142,7 @@ void charge(ProfilerState& s) {
       break;
     case Category::rest:
       s.profile.rest_s += dt;
+      s.profile.rest_by_phase_s[s.phases.empty() ? "(between phases)" : s.phases.back()] += dt;
       break;
   }
 }
@@ -167,7 +170,11 @@ void on_push_region(const char* name) {
   }
   const bool push = c != Category::rest;
   s.region_pushed.push_back(push);
-  if (!push) return;
+  if (!push) {
+    if (top == Category::rest) charge(s);  // the rest before the phase is its enclosing phase's
+    s.phases.push_back(n);
+    return;
+  }
   charge(s);
   s.stack.push_back({c, key});
 }
@@ -177,7 +184,11 @@ void on_pop_region() {
   if (s.region_pushed.empty()) return;
   const bool pushed = s.region_pushed.back();
   s.region_pushed.pop_back();
-  if (!pushed) return;
+  if (!pushed) {
+    if (s.stack.back().category == Category::rest) charge(s);
+    if (!s.phases.empty()) s.phases.pop_back();
+    return;
+  }
   charge(s);
   s.stack.pop_back();
 }
@@ -200,6 +211,28 @@ void on_end_kernel(std::uint64_t id) {
   s.stack.pop_back();
 }
 
+// A deep copy is memory-bound work like a kernel (labelled by its destination), except inside a GEMM or the core.
+void on_begin_deep_copy(mlacp::compat::tools::space_handle, const char* dst, const void*,
+                        mlacp::compat::tools::space_handle, const char*, const void*, std::uint64_t) {
+  auto& s = state();
+  const Category top = s.stack.back().category;
+  const bool push = top != Category::gemm && top != Category::attention;
+  s.deep_copy_pushed.push_back(push);
+  if (!push) return;
+  charge(s);
+  s.stack.push_back({Category::kernel, std::string("deep_copy -> ") + dst});
+}
+
+void on_end_deep_copy() {
+  auto& s = state();
+  if (s.deep_copy_pushed.empty()) return;
+  const bool pushed = s.deep_copy_pushed.back();
+  s.deep_copy_pushed.pop_back();
+  if (!pushed) return;
+  charge(s);
+  s.stack.pop_back();
+}
+
 // Installs the callbacks for its lifetime (restoring whatever was installed before) and collects one Profile.
 class Profiler {
  public:
@@ -210,6 +243,7 @@ class Profiler {
     mlacp::compat::tools::set_push_region_callback(on_push_region);
     mlacp::compat::tools::set_pop_region_callback(on_pop_region);
     mlacp::compat::tools::set_kernel_callbacks(on_begin_kernel, on_end_kernel);
+    mlacp::compat::tools::set_deep_copy_callbacks(on_begin_deep_copy, on_end_deep_copy);
   }
   ~Profiler() { mlacp::compat::tools::set_callbacks(saved_); }
   Profiler(const Profiler&) = delete;
@@ -458,10 +492,16 @@ JsonObject run_configuration(const Configuration& cfg, const mlacp::Mesh& mesh, 
   std::vector<std::pair<double, std::string>> kernels;
   for (const auto& [label, t] : prof.kernel_s) kernels.emplace_back(t / iters, label);
   std::sort(kernels.rbegin(), kernels.rend());
+  std::vector<std::pair<double, std::string>> rest_phases;
+  for (const auto& [phase, t] : prof.rest_by_phase_s) rest_phases.emplace_back(t / iters, phase);
+  std::sort(rest_phases.rbegin(), rest_phases.rend());
   if (mesh.rank() == 0) {
-    std::cout << "  memory-bound kernels (rank 0, largest first):\n";
+    std::cout << "  memory-bound kernels and deep copies (rank 0, largest first):\n";
     for (std::size_t i = 0; i < kernels.size() && i < 8; ++i)
       std::printf("    %-60s %9.3f ms\n", kernels[i].second.c_str(), kernels[i].first * 1e3);
+    std::cout << "  rest by enclosing phase (rank 0, largest first):\n";
+    for (std::size_t i = 0; i < rest_phases.size() && i < 6; ++i)
+      std::printf("    %-60s %9.3f ms\n", rest_phases[i].second.c_str(), rest_phases[i].first * 1e3);
   }
 
   std::vector<std::string> shape_rows, kernel_rows;
@@ -479,6 +519,8 @@ JsonObject run_configuration(const Configuration& cfg, const mlacp::Mesh& mesh, 
                              .num("alone_over_square", r.calls * r.shape.flops() / r.alone_s / square.flops_per_s)
                              .text());
   for (const auto& [t, label] : kernels) kernel_rows.push_back(JsonObject().str("label", label).num("s", t).text());
+  std::vector<std::string> rest_rows;
+  for (const auto& [t, phase] : rest_phases) rest_rows.push_back(JsonObject().str("phase", phase).num("s", t).text());
   return JsonObject()
       .str("name", title)
       .str("shape", cfg.shape_name)
@@ -510,7 +552,8 @@ JsonObject run_configuration(const Configuration& cfg, const mlacp::Mesh& mesh, 
                               .num("total_profiled", profiled_s))
       .num("attention_flops", attention_flops)
       .raw("gemms", jlist(shape_rows))
-      .raw("kernels_rank0", jlist(kernel_rows));
+      .raw("kernels_rank0", jlist(kernel_rows))
+      .raw("rest_by_phase_rank0", jlist(rest_rows));
 }
 
 template <class T>

@@ -204,5 +204,11 @@ inline void set_kernel_callbacks(begin_kernel_callback begin, end_kernel_callbac
   Kokkos::Tools::Experimental::set_begin_parallel_scan_callback(begin);
   Kokkos::Tools::Experimental::set_end_parallel_scan_callback(end);
 }
+using begin_deep_copy_callback = Kokkos_Profiling_beginDeepCopyFunction;  // same in 3.4 and 4.x
+using end_deep_copy_callback = Kokkos_Profiling_endDeepCopyFunction;
+inline void set_deep_copy_callbacks(begin_deep_copy_callback begin, end_deep_copy_callback end) {
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(begin);
+  Kokkos::Tools::Experimental::set_end_deep_copy_callback(end);
+}
 }  // namespace mlacp::compat::tools
 // ---- Kokkos Tools (end) --------------------------------------------------------------------------------------------
