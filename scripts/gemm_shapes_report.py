@@ -25,10 +25,11 @@ def report(path):
     out.append(f"Square-GEMM rate per rank: {rates}. Hook per gemm_with_progress call (2x2x2): "
                f"{doc['hook_ns_without_tool']:.0f} ns without a tool, {doc['hook_ns_with_region_callback']:.0f} ns "
                "with a region callback installed.")
-    out += ["", "Breakdown per iteration and rank, in units of the limit (FLOPs / square rate):", ""]
+    out += ["", "Breakdown per iteration and rank, in units of the limit (FLOPs / square rate); gap = profiled time / "
+            "limit - 1, core excess = (core time - core FLOPs / square rate) / limit:", ""]
     out.append("| configuration | layer ms | limit ms | time/limit | GEMMs alone | GEMM overhead | attention core | "
-               "memory-bound | waits | rest | core / square rate |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+               "memory-bound | waits | rest | core / square rate | gap | core excess |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in doc["results"]:
         b, lim = r["breakdown_s"], r["limit_s"]
         core_rate = r["attention_flops"] / b["attention_core"] / r["square_rate_flops_per_s"]
@@ -36,6 +37,9 @@ def report(path):
         cells += [f"{b[k] / lim:.3f}" for k in ("gemm_alone", "gemm_overhead", "attention_core", "memory_bound_kernels",
                                                   "waits", "rest")]
         cells.append(f"{core_rate:.2f}")
+        # The gap: the profiled time over the limit, less 1; the core's excess: its time less its FLOPs at the rate.
+        cells.append(f"{b['total_profiled'] / lim - 1:.3f}")
+        cells.append(f"{(b['attention_core'] - r['attention_flops'] / r['square_rate_flops_per_s']) / lim:.3f}")
         out.append("| " + " | ".join(cells) + " |")
     out += ["", "GEMM shapes (m x n x k of C = op(A) op(B), per iteration; alone = the same call alone, median):", ""]
     out.append("| configuration | GEMM | calls | layer ms | alone ms | layer/alone | GFLOP/s alone | alone/square |")
