@@ -16,6 +16,8 @@
 #   SKIP_LINK=1 ./scripts/bench.sh      # shared memory only (no root needed for the run itself)
 #   SUITE=0 ./scripts/bench.sh          # skip the overlap suite above (only the peer comparison and sweep)
 #   CORE=0 ./scripts/bench.sh           # skip the attention core against the GEMM rate (CORE_SEQS=512,1024,2048)
+#   GEMM_SHAPES=0 ./scripts/bench.sh    # skip the layer's time split GEMM shape by shape against each shape alone
+#                                       # (mlacp-perf-gemm-shapes at P = 1 and P = NP; about 4 minutes)
 #   PEER=0 ./scripts/bench.sh           # without the mlacp-vs-PyTorch-peer comparison (and sweep)
 #   BF16=0 ./scripts/bench.sh           # without the comparison's bf16 cells (double and float only)
 #   SWEEP=0 ./scripts/bench.sh          # without the scaling sweep S = 512 ... 16384 (a few minutes)
@@ -52,7 +54,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 # shellcheck disable=SC2086
 cmake --preset release -B "$build_dir" -DMLACP_ENABLE_PYTHON=ON ${CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "${BUILD_JOBS:-$(nproc)}" --target mlacp-perf-overlap mlacp-perf-block \
-  mlacp-perf-efficiency mlacp-perf-attention mlacp-mla-block mlacp-plan _mlacp
+  mlacp-perf-efficiency mlacp-perf-attention mlacp-perf-gemm-shapes mlacp-mla-block mlacp-plan _mlacp
 
 mkdir -p "$out"
 bin=$build_dir/perf_tests
@@ -114,6 +116,22 @@ if [[ ${CORE:-1} != 0 ]]; then
   echo "==== attention core, P = $np ===="
   "${mpirun_cmd[@]}" "$bin/mlacp-perf-attention" --seq "${CORE_SEQS:-512,1024,2048}" --shapes small,deepseek \
     --json "$out/attention_np$np.json"
+fi
+
+# ---- the layer's GEMMs shape by shape against each shape alone (issue 23) -----------------------------------------
+# mlacp-perf-gemm-shapes: forward + backward of both strategies at the perf_block and DeepSeek-like shapes, float and
+# double, without and with q-LoRA (Rq = 1536), profiled through Kokkos Tools (GEMM regions, kernels, waits), each GEMM
+# shape timed alone as the CPU's ceiling; at P = 1 and P = NP. perf_results/gemm_shapes/ holds the JSON.
+if [[ ${GEMM_SHAPES:-1} != 0 ]]; then
+  mkdir -p "$out/gemm_shapes"
+  for p in 1 "$np"; do
+    shapes_cmd=("${mpirun_cmd[@]}")
+    shapes_cmd[2]=$p # mpirun -n P [...]
+    echo
+    echo "==== GEMM shapes: the layer against each shape alone, P = $p ===="
+    "${shapes_cmd[@]}" "$bin/mlacp-perf-gemm-shapes" --json "$out/gemm_shapes/gemm_shapes_np$p.json" ||
+      echo "bench: mlacp-perf-gemm-shapes at P = $p failed (rc $?)"
+  done
 fi
 
 # ---- ring attention on the two-level mesh (issue 21) --------------------------------------------------------------

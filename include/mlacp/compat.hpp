@@ -189,5 +189,26 @@ inline void set_push_region_callback(push_region_callback callback) {
 inline void set_pop_region_callback(pop_region_callback callback) {
   Kokkos::Tools::Experimental::set_pop_region_callback(callback);
 }
+/// True when a region callback is installed: the cheap test callers make before building a region's name (a loaded
+/// tool that ignores regions, or the diagnostics' allocation callbacks alone, leave it false).
+inline bool regions_active() { return current_callbacks().push_region != nullptr; }
+// Kernel callbacks (begin: label, device id, kernel id out; end: kernel id), the same in 3.4 and 4.x.
+using begin_kernel_callback = Kokkos_Profiling_beginFunction;
+using end_kernel_callback = Kokkos_Profiling_endFunction;
+/// Installs `begin` and `end` for parallel_for, parallel_reduce and parallel_scan alike.
+inline void set_kernel_callbacks(begin_kernel_callback begin, end_kernel_callback end) {
+  Kokkos::Tools::Experimental::set_begin_parallel_for_callback(begin);
+  Kokkos::Tools::Experimental::set_end_parallel_for_callback(end);
+  Kokkos::Tools::Experimental::set_begin_parallel_reduce_callback(begin);
+  Kokkos::Tools::Experimental::set_end_parallel_reduce_callback(end);
+  Kokkos::Tools::Experimental::set_begin_parallel_scan_callback(begin);
+  Kokkos::Tools::Experimental::set_end_parallel_scan_callback(end);
+}
+using begin_deep_copy_callback = Kokkos_Profiling_beginDeepCopyFunction;  // same in 3.4 and 4.x
+using end_deep_copy_callback = Kokkos_Profiling_endDeepCopyFunction;
+inline void set_deep_copy_callbacks(begin_deep_copy_callback begin, end_deep_copy_callback end) {
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(begin);
+  Kokkos::Tools::Experimental::set_end_deep_copy_callback(end);
+}
 }  // namespace mlacp::compat::tools
 // ---- Kokkos Tools (end) --------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace mlacp {
@@ -67,6 +69,19 @@ class ComputePhase {
   std::string name_;
 };
 
+/// The Kokkos Tools region name of one gemm_with_progress call, "mlacp::gemm NT 4096x512x1024 float beta=0": the
+/// transposes, C = op(A) op(B)'s m x n x k, A's value type and beta, what perf_tests/perf_gemm_shapes.cpp needs to time
+/// the layer shape by shape and to replay each shape alone. Built only while a region callback is installed.
+template <class AMat, class CMat>
+std::string gemm_region_name(const char* trans_a, const char* trans_b, const AMat& a, const CMat& c, double beta) {
+  using A = typename AMat::non_const_value_type;
+  const char* type = std::is_same_v<A, float> ? "float" : std::is_same_v<A, double> ? "double" : "bf16";
+  const bool a_transposed = trans_a[0] == 'T' || trans_a[0] == 't';
+  const auto k = a_transposed ? a.extent(0) : a.extent(1);
+  return std::string("mlacp::gemm ") + trans_a[0] + trans_b[0] + " " + std::to_string(c.extent(0)) + "x" +
+         std::to_string(c.extent(1)) + "x" + std::to_string(k) + " " + type + " beta=" + (beta == 0 ? "0" : "1");
+}
+
 /// C = beta*C + A op(B) (trans_a "N": A [M, K], panels are row blocks of A and C) or C = beta*C + A^T op(B)
 /// (trans_a "T": A [K, M], the reduction runs over A's rows, panels are row blocks of A and B accumulated into C).
 /// While collectives are pending on a host execution space, the GEMM runs in panels (overlap_policy()) with
@@ -80,6 +95,10 @@ void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char*
   using T = typename CMat::non_const_value_type;
   using Scalar = compat::accumulation_t<T>;
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  // One region per call (panels included) when a profiler listens; no name is built otherwise.
+  std::optional<compat::ScopedRegion> region;
+  if (compat::tools::regions_active())
+    region.emplace(gemm_region_name(trans_a, trans_b, a, c, static_cast<double>(Scalar(beta))));
   const auto rows = static_cast<std::int64_t>(a.extent(0));
   const OverlapPolicy policy = overlap_policy();
   std::int64_t panels = 1;
