@@ -66,25 +66,6 @@ std::string env_or(const char* name, const char* fallback = "(unset)") {
   return v ? v : fallback;
 }
 
-/// The CPU's model name and whether its flags include the instructions bf16 GEMMs use.
-std::pair<std::string, std::string> cpu_model_and_flags() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, model = "unknown", flags;
-  while (std::getline(in, line)) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
-    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    if (key == "model name" && model == "unknown") model = value;
-    if (key == "flags" && flags.empty()) flags = " " + value + " ";
-  }
-  std::string present;
-  for (const char* f : {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
-    present += std::string(present.empty() ? "" : " ") + f +
-               (flags.find(std::string(" ") + f + " ") != std::string::npos ? "=yes" : "=no");
-  return {model, present};
-}
-
 template <class T>
 void fill(const Mat<T>& v, std::uint32_t seed) {
   auto h = Kokkos::create_mirror_view(v);

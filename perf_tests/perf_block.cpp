@@ -374,16 +374,7 @@ int run(int argc, char** argv) {
   const mlacp::MlaFlops flops = mlacp::mla_flops(c, P);
 
   JsonObject doc = header("mlacp-perf-block", o, P, repeats);
-  doc.obj("config", JsonObject()
-                        .num("B", c.batch)
-                        .num("S", c.seq)
-                        .num("D", c.hidden)
-                        .num("H", c.heads)
-                        .num("dn", c.nope)
-                        .num("dr", c.rope)
-                        .num("dv", c.vdim)
-                        .num("R", c.latent)
-                        .str("dtype", "double"))
+  doc.obj("config", config_json(c).str("dtype", "double"))
       .str("method",
            "T_comm = sum over collectives of (wait_end - launch) in the blocking backward's event record (transfer and "
            "unpack); T_compute = T_blocking - T_comm; per rank, max over ranks, median over repeats");

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <mlacp/compat.hpp>
+#include <mlacp/mla/config.hpp>
 #include <mlacp/mla/flop_count.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -90,6 +91,27 @@ inline Options parse_options(int argc, char** argv, const std::vector<std::strin
 }
 
 // ---- timing ---------------------------------------------------------------------------------------------------------
+
+/// The CPU's model name (/proc/cpuinfo) and whether its flags include what bounds a GEMM rate (vector width, FMA, bf16
+/// and AMX instructions): "avx2=yes fma=yes ...", printed beside every figure.
+inline std::pair<std::string, std::string> cpu_model_and_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown", flags;
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name" && model == "unknown") model = value;
+    if (key == "flags" && flags.empty()) flags = " " + value + " ";
+  }
+  std::string summary;
+  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    summary += std::string(summary.empty() ? "" : " ") + f +
+               (flags.find(std::string(" ") + f + " ") != std::string::npos ? "=yes" : "=no");
+  return {model, summary};
+}
 
 inline double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -372,6 +394,20 @@ inline int run_main(int argc, char** argv, const char* usage, const std::functio
   }
   MPI_Finalize();
   return rc;
+}
+
+/// A layer configuration's dimensions as JSON (MLA_SPEC's names: B, S, D, H, dn, dr, dv, R and Rq).
+inline JsonObject config_json(const MlaConfig& c) {
+  return JsonObject()
+      .num("B", c.batch)
+      .num("S", c.seq)
+      .num("D", c.hidden)
+      .num("H", c.heads)
+      .num("dn", c.nope)
+      .num("dr", c.rope)
+      .num("dv", c.vdim)
+      .num("R", c.latent)
+      .num("Rq", c.q_lora_rank);
 }
 
 }  // namespace mlacp::perf

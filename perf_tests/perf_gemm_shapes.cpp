@@ -67,26 +67,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 // ---- CPU facts ------------------------------------------------------------------------------------------------------
 
-// The CPU's model name and the flags that bound its GEMM rate (vector width, bf16 and AMX instructions).
-std::pair<std::string, std::string> cpu_model_and_flags() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, model = "unknown", flags;
-  while (std::getline(in, line)) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string key = line.substr(0, colon);
-    key.erase(key.find_last_not_of(" \t") + 1);
-    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    if (key == "model name" && model == "unknown") model = value;
-    if (key == "flags" && flags.empty()) flags = " " + value + " ";
-  }
-  std::string summary;
-  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
-    summary += std::string(summary.empty() ? "" : " ") + f +
-               (flags.find(std::string(" ") + f + " ") != std::string::npos ? "=yes" : "=no");
-  return {model, summary};
-}
-
 // ---- the profiler ---------------------------------------------------------------------------------------------------
 // Kokkos Tools callbacks (C function pointers) over one process-wide state. A stack of categories: every boundary
 // fences, charges the time since the previous boundary to the innermost category, then pushes or pops.
@@ -526,16 +506,7 @@ JsonObject run_configuration(const Configuration& cfg, const mlacp::Mesh& mesh, 
       .str("shape", cfg.shape_name)
       .str("strategy", mlacp::to_string(c.strategy))
       .str("dtype", type_name)
-      .obj("config", JsonObject()
-                         .num("B", c.batch)
-                         .num("S", c.seq)
-                         .num("D", c.hidden)
-                         .num("H", c.heads)
-                         .num("dn", c.nope)
-                         .num("dr", c.rope)
-                         .num("dv", c.vdim)
-                         .num("R", c.latent)
-                         .num("Rq", c.q_lora_rank))
+      .obj("config", config_json(c))
       .samples("layer", plain)
       .num("profiled_s", profiled_s)
       .num("flops_per_rank", total_flops)
