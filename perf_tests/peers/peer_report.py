@@ -92,10 +92,10 @@ def comparison(runs):
         return rows
     print("\nmlacp-mla-block --no-reference vs the PyTorch peer (DeepSpeed-Ulysses style, gloo), forward + backward "
           "per iteration,\nmedian over iterations of the max over ranks; peer/mlacp > 1: mlacp is faster")
-    print(f"{'shape':9s}{'strategy':10s}{'dtype':8s}{'transport':10s}{'mlacp ms':>10s}{'peer ms':>10s}"
+    print(f"{'shape':15s}{'strategy':10s}{'dtype':8s}{'transport':10s}{'mlacp ms':>10s}{'peer ms':>10s}"
           f"{'peer/mlacp':>12s}{'mlacp GEMM frac':>17s}{'peer torch-GEMM frac':>22s}{'model ms':>10s}")
     for r in rows:
-        print(f"{r['shape']:9s}{r['strategy']:10s}{r['dtype']:8s}{r['transport']:10s}"
+        print(f"{r['shape']:15s}{r['strategy']:10s}{r['dtype']:8s}{r['transport']:10s}"
               f"{cell(r['mlacp_ms'], '.1f', r['mlacp'])}{cell(r['peer_ms'], '.1f', r['peer'])}"
               f"{cell(r['peer_over_mlacp'], '.2f', width=12)}{cell(r['mlacp_fraction_of_gemm_rate'], '.3f', width=17)}"
               f"{cell(r['peer_fraction_of_torch_gemm_rate'], '.3f', width=22)}{cell(r['model_ms'], '.1f')}")
