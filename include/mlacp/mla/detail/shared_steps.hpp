@@ -196,8 +196,9 @@ void q_branch_backward(const Context& ctx, Scratch& scratch, const typename Cont
   const auto& weight_grad = lora ? g.w_qb : g.w_q;
   const bool weight_flag = lora ? r.w_qb : r.w_q;
   const bool lora_input = lora && (r.x || r.w_qa || r.g_q);
-  const auto d_cq = lora_input ? as_matrix(ensure(scratch.d_cq, "mlacp::d cq", B, s, Rq), rows, Rq)
-                               : decltype(as_matrix(scratch.d_cq, rows, Rq))();
+  const typename Context::tensor3 d_cq3 =
+      lora_input ? ensure(scratch.d_cq, "mlacp::d cq", B, s, Rq) : typename Context::tensor3();
+  const auto d_cq = lora_input ? as_matrix(d_cq3, rows, Rq) : decltype(as_matrix(d_cq3, rows, Rq))();
   for (std::int64_t part = 0; part < parts; ++part) {
     const typename Context::matrix_rows block(dq_blocks.data() + part * rows * width, static_cast<std::size_t>(rows),
                                               static_cast<std::size_t>(width));
@@ -214,8 +215,7 @@ void q_branch_backward(const Context& ctx, Scratch& scratch, const typename Cont
   const bool d_qa_needed = r.x || r.w_qa;
   const typename Context::tensor3 d_qa =
       d_qa_needed ? ensure(scratch.d_qa, "mlacp::d q_a", B, s, Rq) : typename Context::tensor3();
-  rms_norm_backward(space, p.w.q_a, w.g_q, p.w.rstd_q, ensure(scratch.d_cq, "mlacp::d cq", B, s, Rq), d_qa,
-                    r.g_q ? g.g_q : decltype(g.g_q)());
+  rms_norm_backward(space, p.w.q_a, w.g_q, p.w.rstd_q, d_cq3, d_qa, r.g_q ? g.g_q : decltype(g.g_q)());
   if (!d_qa_needed) return;
   const auto d_qa2 = as_matrix(d_qa, rows, Rq);
   if (r.w_qa) linear_wgrad(space, d_qa2, x2, g.w_qa);
