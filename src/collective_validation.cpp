@@ -297,29 +297,62 @@ std::string call_context(const CollectiveCall& call) {
 
 namespace {
 
-// The kind of error a rank's local verdict raises; it travels with the message as its first character.
-enum class ErrorKind : char { invalid_argument = 'I', usage = 'U', communication = 'C' };
-
-[[noreturn]] void raise(ErrorKind kind, const std::string& text) {
-  if (kind == ErrorKind::usage) throw UsageError(text);
-  if (kind == ErrorKind::communication) throw CommunicationError(text);
+[[noreturn]] void raise(AgreedErrorKind kind, const std::string& text) {
+  if (kind == AgreedErrorKind::usage) throw UsageError(text);
+  if (kind == AgreedErrorKind::communication) throw CommunicationError(text);
+  if (kind == AgreedErrorKind::out_of_memory) throw OutOfMemory(text, "", -1, -1);
   throw InvalidArgument(text);
 }
 
+// FNV-1a, continued over `text`'s bytes and an int64's.
+std::uint64_t fnv1a(std::uint64_t h, const std::string& text) {
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+std::uint64_t fnv1a(std::uint64_t h, std::int64_t value) {
+  for (int byte = 0; byte < 8; ++byte)
+    h = (h ^ ((static_cast<std::uint64_t>(value) >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+  return h;
+}
+constexpr std::uint64_t fnv1a_basis = 14695981039346656037ull;
+
+// The agreement's message has the same length on every rank, whatever fields a rank passes (a bf16 layer and a core's
+// settings add some; ranks started differently may pass different lists): the lowest failing rank, the number of
+// fields, a hash of their names, then kFieldSlots slots of (value, -value). Fields past the last slot are folded, names
+// and values, into that slot as a hash. So a difference in the list itself is reported like any other difference, and
+// never becomes a mismatched collective.
+constexpr std::size_t kFieldSlots = 40;
+constexpr std::size_t kHeader = 5;
+
 // The agreement itself (see agree_or_throw), run whatever the mesh's checked mode.
-void agree(const Mesh& mesh, const std::string& where, const std::string& local_error, const AgreementFields& fields,
-           const std::string& context, ErrorKind kind) {
+void agree(const Mesh& mesh, const std::string& where, const std::string& local_error, const AgreementFields& given,
+           const std::string& context, AgreedErrorKind kind) {
   if (mesh.size() == 1) {
     if (!local_error.empty()) raise(kind, local_error);
     return;
   }
-  // One allreduce (MAX) carries: the lowest failing rank (negated), then every field and its negation, so that max
-  // and min of each field arrive together.
-  std::vector<std::int64_t> values(1 + 2 * fields.size());
+  AgreementFields fields(given.begin(),
+                         given.begin() + static_cast<std::ptrdiff_t>(std::min(given.size(), kFieldSlots)));
+  if (given.size() > kFieldSlots) {
+    std::uint64_t h = fnv1a_basis;
+    for (std::size_t i = kFieldSlots - 1; i < given.size(); ++i) h = fnv1a(fnv1a(h, given[i].first), given[i].second);
+    fields.back() = {"the settings from " + given[kFieldSlots - 1].first + " on (FNV-1a hash of " +
+                         std::to_string(given.size() - kFieldSlots + 1) + " names and values)",
+                     static_cast<std::int64_t>(h)};
+  }
+  std::uint64_t names = fnv1a_basis;
+  for (const auto& field : given) names = fnv1a(names, field.first);
+  // One allreduce (MAX) carries: the lowest failing rank (negated), the field count and the names' hash, then every
+  // field, each with its negation, so that max and min arrive together.
+  std::vector<std::int64_t> values(kHeader + 2 * kFieldSlots, 0);
   values[0] = -static_cast<std::int64_t>(local_error.empty() ? mesh.size() : mesh.rank());
+  values[1] = static_cast<std::int64_t>(given.size());
+  values[2] = -static_cast<std::int64_t>(given.size());
+  values[3] = static_cast<std::int64_t>(names);
+  values[4] = -static_cast<std::int64_t>(names);
   for (std::size_t i = 0; i < fields.size(); ++i) {
-    values[1 + 2 * i] = fields[i].second;
-    values[2 + 2 * i] = -fields[i].second;
+    values[kHeader + 2 * i] = fields[i].second;
+    values[kHeader + 2 * i + 1] = -fields[i].second;
   }
   CollectiveInfo info;
   info.name = where + " (checked-mode agreement)";
@@ -339,26 +372,42 @@ void agree(const Mesh& mesh, const std::string& where, const std::string& local_
     mpi::broadcast(mesh.comm(), message, sizeof(message), failing_rank, info, where + ": checked-mode MPI_Ibcast");
     const std::string text = std::string(message + 1) + " [raised on rank " + std::to_string(failing_rank) + " of " +
                              std::to_string(mesh.size()) + "; nothing was sent]";
-    raise(static_cast<ErrorKind>(message[0]), text);
+    raise(static_cast<AgreedErrorKind>(message[0]), text);
   }
-  for (std::size_t i = 0; i < fields.size(); ++i) {
-    const std::int64_t largest = values[1 + 2 * i];
-    const std::int64_t smallest = -values[2 + 2 * i];
-    if (largest != smallest) {
-      std::ostringstream out;
-      out << where << ": the ranks of the mesh disagree on " << fields[i].first << " (from " << smallest << " to "
-          << largest << " across ranks; this rank passed " << fields[i].second << ", " << context
-          << "); every rank must pass the same shape, dimensions and type [nothing was sent]";
-      throw InvalidArgument(out.str());
-    }
+  auto disagree = [&](const std::string& what, std::int64_t smallest, std::int64_t largest, std::int64_t mine) {
+    std::ostringstream out;
+    out << where << ": the ranks of the mesh disagree on " << what << " (from " << smallest << " to " << largest
+        << " across ranks; this rank passed " << mine << ", " << context
+        << "); every rank must pass the same shape, dimensions and type [nothing was sent]";
+    throw InvalidArgument(out.str());
+  };
+  // The first field that differs names the cause (ranks of different types differ in their element size before the
+  // fields only one of them adds); then a list of another length, then one of other names.
+  for (std::size_t i = 0; i < kFieldSlots; ++i) {
+    const std::int64_t largest = values[kHeader + 2 * i];
+    const std::int64_t smallest = -values[kHeader + 2 * i + 1];
+    if (largest == smallest) continue;
+    const bool mine = i < fields.size();
+    disagree(mine ? fields[i].first
+                  : "setting " + std::to_string(i + 1) + " of the agreement, which this rank does not pass",
+             smallest, largest, mine ? fields[i].second : 0);
   }
+  if (values[1] != -values[2])
+    disagree("the number of settings agreed", -values[2], values[1], static_cast<std::int64_t>(given.size()));
+  if (values[3] != -values[4])
+    disagree("the names of the settings agreed (FNV-1a hash)", -values[4], values[3], static_cast<std::int64_t>(names));
 }
 
 }  // namespace
 
 void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
                     const AgreementFields& fields, const std::string& context, bool usage) {
-  const ErrorKind kind = usage ? ErrorKind::usage : ErrorKind::invalid_argument;
+  agree_or_throw(mesh, where, local_error, fields, context,
+                 usage ? AgreedErrorKind::usage : AgreedErrorKind::invalid_argument);
+}
+
+void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
+                    const AgreementFields& fields, const std::string& context, AgreedErrorKind kind) {
   if (!mesh.checked()) {
     if (!local_error.empty()) raise(kind, local_error);
     return;
@@ -367,7 +416,11 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
 }
 
 void agree_on_success(const Mesh& mesh, const std::string& where, const std::string& local_error) {
-  agree(mesh, where, local_error, {}, "", ErrorKind::communication);
+  agree(mesh, where, local_error, {}, "", AgreedErrorKind::communication);
+}
+
+void agree_on_allocation(const Mesh& mesh, const std::string& where, const std::string& local_error) {
+  agree(mesh, where, local_error, {}, "", AgreedErrorKind::out_of_memory);
 }
 
 CollectiveInfo describe_for_watchdog(const CollectiveCall& call, const std::string& name, std::int64_t bytes) {

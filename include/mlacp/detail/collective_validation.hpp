@@ -63,10 +63,20 @@ using AgreementFields = std::vector<std::pair<std::string, std::int64_t>>;
 void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
                     const AgreementFields& fields, const std::string& context, bool usage = false);
 
+/// The kind of error a rank's local verdict raises on every rank (it travels with the message).
+enum class AgreedErrorKind : char { invalid_argument = 'I', usage = 'U', communication = 'C', out_of_memory = 'M' };
+/// agree_or_throw raising `kind` (OutOfMemory: the failing rank's message on every rank) for a local error.
+void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
+                    const AgreementFields& fields, const std::string& context, AgreedErrorKind kind);
+
 /// Every rank of `mesh` learns whether any failed a step that the next collective depends on (e.g. creating a
 /// resource): whatever the checked mode, if `local_error` is not empty on some rank, every rank throws
 /// CommunicationError with the lowest such rank's message. One allreduce (and a broadcast on failure).
 void agree_on_success(const Mesh& mesh, const std::string& where, const std::string& local_error);
+
+/// agree_on_success for an allocation: whatever the checked mode, if `local_error` (an OutOfMemory's message) is not
+/// empty on some rank, every rank throws OutOfMemory with the lowest such rank's message.
+void agree_on_allocation(const Mesh& mesh, const std::string& where, const std::string& local_error);
 
 /// The local checks of validate_collective, on rank `me` of a group of `group_size` ranks: an empty string when the
 /// call is valid, else the message of its first error. Pure host code (reads nothing of the View): the counts MPI would
