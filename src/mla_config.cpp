@@ -4,7 +4,10 @@
 #include <mlacp/mla/document_layout.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <sstream>
+#include <utility>
 
 namespace mlacp {
 
@@ -50,6 +53,23 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
   for (const auto& [name, value] : dims) {
     if (value <= 0) {
       out << "mlacp::MlaConfig: " << name << " = " << value << "; expected a positive size";
+      return out.str();
+    }
+  }
+  // Products the layer computes in int (GEMM dimensions, token rows) must fit in it: a wrapped size would allocate or
+  // index the wrong amount.
+  const std::pair<const char*, std::int64_t> products[] = {
+      {"batch * seq (token rows)", std::int64_t{batch} * seq},
+      {"nope + rope (qk_head_dim)", std::int64_t{nope} + rope},
+      {"nope + vdim", std::int64_t{nope} + vdim},
+      {"latent + rope (w_kva's rows)", std::int64_t{latent} + rope},
+      {"heads * (nope + rope) (w_q's rows)", std::int64_t{heads} * (std::int64_t{nope} + rope)},
+      {"heads * (nope + vdim) (w_kvb's rows)", std::int64_t{heads} * (std::int64_t{nope} + vdim)},
+      {"heads * vdim (w_o's columns)", std::int64_t{heads} * vdim}};
+  for (const auto& [name, value] : products) {
+    if (value > std::numeric_limits<int>::max()) {
+      out << "mlacp::MlaConfig: " << name << " = " << value << " (" << describe()
+          << "); expected at most INT_MAX = " << std::numeric_limits<int>::max();
       return out.str();
     }
   }
