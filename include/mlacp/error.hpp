@@ -2,8 +2,10 @@
 // The exceptions mlacp throws. Every message names the offending value and what was expected.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mlacp {
 
@@ -30,6 +32,27 @@ class UsageError : public Error {
 class CommunicationError : public Error {
  public:
   using Error::Error;
+};
+
+/// An allocation that did not fit: names what was being allocated (the View's label), the bytes asked for and the
+/// bytes the rank had available. Raised on every rank: where it happens before a collective the ranks agree on it,
+/// where collectives may be pending the failing rank reports it on the mesh's failure channel (the others raise
+/// CommunicationError naming it). Python: mlacp.OutOfMemoryError, also a MemoryError.
+class OutOfMemory : public Error {
+ public:
+  OutOfMemory(const std::string& what, std::string label, std::int64_t bytes, std::int64_t available)
+      : Error(what), label_(std::move(label)), bytes_(bytes), available_(available) {}
+  /// The View's label ("" when unknown).
+  const std::string& label() const { return label_; }
+  /// Bytes asked for (-1 when unknown); as Kokkos reports it, rounded, when the failure came from inside Kokkos.
+  std::int64_t bytes() const { return bytes_; }
+  /// Bytes the rank had available when it failed (MemAvailable, bounded by the address-space limit; -1 unknown).
+  std::int64_t available() const { return available_; }
+
+ private:
+  std::string label_;
+  std::int64_t bytes_;
+  std::int64_t available_;
 };
 
 }  // namespace mlacp

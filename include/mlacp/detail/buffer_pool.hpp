@@ -3,6 +3,7 @@
 // every step, so after the first step no send, receive or staging buffer is allocated again.
 #pragma once
 
+#include <mlacp/allocation.hpp>
 #include <mlacp/detail/transport.hpp>
 #include <mlacp/diagnostics.hpp>
 
@@ -71,8 +72,17 @@ class BufferPool {
       if (same_stream) break;
     }
     if (chosen == nullptr) {
-      entries_.push_back(
-          Entry{bytes_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp pool: " + label), bytes), {}, 0});
+      bytes_view storage;
+      try {
+        storage = bytes_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp pool: " + label), bytes);
+      } catch (const std::exception& e) {
+        if (translate_allocation_failure(e, "")) {
+          throw out_of_memory("mlacp: the collectives' staging buffer pool", "mlacp pool: " + label,
+                              static_cast<std::int64_t>(bytes), e.what());
+        }
+        throw;
+      }
+      entries_.push_back(Entry{storage, {}, 0});
       diagnostics::detail::count_buffer_allocation(bytes);
       chosen = &entries_.back();
     } else if (chosen->user.fence && (user.stream == nullptr || chosen->user.stream != user.stream)) {

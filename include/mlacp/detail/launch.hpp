@@ -4,6 +4,7 @@
 // described launch to the backend of the execution space (detail::TransportFor: mpi/ or nccl/).
 #pragma once
 
+#include <mlacp/allocation.hpp>
 #include <mlacp/async_collective.hpp>
 #include <mlacp/collective_bytes.hpp>
 #include <mlacp/compat.hpp>
@@ -25,6 +26,7 @@
 #endif
 #include <any>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -79,12 +81,52 @@ detail::CollectiveCall describe(detail::CollectiveKind kind, const ViewType& vie
   return call;
 }
 
+/// Reports on a mesh's failure channel when the launch whose scope it lives in is left by an exception after its
+/// validation (an allocation that did not fit on this rank, a backend's error). The other ranks, which may already
+/// have launched, then raise CommunicationError naming this rank at their wait instead of waiting for the watchdog;
+/// this rank raises its own error (an OutOfMemory names the View and the bytes, and the report quotes it).
+class FailureReporter {
+ public:
+  FailureReporter() = default;
+  FailureReporter(FailureReporter&& other) noexcept
+      : mesh_(std::exchange(other.mesh_, nullptr)),
+        name_(std::move(other.name_)),
+        exceptions_(other.exceptions_),
+        failures_(other.failures_) {}
+  FailureReporter& operator=(FailureReporter&&) = delete;
+  FailureReporter(const FailureReporter&) = delete;
+  FailureReporter& operator=(const FailureReporter&) = delete;
+  ~FailureReporter() {
+    if (mesh_ == nullptr || std::uncaught_exceptions() <= exceptions_) return;
+    try {
+      std::string what = "mlacp: launch of '" + name_ + "' failed on rank " + std::to_string(mesh_->rank());
+      if (out_of_memory_count() != failures_) what += ": " + last_out_of_memory();
+      mesh_->report_failure(what);
+    } catch (...) {
+      mesh_->report_failure("mlacp: a launch failed");
+    }
+  }
+  void arm(const Mesh& mesh, const std::string& name) {
+    mesh_ = &mesh;
+    name_ = name;
+    exceptions_ = std::uncaught_exceptions();
+    failures_ = out_of_memory_count();
+  }
+
+ private:
+  const Mesh* mesh_ = nullptr;
+  std::string name_;
+  int exceptions_ = 0;
+  std::uint64_t failures_ = 0;
+};
+
 /// The outcome of a collective's prologue: the validated call, and the finished handle when nothing moves (P == 1:
 /// the input itself is the result).
 template <class ViewType>
 struct Prologue {
   detail::CollectiveCall call;
   std::optional<AsyncCollective<collective_result_t<ViewType>>> done;
+  FailureReporter reporter;  // armed once the call is validated: a throw after that is reported on the mesh
 };
 
 /// What every collective does first: the compile-time requirements, the description of the call, its validation
@@ -95,7 +137,7 @@ Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, i
                             const std::string& name, const collective_result_t<ViewType>& into,
                             const Partition* partition_a = nullptr, const Partition* partition_b = nullptr) {
   check_collective_types<ExecSpace, ViewType>();
-  Prologue<ViewType> p{describe(kind, view, dim_a, dim_b), std::nullopt};
+  Prologue<ViewType> p{describe(kind, view, dim_a, dim_b), std::nullopt, {}};
   if (partition_a != nullptr) {
     p.call.uneven = true;
     p.call.counts_a = partition_a->counts();
@@ -118,7 +160,10 @@ Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, i
     p.call.counts_a.clear();
     p.call.counts_b.clear();
   }
-  if (mesh.size() == 1) p.done.emplace(name, nullptr, collective_result_t<ViewType>(view), std::function<void()>{});
+  if (mesh.size() == 1)
+    p.done.emplace(name, nullptr, collective_result_t<ViewType>(view), std::function<void()>{});
+  else
+    p.reporter.arm(mesh, name);
   return p;
 }
 
@@ -134,8 +179,16 @@ collective_result_t<ViewType> allocate_result(const collective_result_t<ViewType
   for (int d = 0; d < compat::view_rank_v<ViewType>; ++d) n[d] = like.extent(static_cast<unsigned>(d));
   n[dim_a] = static_cast<std::size_t>(extent_a);
   if (dim_b >= 0) n[dim_b] = static_cast<std::size_t>(extent_b);
-  return collective_result_t<ViewType>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n[0], n[1], n[2], n[3],
-                                       n[4]);
+  try {
+    return collective_result_t<ViewType>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n[0], n[1], n[2], n[3],
+                                         n[4]);
+  } catch (const std::exception& e) {
+    if (!translate_allocation_failure(e, "")) throw;
+    std::int64_t bytes = static_cast<std::int64_t>(sizeof(typename ViewType::value_type));
+    for (int d = 0; d < compat::view_rank_v<ViewType>; ++d)
+      bytes = checked_product(bytes, static_cast<std::int64_t>(n[d]));
+    throw out_of_memory("mlacp: a collective's result", label, bytes, e.what());
+  }
 }
 
 /// One collective, ready for its backend: what moves, where the result is, and what its handle must keep alive.

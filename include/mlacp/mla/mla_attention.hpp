@@ -6,6 +6,7 @@
 // owns its memory; what the schedules share is in detail/schedule_context.hpp and detail/shared_steps.hpp.
 #pragma once
 
+#include <mlacp/allocation.hpp>
 #include <mlacp/bf16_gemm.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
@@ -170,9 +171,25 @@ class MlaAttention {
       if (error.empty()) error = core_error;
       for (auto& field : core_.settings()) fields.push_back(std::move(field));
     }
-    detail::agree_or_throw(mesh, "mlacp::MlaAttention", error, fields, config_.describe());
-    // Validated and agreed: the configuration's layout, which forward(space, x, flags) uses.
-    if (!config_.cu_seqlens.empty()) documents_ = DocumentLayout(config_.cu_seqlens, config_.seq);
+    // The configuration's layout, which forward(space, x, flags) uses, is built before the agreement: an allocation
+    // that fails on one rank is then one OutOfMemory on every rank, not a rank missing from the next collective.
+    DocumentLayout documents;
+    auto kind = detail::AgreedErrorKind::invalid_argument;
+    if (error.empty() && !config_.cu_seqlens.empty()) {
+      try {
+        documents = DocumentLayout(config_.cu_seqlens, config_.seq);
+      } catch (const std::exception& e) {
+        const auto out_of_memory = detail::translate_allocation_failure(
+            e, "mlacp::MlaAttention: rank " + std::to_string(mesh.rank()) + ": the packed documents' offsets");
+        if (!out_of_memory) throw;
+        error = out_of_memory->what();
+        kind = detail::AgreedErrorKind::out_of_memory;
+        // An unchecked mesh agrees on nothing: the others learn it from the failure channel at their next wait.
+        if (!mesh.checked()) mesh.report_failure(error);
+      }
+    }
+    detail::agree_or_throw(mesh, "mlacp::MlaAttention", error, fields, config_.describe(), kind);
+    documents_ = std::move(documents);
   }
 
   /// Not copyable or movable: a pending Forward refers to its layer (and to the workspace the layer owns), so the
@@ -274,8 +291,7 @@ class MlaAttention {
       if (!detail::needs_backward(f.flags_)) f.give_back();
       return f;
     } catch (const std::exception& e) {
-      mesh_->report_failure("mlacp::MlaAttention::forward: " + std::string(e.what()));  // the others raise too
-      throw;
+      report_and_rethrow("mlacp::MlaAttention::forward", e);
     }
   }
 
@@ -348,12 +364,22 @@ class MlaAttention {
       if constexpr (staged) add_staged_gradients(space, grads);
       f.give_back();
     } catch (const std::exception& e) {
-      mesh_->report_failure("mlacp::MlaAttention::backward: " + std::string(e.what()));  // the others raise too
-      throw;
+      report_and_rethrow("mlacp::MlaAttention::backward", e);
     }
   }
 
  private:
+  // A pass that failed on this rank while collectives may be pending: the failure goes on the mesh's failure channel
+  // (the others' waits raise CommunicationError naming it), and this rank raises it, an allocation failure as
+  // OutOfMemory naming the View's label and the bytes.
+  [[noreturn]] void report_and_rethrow(const std::string& where, const std::exception& e) const {
+    const auto out_of_memory =
+        detail::translate_allocation_failure(e, where + ": rank " + std::to_string(mesh_->rank()));
+    mesh_->report_failure(where + ": " + (out_of_memory ? std::string(out_of_memory->what()) : std::string(e.what())));
+    if (out_of_memory && dynamic_cast<const OutOfMemory*>(&e) == nullptr) throw *out_of_memory;
+    throw;
+  }
+
   using context_type = detail::ScheduleContext<T, ExecSpace, Core>;
   /// The strategy's schedule, chosen once at construction.
   using schedule_type =

@@ -2,6 +2,7 @@
 // The parameters of an MLA block (MLA_SPEC "Weights", nn.Linear form: W is [out, in]) and their gradients.
 #pragma once
 
+#include <mlacp/allocation.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
@@ -21,13 +22,14 @@ namespace mlacp {
 
 namespace detail {
 
-/// A View of ViewType (rank 1 or 2) with `label` and `shape` (the table's, parameter_table.hpp), zero-initialised.
+/// A View of ViewType (rank 1 or 2) with `label` and `shape` (the table's, parameter_table.hpp), zero-initialised;
+/// OutOfMemory (allocation.hpp) naming the label and the bytes when it does not fit.
 template <class ViewType>
 ViewType allocate_view(const std::string& label, const ParameterShape& shape) {
   if constexpr (compat::view_rank_v<ViewType> == 1)
-    return ViewType(label, shape[0]);
+    return allocate_view_or_throw<ViewType>("mlacp: a parameter", label, shape[0]);
   else
-    return ViewType(label, shape[0], shape[1]);
+    return allocate_view_or_throw<ViewType>("mlacp: a parameter", label, shape[0], shape[1]);
 }
 
 /// A View's extents as a ParameterShape (rank 1 or 2).
