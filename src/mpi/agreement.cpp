@@ -26,6 +26,18 @@ void allreduce_max(MPI_Comm comm, std::vector<std::int64_t>& values, const Colle
   values = *buffer;
 }
 
+void allreduce_max(MPI_Comm comm, std::vector<double>& values, const CollectiveInfo& info, const std::string& what) {
+  throw_if_failed(comm, what);
+  auto buffer = std::make_shared<std::vector<double>>(values);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()), MPI_DOUBLE, MPI_MAX, comm,
+                           &request),
+            what);
+  events::record(EventKind::launch, info.name);
+  wait_or_throw(&request, comm, info, what, buffer);
+  values = *buffer;
+}
+
 void broadcast(MPI_Comm comm, void* data, int bytes, int root, const CollectiveInfo& info, const std::string& what) {
   throw_if_failed(comm, what);
   auto buffer =

@@ -16,16 +16,20 @@
 // --ring plan lets the planner (model/mesh_plan.hpp) choose the strategy, the ring size and the layout.
 #include <mpi.h>
 #include <sys/resource.h>
+#include <mlacp/allocation.hpp>
 #include <mlacp/bf16_gemm.hpp>
 #include <mlacp/collective_bytes.hpp>
 #include <mlacp/collectives.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/event_recorder.hpp>
+#include <mlacp/mla/detail/input_checks.hpp>
 #include <mlacp/mla/flop_count.hpp>
 #include <mlacp/mla/mla_attention.hpp>
 #include <mlacp/model/layer_model.hpp>
 #include <mlacp/model/mesh_plan.hpp>
+#include <mlacp/mpi/agreement.hpp>
 #include <mlacp/testing/synthetic.hpp>
 #include <mlacp/token_map.hpp>
 #include <mlacp/version.hpp>
@@ -36,6 +40,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -102,7 +107,9 @@ const char* usage =
     "runs the planner's first choice of strategy, ring size and layout (overriding --strategy and --ring-layout)\n"
     "within --memory-per-rank BYTES (default: the machine's memory per rank).\n"
     "--q-lora Rq factors the query as DeepSeek-V2/V3 do (w_qa [Rq, D], RMSNorm g_q, w_qb [H*dqk, Rq]; 0: dense w_q);\n"
-    "--softmax-scale X replaces the attention's 1/sqrt(dqk) (e.g. DeepSeek-V3's YaRN-adjusted scale).\n";
+    "--softmax-scale X replaces the attention's 1/sqrt(dqk) (e.g. DeepSeek-V3's YaRN-adjusted scale).\n"
+    "Kokkos' own options (--kokkos-threads=N, --kokkos-device-id=N, ...) pass through to Kokkos; --kokkos-help lists\n"
+    "them.\n";
 
 // Parses argv; throws std::invalid_argument with a message naming the flag and value.
 Options parse(int argc, char** argv) {
@@ -122,6 +129,7 @@ Options parse(int argc, char** argv) {
       {"--iters", &o.iters}, {"--warmup", &o.warmup}, {"--q-lora", &c.q_lora_rank}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own (--kokkos-threads=4): Kokkos reads them
     if (flag == "--bias") {
       c.bias = true;
       continue;
@@ -301,13 +309,32 @@ void dump(const std::string& dir, const std::string& name, const std::vector<dou
   mlacp::tools::write_npy(dir + "/" + name + ".npy", data, shape);
 }
 
+// The tool's own collectives that a rank may reach while another has failed (a probe's or the reference's
+// allocation, a file it cannot write) are watched ones (mpi/agreement.hpp): they look at the mesh's failure channel,
+// so that the others raise the failing rank's error instead of waiting for it.
+mlacp::CollectiveInfo tool_step(const std::string& what) {
+  mlacp::CollectiveInfo info;
+  info.name = "mlacp-mla-block: " + what;
+  info.operation = "MPI_Iallreduce(MAX)";
+  return info;
+}
+// Element-wise maximum over the ranks, in place.
+void max_over_ranks(const mlacp::Mesh& mesh, std::vector<double>& values, const std::string& what) {
+  if (mesh.size() > 1) mlacp::mpi::allreduce_max(mesh.comm(), values, tool_step(what), "mlacp-mla-block: " + what);
+}
+double max_over_ranks(const mlacp::Mesh& mesh, double value, const std::string& what) {
+  std::vector<double> values{value};
+  max_over_ranks(mesh, values, what);
+  return values[0];
+}
+// Every rank arrives before any leaves (the start of a timed iteration).
+void barrier(const mlacp::Mesh& mesh, const std::string& what) { max_over_ranks(mesh, 0.0, what); }
+
 // Peak resident set size of this process in bytes (getrusage's high-water mark, KiB on Linux), max over the ranks.
-double peak_rss_bytes(MPI_Comm comm) {
+double peak_rss_bytes(const mlacp::Mesh& mesh) {
   rusage self{};
   getrusage(RUSAGE_SELF, &self);
-  double bytes = static_cast<double>(self.ru_maxrss) * 1024.0;
-  MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return bytes;
+  return max_over_ranks(mesh, static_cast<double>(self.ru_maxrss) * 1024.0, "peak resident memory");
 }
 
 // The machine's GEMM rate for this layer: one compat::gemm of q_proj's forward shape, [B*s, D] x [D, H*dqk] (x w_q^T),
@@ -322,7 +349,7 @@ struct GemmRate {
 };
 
 template <class T>
-GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, MPI_Comm comm) {
+GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, const mlacp::Mesh& mesh) {
   using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
   // bf16: the layer's way, bf16 operands accumulated in float (a Bf16GemmPlan choosing its backend on the untimed
   // first call), the result rounded to bf16 as q_proj's is.
@@ -333,7 +360,17 @@ GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, MPI_Comm comm) {
     installed.emplace(*plan);
   }
   const int m = c.batch * s, k = c.hidden, n = c.heads * c.qk_dim();
-  Matrix a("gemm a", m, k), b("gemm b", n, k), out("gemm c", m, n);
+  std::string problem;  // a probe that does not fit is one error on every rank
+  Matrix a, b, out;
+  try {
+    const std::string where = "mlacp-mla-block: the GEMM-rate probe";
+    a = mlacp::detail::allocate_view_or_throw<Matrix>(where, "gemm a", m, k);
+    b = mlacp::detail::allocate_view_or_throw<Matrix>(where, "gemm b", n, k);
+    out = mlacp::detail::allocate_view_or_throw<Matrix>(where, "gemm c", m, n);
+  } catch (const mlacp::OutOfMemory& e) {
+    problem = e.what();
+  }
+  mlacp::detail::agree_on_allocation(mesh, "mlacp-mla-block: the GEMM-rate probe", problem);
   mlacp::testing::synthetic::fill(a, 11, 1.0);
   mlacp::testing::synthetic::fill(b, 12, 1.0);
   const Space space;
@@ -342,12 +379,12 @@ GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, MPI_Comm comm) {
   std::vector<double> times;
   for (int it = 0; it <= rate.repeats; ++it) {
     Kokkos::fence();
-    MPI_Barrier(comm);
+    barrier(mesh, "GEMM-rate probe");
     const auto start = std::chrono::steady_clock::now();
     mlacp::detail::gemm_values(space, "N", "T", 1.0f, a, b, 0.0f, out);
     Kokkos::fence();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+    const double seconds = max_over_ranks(
+        mesh, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), "GEMM-rate probe");
     if (it > 0) times.push_back(seconds);
   }
   std::sort(times.begin(), times.end());
@@ -412,8 +449,8 @@ AttentionBalance attention_balance(const Layer& layer, const View& x, const View
   const double pairs =
       static_cast<double>(mlacp::causal_pairs(layer.token_map(), mesh.ring_rank(), layer.documents())) *
       layer.local_heads();
-  double values[4] = {pairs, -pairs, cpu, -cpu};
-  MPI_Allreduce(MPI_IN_PLACE, values, 4, MPI_DOUBLE, MPI_MAX, mesh.comm());
+  std::vector<double> values = {pairs, -pairs, cpu, -cpu};
+  max_over_ranks(mesh, values, "attention balance");
   out.pairs_max = values[0];
   out.pairs_min = -values[1];
   out.cpu_max = values[2];
@@ -443,13 +480,28 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   // The full x and dy only when the reference or the dump needs them: at large S they would count in the peak
   // memory of every rank, which is reported next to the peer's (which holds only its shard).
   const bool need_full = o.reference || !o.dump.empty();
-  Tensor3 x_full, dy_full;
-  if (need_full) {
-    x_full = Tensor3("x", c.batch, c.seq, c.hidden);
-    dy_full = Tensor3("dy", c.batch, c.seq, c.hidden);
-    mlacp::testing::synthetic::fill(x_full, o.seed + 100, 1.0);
-    mlacp::testing::synthetic::fill(dy_full, o.seed + 200, 1.0);
+  // The configuration first, on every rank, before anything is allocated from its sizes: a bad size (negative, or a
+  // product past INT_MAX) is the layer's own clear error on every rank, and ranks started with different settings
+  // (an MPMD launch) learn which differs.
+  {
+    auto fields = mlacp::detail::config_fields(c);
+    fields.push_back({"bytes per element of the layer's value type (--dtype)", static_cast<std::int64_t>(sizeof(T))});
+    mlacp::detail::agree_or_throw(mesh, "mlacp-mla-block", c.error(P), fields, c.describe());
   }
+  const std::string where = "mlacp-mla-block: rank " + std::to_string(rank);
+  Tensor3 x_full, dy_full;
+  std::string allocation_problem;
+  try {
+    if (need_full) {
+      x_full = mlacp::detail::allocate_view_or_throw<Tensor3>(where, "x (full sequence)", c.batch, c.seq, c.hidden);
+      dy_full = mlacp::detail::allocate_view_or_throw<Tensor3>(where, "dy (full sequence)", c.batch, c.seq, c.hidden);
+      mlacp::testing::synthetic::fill(x_full, o.seed + 100, 1.0);
+      mlacp::testing::synthetic::fill(dy_full, o.seed + 200, 1.0);
+    }
+  } catch (const mlacp::OutOfMemory& e) {
+    allocation_problem = e.what();
+  }
+  mlacp::detail::agree_on_allocation(mesh, "mlacp-mla-block: the inputs", allocation_problem);
   // The Kokkos memory of the distributed run (diagnostics.hpp), what the model's memory per rank predicts: counted
   // from here, so that the weights, their gradients, this rank's inputs and outputs and the layer's workspaces are
   // in; the full x and dy above (the reference's and the dump's), the GEMM-rate probes and the reference are not.
@@ -462,10 +514,23 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   };
 
   // The layer validates the configuration on every rank (before any other collective).
-  const auto weights = mlacp::testing::synthetic::weights<T, Mem>(c, o.seed);
+  mlacp::MlaWeights<T, Mem> weights;
+  try {
+    weights = mlacp::testing::synthetic::weights<T, Mem>(c, o.seed);
+  } catch (const mlacp::OutOfMemory& e) {
+    allocation_problem = e.what();
+  }
+  mlacp::detail::agree_on_allocation(mesh, "mlacp-mla-block: the weights", allocation_problem);
   mlacp::MlaAttention<T> layer(c, weights, mesh);
   const int s = layer.local_seq();
-  Tensor3 x("x", c.batch, s, c.hidden), dy("dy", c.batch, s, c.hidden);
+  Tensor3 x, dy;
+  try {
+    x = mlacp::detail::allocate_view_or_throw<Tensor3>(where, "x", c.batch, s, c.hidden);
+    dy = mlacp::detail::allocate_view_or_throw<Tensor3>(where, "dy", c.batch, s, c.hidden);
+  } catch (const mlacp::OutOfMemory& e) {
+    allocation_problem = e.what();
+  }
+  mlacp::detail::agree_on_allocation(mesh, "mlacp-mla-block: the rank's inputs", allocation_problem);
   if (need_full) {
     // This rank's tokens: its ranges of the layer's token map (one contiguous range on a flat mesh).
     mlacp::shard(space, layer.token_map(), mesh.ring_rank(), mesh.ulysses_rank(), x_full, x);
@@ -476,7 +541,7 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   }
 
   note_view_peak();
-  GemmRate gemm = gemm_rate<T>(c, s, mesh.comm());
+  GemmRate gemm = gemm_rate<T>(c, s, mesh);
   mlacp::diagnostics::reset_view_peak_bytes();  // the probe's matrices are not the layer's
   std::vector<double> times;
   typename mlacp::MlaAttention<T>::gradients_type grads;
@@ -484,25 +549,25 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   // The layer's own collectives only: the bytes this rank hands to them per iteration (collective_bytes.hpp).
   mlacp::reset_collective_bytes();
   for (int it = 0; it < o.warmup + o.iters; ++it) {
-    MPI_Barrier(mesh.comm());
+    barrier(mesh, "iteration start");
     const auto start = std::chrono::steady_clock::now();
     auto forward = layer.forward(space, x);
     grads = layer.backward(space, forward, dy);
     Kokkos::fence();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, mesh.comm());
+    const double seconds = max_over_ranks(
+        mesh, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), "iteration time");
     if (it >= o.warmup) times.push_back(seconds);
     y = forward.output();
   }
   note_view_peak();
-  MPI_Allreduce(MPI_IN_PLACE, &view_peak, 1, MPI_DOUBLE, MPI_MAX, mesh.comm());
+  view_peak = max_over_ranks(mesh, view_peak, "peak Kokkos bytes");
   const double wire_bytes_per_iteration =
       static_cast<double>(mlacp::collective_bytes().total()) / static_cast<double>(o.warmup + o.iters);
-  gemm.flops_per_s = std::max(gemm.flops_per_s, gemm_rate<T>(c, s, mesh.comm()).flops_per_s);
+  gemm.flops_per_s = std::max(gemm.flops_per_s, gemm_rate<T>(c, s, mesh).flops_per_s);
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   // Before the reference runs on rank 0: the distributed layer's own high-water mark.
-  const double peak_rss = peak_rss_bytes(mesh.comm());
+  const double peak_rss = peak_rss_bytes(mesh);
   const AttentionBalance balance = attention_balance(layer, x, dy, mesh);
   const mlacp::MlaFlops flops = mlacp::mla_flops(c, P);
   const double fraction = flops.total() / gemm.flops_per_s / median;
@@ -510,17 +575,29 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   // Distributed results, assembled on rank 0 in global order; weight gradients summed over ranks.
   std::vector<std::pair<std::string, std::vector<double>>> got;
   if (need_full) {
+    // This rank's values on the host first (an allocation that fails here is agreed before the raw MPI gathers).
+    std::vector<std::pair<std::string, std::vector<double>>> local;
+    try {
+      local.emplace_back("y", to_host(y));
+      local.emplace_back("dx", to_host(grads.dx));
+      // Weight gradients in the parameter table's order (parameter_table.hpp): "d" + name, those the layer has.
+      mlacp::for_each_parameter(
+          [&](const mlacp::ParameterInfo& info, const auto& gradient) {
+            std::vector<double> values = to_host(gradient);
+            if (!values.empty()) local.emplace_back(std::string("d") + info.name, std::move(values));
+          },
+          grads);
+    } catch (const std::exception& e) {
+      const auto out_of_memory = mlacp::detail::translate_allocation_failure(e, where);
+      if (!out_of_memory) throw;
+      allocation_problem = out_of_memory->what();
+    }
+    mlacp::detail::agree_on_allocation(mesh, "mlacp-mla-block: the results' host copies", allocation_problem);
     const auto ranges = ranges_of_ranks(layer.token_map(), mesh);
     const auto S = static_cast<std::size_t>(c.seq);
-    got.emplace_back("y", gather_tokens(to_host(y), c.batch, c.hidden, ranges, S, mesh));
-    got.emplace_back("dx", gather_tokens(to_host(grads.dx), c.batch, c.hidden, ranges, S, mesh));
-    // Weight gradients in the parameter table's order (parameter_table.hpp): "d" + name, those the layer has.
-    mlacp::for_each_parameter(
-        [&](const mlacp::ParameterInfo& info, const auto& gradient) {
-          const std::vector<double> values = to_host(gradient);
-          if (!values.empty()) got.emplace_back(std::string("d") + info.name, sum_to_root(values, mesh));
-        },
-        grads);
+    for (auto& [name, values] : local)
+      got.emplace_back(name, name == "y" || name == "dx" ? gather_tokens(values, c.batch, c.hidden, ranges, S, mesh)
+                                                         : sum_to_root(values, mesh));
   }
 
   int verdict = 0;
@@ -693,8 +770,50 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
       std::cout << "  wrote " << o.json << "\n";
     }
   }
-  MPI_Bcast(&verdict, 1, MPI_INT, 0, mesh.comm());
+  // Watched: when rank 0 fails on its own (the reference's memory, a file it cannot write), it reports the failure on
+  // the mesh, and the others raise it here instead of waiting.
+  if (P > 1) {
+    mlacp::CollectiveInfo info = tool_step("the verdict");
+    info.operation = "MPI_Ibcast";
+    mlacp::mpi::broadcast(mesh.comm(), &verdict, sizeof verdict, 0, info, "mlacp-mla-block: the verdict");
+  }
   return verdict;
+}
+
+// The tool's flags, agreed over MPI_COMM_WORLD before Kokkos starts: -1 and the options to run, or the exit code (0
+// after --help, 2 after a bad flag on any rank; rank 0 prints the usage and the lowest failing rank's message), so
+// that ranks started with different flags (an MPMD launch) all stop instead of some entering the mesh's collectives.
+int parse_agreed(int argc, char** argv, int rank, Options& options) {
+  int status = 0;  // 0 run, 1 help, 2 a bad flag
+  std::string message;
+  try {
+    options = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+    status = message.empty() ? 1 : 2;
+  }
+  int worst = status;
+  MPI_Allreduce(&status, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (worst == 0) return -1;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int failing = status == worst ? rank : size;
+  MPI_Allreduce(MPI_IN_PLACE, &failing, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  char text[1024] = {};
+  if (rank == failing) std::strncpy(text, message.c_str(), sizeof(text) - 1);
+  MPI_Bcast(text, sizeof text, MPI_CHAR, failing, MPI_COMM_WORLD);
+  if (rank == 0) {
+    if (worst == 2)
+      std::cerr << "mlacp-mla-block: " << text << (size > 1 ? " [rank " + std::to_string(failing) + "]" : "") << "\n";
+    (worst == 2 ? std::cerr : std::cout) << usage;
+  }
+  return worst == 2 ? 2 : 0;
+}
+
+bool asks_for_kokkos_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--kokkos-help") return true;
+  return false;
 }
 
 }  // namespace
@@ -704,11 +823,16 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int code = 0;
-  {
+  Options options;
+  int code = parse_agreed(argc, argv, rank, options);
+  if (code < 0 && asks_for_kokkos_help(argc, argv)) {
+    Kokkos::ScopeGuard kokkos(argc, argv);  // prints Kokkos' own options
+    code = 0;
+  }
+  if (code < 0) {
     Kokkos::ScopeGuard kokkos(argc, argv);
+    std::optional<mlacp::Mesh> mesh;  // once it exists, a failure on one rank is reported on it (report_failure)
     try {
-      Options options = parse(argc, argv);
       namespace model = mlacp::model;
       ModelReport report;
       std::optional<model::MachineParams> machine;
@@ -748,11 +872,11 @@ int main(int argc, char** argv) {
         options.config = model::apply(pm.choice, options.config);
         options.ring = mlacp::Ring(pm.choice.ring);
       }
-      mlacp::Mesh mesh(MPI_COMM_WORLD, options.ring);
+      mesh.emplace(MPI_COMM_WORLD, options.ring);
       if (machine) {
         // The model's prediction for this run's own choice; a choice the model cannot place (or a machine without
         // this dtype's figures) is reported, on every rank alike, and the run goes on.
-        const model::Choice choice{options.config.strategy, mesh.ulysses_size(), mesh.ring_size(),
+        const model::Choice choice{options.config.strategy, mesh->ulysses_size(), mesh->ring_size(),
                                    options.config.ring_layout};
         try {
           report.prediction =
@@ -761,20 +885,21 @@ int main(int argc, char** argv) {
           report.why_not = e.what();
         }
       }
-      code = options.dtype == "float"  ? run<float>(options, mesh, report)
-             : options.dtype == "bf16" ? run<mlacp::bf16>(options, mesh, report)
-                                       : run<double>(options, mesh, report);
-    } catch (const std::invalid_argument& e) {
-      // Same arguments on every rank: every rank gets here; rank 0 explains.
-      if (rank == 0) {
-        if (e.what()[0] != '\0') std::cerr << "mlacp-mla-block: " << e.what() << "\n";
-        std::cerr << usage;
-      }
-      code = e.what()[0] == '\0' ? 0 : 2;
-    } catch (const mlacp::Error& e) {
-      // mlacp raises its errors on every rank (checked mode): every rank says so (a rank that did not would be one
-      // left waiting in a collective), rank 0 prints the verdict.
-      std::cerr << "mlacp-mla-block: rank " + std::to_string(rank) + ": " + e.what() + "\n" << std::flush;
+      code = options.dtype == "float"  ? run<float>(options, *mesh, report)
+             : options.dtype == "bf16" ? run<mlacp::bf16>(options, *mesh, report)
+                                       : run<double>(options, *mesh, report);
+    } catch (const std::exception& caught) {
+      // mlacp raises its errors on every rank (an agreement, or the failure channel): every rank says so (a rank that
+      // did not would be one left waiting in a collective), rank 0 prints the verdict. Anything else (an allocation
+      // that did not fit, a file that cannot be written) happened on this rank alone: it is reported on the mesh, so
+      // that the others' next wait raises it instead of hanging.
+      std::string what = caught.what();
+      if (auto out_of_memory = mlacp::detail::translate_allocation_failure(caught, "mlacp-mla-block"))
+        what = out_of_memory->what();
+      const bool agreed = dynamic_cast<const mlacp::InvalidArgument*>(&caught) != nullptr ||
+                          dynamic_cast<const mlacp::UsageError*>(&caught) != nullptr;
+      if (mesh && !agreed) mesh->report_failure("mlacp-mla-block: rank " + std::to_string(rank) + ": " + what);
+      std::cerr << "mlacp-mla-block: rank " + std::to_string(rank) + ": " + what + "\n" << std::flush;
       if (rank == 0) std::cerr << "FAIL\n";
       code = 2;
     }

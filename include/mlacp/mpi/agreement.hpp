@@ -17,6 +17,9 @@ namespace mlacp::mpi {
 void allreduce_max(MPI_Comm comm, std::vector<std::int64_t>& values, const CollectiveInfo& info,
                    const std::string& what);
 
+/// Element-wise maximum of `values` over the ranks of `comm`, in place (doubles: times, byte counts).
+void allreduce_max(MPI_Comm comm, std::vector<double>& values, const CollectiveInfo& info, const std::string& what);
+
 /// `bytes` bytes at `data` from rank `root` to every rank of `comm`.
 void broadcast(MPI_Comm comm, void* data, int bytes, int root, const CollectiveInfo& info, const std::string& what);
 
