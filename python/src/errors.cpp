@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // mlacp's exceptions as Python exceptions, with the same messages. Error derives from Exception; InvalidArgument is
-// also a ValueError, UsageError and CommunicationError also RuntimeErrors, so that code catching the builtin kinds
-// keeps working.
+// also a ValueError, UsageError and CommunicationError also RuntimeErrors, OutOfMemoryError also a MemoryError, so
+// that code catching the builtin kinds keeps working.
 #include <mlacp/error.hpp>
 
 #include "bindings.hpp"
@@ -27,6 +27,7 @@ void bind_errors(py::module_& m) {
   static PyObject* invalid_argument = nullptr;
   static PyObject* usage_error = nullptr;
   static PyObject* communication_error = nullptr;
+  static PyObject* out_of_memory = nullptr;
   error = new_exception(m, "Error", "Base of every mlacp exception.",
                         py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)));
   const auto base = py::reinterpret_borrow<py::object>(error);
@@ -40,6 +41,11 @@ void bind_errors(py::module_& m) {
                     py::make_tuple(base, py::reinterpret_borrow<py::object>(PyExc_RuntimeError)));
   communication_error = new_exception(m, "CommunicationError", "The transport (MPI) reported a failure.",
                                       py::make_tuple(base, py::reinterpret_borrow<py::object>(PyExc_RuntimeError)));
+  out_of_memory = new_exception(
+      m, "OutOfMemoryError",
+      "An allocation that did not fit: the message names the View, the bytes asked for and what the rank had. Raised "
+      "on every rank (the others' waits raise CommunicationError naming it where collectives were pending).",
+      py::make_tuple(base, py::reinterpret_borrow<py::object>(PyExc_MemoryError)));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -47,6 +53,8 @@ void bind_errors(py::module_& m) {
       PyErr_SetString(invalid_argument, e.what());
     } catch (const mlacp::UsageError& e) {
       PyErr_SetString(usage_error, e.what());
+    } catch (const mlacp::OutOfMemory& e) {
+      PyErr_SetString(out_of_memory, e.what());
     } catch (const mlacp::CommunicationError& e) {
       PyErr_SetString(communication_error, e.what());
     } catch (const mlacp::Error& e) {

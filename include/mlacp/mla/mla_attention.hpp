@@ -375,7 +375,7 @@ class MlaAttention {
   [[noreturn]] void report_and_rethrow(const std::string& where, const std::exception& e) const {
     const auto out_of_memory =
         detail::translate_allocation_failure(e, where + ": rank " + std::to_string(mesh_->rank()));
-    mesh_->report_failure(where + ": " + (out_of_memory ? std::string(out_of_memory->what()) : std::string(e.what())));
+    mesh_->report_failure(out_of_memory ? std::string(out_of_memory->what()) : where + ": " + e.what());
     if (out_of_memory && dynamic_cast<const OutOfMemory*>(&e) == nullptr) throw *out_of_memory;
     throw;
   }
