@@ -37,7 +37,8 @@ cmake --preset dev -B "$build_dir" -DMLACP_ENABLE_SLURM_TESTS="${SLURM_TESTS:-ON
   ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j "$jobs"
 # shellcheck disable=SC2086
-ctest --test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-1}" ${CTEST_ARGS:-}
+# The fuzzer's long run (label fuzz_long, `ctest -L fuzz_long`) is left out; its quick run (label fuzz) is in.
+ctest --test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-1}" -LE fuzz_long ${CTEST_ARGS:-}
 
 if [[ ${SANITIZERS:-ON} == ON ]]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and MPI tests at 1 and 2 ranks ($asan_dir, preset asan)"
