@@ -15,6 +15,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 namespace mlacp {
 
@@ -51,6 +52,22 @@ inline std::int64_t checked_product(std::int64_t a, std::int64_t b) {
   return a * b;
 }
 
+/// Host allocations of at least this many bytes are compared with what the rank has before Kokkos is asked.
+inline constexpr std::int64_t precheck_bytes = std::int64_t{64} << 20;
+
+/// Throws OutOfMemory when a host allocation of `bytes` (at least precheck_bytes) exceeds available_memory_bytes():
+/// Linux grants such a request (overcommit) and then kills the process while Kokkos zero-fills it, so it is refused
+/// first. Device memory spaces are not checked (their allocator fails cleanly).
+template <class MemSpace>
+void refuse_beyond_available(const std::string& where, const std::string& label, std::int64_t bytes) {
+  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    if (bytes < precheck_bytes) return;
+    const std::int64_t available = available_memory_bytes();
+    if (available >= 0 && bytes > available)
+      throw out_of_memory(where, label, bytes, "more than the rank has available: refused before asking for it");
+  }
+}
+
 /// A View of ViewType with `label` and `extents` (one per dimension of ViewType), allocated as Kokkos does (zeroed).
 /// An allocation that fails, or whose size does not fit in memory's address range, throws OutOfMemory naming `label`,
 /// the exact bytes and what the rank had, prefixed by `where`.
@@ -59,6 +76,7 @@ ViewType allocate_view_or_throw(const std::string& where, const std::string& lab
   std::int64_t bytes = static_cast<std::int64_t>(sizeof(typename ViewType::value_type));
   for (const std::int64_t n : {static_cast<std::int64_t>(extents)...}) bytes = checked_product(bytes, n);
   if (bytes < 0) throw out_of_memory(where, label, -1, "the size does not fit in 64 bits");
+  refuse_beyond_available<typename ViewType::memory_space>(where, label, bytes);
   try {
     return ViewType(label, static_cast<std::size_t>(extents)...);
   } catch (const std::exception& e) {

@@ -73,6 +73,8 @@ class BufferPool {
     }
     if (chosen == nullptr) {
       bytes_view storage;
+      refuse_beyond_available<MemSpace>("mlacp: the collectives' staging buffer pool", "mlacp pool: " + label,
+                                        static_cast<std::int64_t>(bytes));
       try {
         storage = bytes_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp pool: " + label), bytes);
       } catch (const std::exception& e) {

@@ -179,14 +179,15 @@ collective_result_t<ViewType> allocate_result(const collective_result_t<ViewType
   for (int d = 0; d < compat::view_rank_v<ViewType>; ++d) n[d] = like.extent(static_cast<unsigned>(d));
   n[dim_a] = static_cast<std::size_t>(extent_a);
   if (dim_b >= 0) n[dim_b] = static_cast<std::size_t>(extent_b);
+  std::int64_t bytes = static_cast<std::int64_t>(sizeof(typename ViewType::value_type));
+  for (int d = 0; d < compat::view_rank_v<ViewType>; ++d)
+    bytes = checked_product(bytes, static_cast<std::int64_t>(n[d]));
+  refuse_beyond_available<typename ViewType::memory_space>("mlacp: a collective's result", label, bytes);
   try {
     return collective_result_t<ViewType>(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n[0], n[1], n[2], n[3],
                                          n[4]);
   } catch (const std::exception& e) {
     if (!translate_allocation_failure(e, "")) throw;
-    std::int64_t bytes = static_cast<std::int64_t>(sizeof(typename ViewType::value_type));
-    for (int d = 0; d < compat::view_rank_v<ViewType>; ++d)
-      bytes = checked_product(bytes, static_cast<std::int64_t>(n[d]));
     throw out_of_memory("mlacp: a collective's result", label, bytes, e.what());
   }
 }

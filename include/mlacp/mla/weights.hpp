@@ -150,6 +150,19 @@ inline const ParameterInfo* find_parameter(const std::string& name) {
 
 template <class T, class MemSpace>
 MlaParameters<T, MemSpace> MlaParameters<T, MemSpace>::allocate(const MlaConfig& c, const std::string& prefix) {
+  // The sizes the parameters take from the configuration get its own check first (MlaConfig::error's rules for
+  // hidden, heads, nope, rope, vdim, latent and q_lora_rank, and the products of them it bounds): a negative or
+  // overflowing size is that error, not a wrapped or impossible allocation. Batch and sequence are not theirs.
+  MlaConfig sizes;
+  sizes.batch = sizes.seq = 1;
+  sizes.hidden = c.hidden;
+  sizes.heads = c.heads;
+  sizes.nope = c.nope;
+  sizes.rope = c.rope > 0 && c.rope % 2 != 0 ? (c.rope > 1 ? c.rope - 1 : 2) : c.rope;  // parity: the layer's check
+  sizes.vdim = c.vdim;
+  sizes.latent = c.latent;
+  sizes.q_lora_rank = c.q_lora_rank;
+  if (const std::string error = sizes.error(1); !error.empty()) throw InvalidArgument(error);
   MlaParameters p;
   for_each_parameter(
       [&](const ParameterInfo& info, auto& view) {
