@@ -2,7 +2,7 @@
 # Builds mlacp and runs every test:
 #   1. the format check (clang-format);
 #   2. build/ (CMake preset dev: RelWithDebInfo, warnings as errors) and all of ctest: MPI tests at 1, 2 and 4 ranks,
-#      the install test, the error catalogue and watchdog scenarios, the soak test, the perf tests in --quick mode, the
+#      the install tests, the error catalogue and watchdog scenarios, the soak test, the perf tests in --quick mode, the
 #      Python package's pytest suites at 1, 2 and 4 ranks and examples/train_mla.py (-L python, -L examples), the
 #      performance model's formulas on tiny cases, its calibration and the planner (-L plan, test_layer_model,
 #      test_machine, test_calibrate, test_mesh_plan), the simulated cluster's locality (testbed_locality, -L testbed:

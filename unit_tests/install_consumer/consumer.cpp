@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
               << " (oneDNN ISA " << mlacp::onednn_cpu_isa() << ")\n";
   }
   MPI_Finalize();
+  std::printf("C++ standard: %ld\n", static_cast<long>(__cplusplus));
   std::puts(ok ? "consumer OK" : "consumer FAILED");
   return ok ? 0 : 1;
 }
