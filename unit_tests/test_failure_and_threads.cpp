@@ -18,6 +18,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -187,6 +189,46 @@ TEST(Threads, TwoMeshesBorrowingOneCommunicatorShareTheGuard) {
     MPI_Barrier(MPI_COMM_WORLD);
   }
   MPI_Comm_free(&comm);
+}
+
+// The collectives and the point-to-point exchange take the same guard as the layer: a second thread launching on a
+// communicator that another thread is inside (here: holds the guard, as the layer's forward does while its schedule
+// launches) gets UsageError naming the rank, before anything is validated, agreed or sent; the thread inside may
+// launch (and wait) itself.
+TEST(Threads, ASecondThreadLaunchingOnTheSameCommunicatorRaises) {
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const int P = mesh.size();
+  Tensor4 x("x", 1, 2 * P, 2 * P, 3);
+  Tensor4 received("received", 1, 2 * P, 2 * P, 3);
+  const std::string inside = "another thread is inside mlacp on this communicator (rank " +
+                             std::to_string(mesh.rank()) + " of " + std::to_string(P) + ")";
+  {
+    const mlacp::detail::EntryGuard entry(mesh, "test: the first thread");
+    const std::vector<std::pair<std::string, std::function<void()>>> launches{
+        {"mlacp::launch_all_to_all 'a2a'", [&] { mlacp::launch_all_to_all(Space(), x, 1, 2, mesh, "a2a").wait(); }},
+        {"mlacp::launch_all_gather 'ag'", [&] { mlacp::launch_all_gather(Space(), x, 1, mesh, "ag").wait(); }},
+        {"mlacp::launch_reduce_scatter 'rs'", [&] { mlacp::launch_reduce_scatter(Space(), x, 1, mesh, "rs").wait(); }},
+        {"mlacp::launch_send_recv 'ring'",
+         [&] { mlacp::launch_send_recv(Space(), x, mesh.rank(), received, mesh.rank(), mesh, "ring").wait(); }},
+    };
+    for (const auto& [where, launch] : launches) {
+      const std::string message = raised_on_another_thread(launch);
+      EXPECT_NE(message.find(where + ": " + inside), std::string::npos) << message;
+    }
+    // The thread inside enters again: its launches run (the layer's schedules launch while holding the guard).
+    EXPECT_EQ(mlacp::launch_all_to_all(Space(), x, 1, 2, mesh, "same thread").wait().extent(1),
+              static_cast<std::size_t>(2 * P * P));
+    EXPECT_EQ(
+        mlacp::launch_send_recv(Space(), x, mesh.rank(), received, mesh.rank(), mesh, "same thread").wait().size(),
+        x.size());
+  }
+  EXPECT_FALSE(mesh.broken()) << "a refused launch is not a failure of the mesh";
+  // Once the first thread left, another thread may launch (MPI permitting).
+  if (mlacp::test::thread_level_provided() >= MPI_THREAD_SERIALIZED) {
+    EXPECT_EQ(raised_on_another_thread([&] { mlacp::launch_all_gather(Space(), x, 1, mesh, "after").wait(); }),
+              "(no exception)");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // The guard is per communicator: meshes that duplicate theirs may be used from two threads (MPI permitting).

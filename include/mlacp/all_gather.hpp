@@ -45,6 +45,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
                                                                  const Mesh& mesh,
                                                                  const std::string& name = "all_gather",
                                                                  const collective_result_t<ViewType>& into = {}) {
+  const detail::EntryGuard entry(mesh, "mlacp::launch_all_gather '" + name + "'");
   auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into);
   if (p.done) return std::move(*p.done);
   return detail::all_gather_even(space, view, dim, mesh, name, into, p.call);
@@ -64,6 +65,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
+  const detail::EntryGuard entry(mesh, "mlacp::launch_all_gather '" + name + "'");
   auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::all_gather, view, dim, -1, mesh, name, into, &part);
   if (p.done) return std::move(*p.done);
   if (part.uniform()) return detail::all_gather_even(space, view, dim, mesh, name, into, p.call);

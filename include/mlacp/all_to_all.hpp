@@ -63,7 +63,9 @@ AsyncCollective<collective_result_t<ViewType>> all_to_all_even(const ExecSpace& 
 /// without a pack, and the handle keeps it alive; likewise, where the received blocks are the result's layout (nothing
 /// before `gather_dim`), MPI receives into the result without an unpack. P == 1 returns `view` itself (same allocation)
 /// without communication. Errors (InvalidArgument, before anything is sent): a dimension out of range, gather_dim ==
-/// scatter_dim, extent(scatter_dim) not divisible by P, and, in checked mode, ranks passing different shapes.
+/// scatter_dim, extent(scatter_dim) not divisible by P, and, in checked mode, ranks passing different shapes. A
+/// second host thread launching while another thread is inside mlacp on the mesh's communicator gets UsageError
+/// naming the rank (detail::EntryGuard, as the layer's forward and backward; the thread inside may launch itself).
 ///
 /// `into` (optional): the destination of the result, a View of the result's shape (checked with the rest of the call)
 /// that the collective writes instead of allocating one, so that a loop that owns its buffers allocates nothing. It
@@ -73,6 +75,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
                                                                  int gather_dim, int scatter_dim, const Mesh& mesh,
                                                                  const std::string& name = "all_to_all",
                                                                  const collective_result_t<ViewType>& into = {}) {
+  const detail::EntryGuard entry(mesh, "mlacp::launch_all_to_all '" + name + "'");
   auto p =
       detail::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name, into);
   if (p.done) return std::move(*p.done);
@@ -100,6 +103,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
+  const detail::EntryGuard entry(mesh, "mlacp::launch_all_to_all '" + name + "'");
   auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::all_to_all, view, gather_dim, scatter_dim, mesh, name,
                                        into, &gather, &scatter);
   if (p.done) return std::move(*p.done);

@@ -210,5 +210,24 @@ inline void set_deep_copy_callbacks(begin_deep_copy_callback begin, end_deep_cop
   Kokkos::Tools::Experimental::set_begin_deep_copy_callback(begin);
   Kokkos::Tools::Experimental::set_end_deep_copy_callback(end);
 }
+// Fence callbacks (begin: name, device id, handle out; end: handle): the setters exist in 3.4 and 4.x, but only 3.5 and
+// later call them, for every fence, with a device id whose instance part is 0 for a global fence (Kokkos::fence(),
+// every instance) and an instance's own otherwise. 3.4 reports no fence at all.
+#define MLACP_KOKKOS_REPORTS_FENCES MLACP_KOKKOS_VERSION_AT_LEAST(3, 5)
+using begin_fence_callback = Kokkos_Profiling_beginFenceFunction;
+using end_fence_callback = Kokkos_Profiling_endFenceFunction;
+inline void set_fence_callbacks(begin_fence_callback begin, end_fence_callback end) {
+  Kokkos::Tools::Experimental::set_begin_fence_callback(begin);
+  Kokkos::Tools::Experimental::set_end_fence_callback(end);
+}
+/// Whether the fence a begin-fence callback was given `device_id` for is global (waits for every instance), where
+/// Kokkos reports fences (MLACP_KOKKOS_REPORTS_FENCES); false elsewhere.
+inline bool is_global_fence([[maybe_unused]] std::uint32_t device_id) {
+#if MLACP_KOKKOS_REPORTS_FENCES
+  return Kokkos::Tools::Experimental::identifier_from_devid(device_id).instance_id == 0;
+#else
+  return false;
+#endif
+}
 }  // namespace mlacp::compat::tools
 // ---- Kokkos Tools (end) --------------------------------------------------------------------------------------------

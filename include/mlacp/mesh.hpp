@@ -91,7 +91,8 @@ MeshGrouping group_by_node(const std::vector<int>& node_of_rank);
 /// are parked for the life of the process (MPI cannot cancel a nonblocking collective), a small leak after a failure.
 ///
 /// Threads: one host thread at a time may be inside mlacp on a communicator (all meshes on it, also meshes borrowing
-/// the same one); a second thread entering the MLA layer's forward or backward meanwhile gets UsageError.
+/// the same one); a second thread entering the MLA layer's forward or backward, or launching a collective or a
+/// send_recv on the communicator, meanwhile gets UsageError.
 class Mesh {
  public:
   enum class Ownership { duplicate, borrow };
@@ -194,7 +195,8 @@ class Mesh {
 };
 
 namespace detail {
-/// Held by the MLA layer's forward and backward: marks this thread as inside mlacp on the mesh's communicator. A
+/// Held by the MLA layer's forward and backward and by every launch (launch_all_to_all, launch_all_gather,
+/// launch_reduce_scatter, launch_send_recv): marks this thread as inside mlacp on the mesh's communicator. A
 /// second thread entering while another holds it gets UsageError naming the communicator's rank; the same thread may
 /// enter again (a core that launches collectives on the same mesh). One registry for the process, keyed by the
 /// communicator, so that meshes borrowing one communicator share it.

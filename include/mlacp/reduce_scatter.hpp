@@ -88,6 +88,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
                                                                      int dim, const Mesh& mesh,
                                                                      const std::string& name = "reduce_scatter",
                                                                      const collective_result_t<ViewType>& into = {}) {
+  const detail::EntryGuard entry(mesh, "mlacp::launch_reduce_scatter '" + name + "'");
   auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into);
   if (p.done) return std::move(*p.done);
   return detail::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);
@@ -109,6 +110,7 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
+  const detail::EntryGuard entry(mesh, "mlacp::launch_reduce_scatter '" + name + "'");
   auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into, &part);
   if (p.done) return std::move(*p.done);
   if (part.uniform()) return detail::reduce_scatter_even(space, view, dim, mesh, name, into, p.call);

@@ -47,9 +47,10 @@ void check_send_recv_view(const View& view, const char* which, const std::string
 /// handler aborts). Two exchanges between the same pair may be in flight at once with different tags. Errors raised
 /// at launch, before anything is posted (InvalidArgument naming the value and what was expected): dest or source
 /// outside [0, P), a non-contiguous View, send and recv overlapping, a negative tag (or one above MPI_TAG_UB), a View
-/// of more than INT_MAX values; a broken mesh raises CommunicationError. Registered as pending (mlacp::progress()),
-/// recorded by the event recorder, counted by collective_bytes().send_recv (the bytes of `send`), waited once; an
-/// unwaited handle completes at destruction.
+/// of more than INT_MAX values; a broken mesh raises CommunicationError; a second host thread launching while another
+/// is inside mlacp on the communicator raises UsageError (as the collectives). Registered as pending
+/// (mlacp::progress()), recorded by the event recorder, counted by collective_bytes().send_recv (the bytes of `send`),
+/// waited once; an unwaited handle completes at destruction.
 template <class ExecSpace, class SendView, class RecvView>
 AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendView& send, int dest, const RecvView& recv,
                                            int source, const Mesh& mesh, const std::string& name = "send_recv",
@@ -70,6 +71,7 @@ AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendVie
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, MemSpace>::accessible,
                 "the execution space of mlacp::launch_send_recv must be able to access the Views' memory space");
 
+  const detail::EntryGuard entry(mesh, "mlacp::launch_send_recv '" + name + "'");
   const std::string where = "mlacp::launch_send_recv '" + name + "': ";
   if (mpi::finalized()) throw UsageError(where + "called after MPI_Finalize");
   const int size = mesh.size();

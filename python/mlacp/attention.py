@@ -232,19 +232,19 @@ class _MlaFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        error = ""
         try:
             x, *params = ctx.saved_tensors  # refused on this rank alone when x or a parameter was edited in place
         except RuntimeError as e:
-            error = f"mlacp.MlaAttention.backward: {e}"
-        if ctx.mesh.checked:
-            ctx.mesh.agree("mlacp.MlaAttention.backward", error, usage=True)  # every rank raises it (UsageError)
-        elif error:
+            error, usage = f"mlacp.MlaAttention.backward: {e}", True
+        else:
+            error, usage = _MlaFunction._storage_error(ctx, x, params), False
+        if usage and not ctx.mesh.checked:
             ctx.mesh.report_failure(error)  # no agreement: the others' waits raise CommunicationError naming this rank
-        if error:
             raise _mlacp.UsageError(error)
-        # Before anything reads the saved storage or writes a gradient: every rank agrees on the verdict.
-        ctx.mesh.agree("mlacp.MlaAttention.backward", _MlaFunction._storage_error(ctx, x, params))
+        # Before anything reads the saved storage or writes a gradient, one agreement carries both verdicts: every
+        # rank raises the lowest failing rank's error as that rank's kind (UsageError for torch's saved-tensor check,
+        # InvalidArgument for the storage check; unchecked, this rank's own).
+        ctx.mesh.agree("mlacp.MlaAttention.backward", error, usage=usage)
         layer_dtype = ctx.storage[0].dtype
         dy = dy.to(layer_dtype).contiguous()
         needs = ctx.needs_input_grad[3:]

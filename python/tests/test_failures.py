@@ -57,3 +57,45 @@ def test_in_place_edit_on_one_rank_unchecked(comm):
                           dtype=torch.float64))
     assert time.monotonic() - start < 1.0
     comm.Barrier()
+
+
+def count_agreements(monkeypatch):
+    """Counts the Python side's agreements (mesh.agree -> _mlacp._agree), each with its `usage` flag."""
+    calls = []
+    agree = mlacp._mlacp._agree
+
+    def counting(mesh, where, local_error, fields, context, usage):
+        calls.append((where, usage))
+        return agree(mesh, where, local_error, fields, context, usage)
+
+    monkeypatch.setattr(mlacp._mlacp, "_agree", counting)
+    return calls
+
+
+def test_backward_runs_one_agreement(comm, mesh, monkeypatch):
+    """The backward's verdicts (torch's saved-tensor check, a usage error, and the storage check, an invalid
+    argument) travel in one agreement, whose kind is the failing rank's own: one small collective per backward."""
+    assert mesh.checked
+    layer = mlacp.MlaAttention(small_config(), mesh, dtype=torch.float64, seed=1)
+    c = layer.config
+    x = torch.randn(c.batch, layer.local_seq, c.hidden, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    calls = count_agreements(monkeypatch)
+    y.sum().backward()
+    assert calls == [("mlacp.MlaAttention.backward", False)]
+    assert x.grad is not None
+    # A failing backward agrees once too, and each verdict keeps its type on every rank.
+    for spoil, error in ((lambda x, layer: x.add_(1.0), mlacp.UsageError),
+                         (lambda x, layer: setattr(layer.w_kvb, "data", layer.w_kvb.data.clone()),
+                          mlacp.InvalidArgument)):
+        x = torch.randn(c.batch, layer.local_seq, c.hidden, dtype=torch.float64, requires_grad=True)
+        y = layer(x)
+        if comm.rank == comm.size - 1:
+            with torch.no_grad():
+                spoil(x, layer)
+        del calls[:]
+        with pytest.raises(error, match="mlacp.MlaAttention.backward: "):
+            y.sum().backward()
+        assert len(calls) == 1, calls
+    assert not mesh.broken
+    comm.Barrier()

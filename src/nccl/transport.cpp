@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/error.hpp>
+#include <mlacp/mpi/communicator.hpp>
 #include <mlacp/mpi/request_transport.hpp>
 #include <mlacp/nccl/transport.hpp>
 
@@ -19,11 +20,12 @@ bool is_failure(ncclResult_t result) {
 
 class StreamTransport final : public detail::PendingTransport {
  public:
-  StreamTransport(cudaEvent_t done, cudaStream_t compute_stream, const Communicator& communicator, CollectiveInfo info)
-      : done_(done), compute_stream_(compute_stream), communicator_(communicator), info_(std::move(info)) {}
+  StreamTransport(const LaunchSteps& steps, cudaStream_t compute_stream, const Communicator& communicator,
+                  CollectiveInfo info)
+      : steps_(steps), compute_stream_(compute_stream), communicator_(communicator), info_(std::move(info)) {}
   ~StreamTransport() override {
     complete_noexcept();
-    if (done_) cudaEventDestroy(done_);
+    if (done_) steps_.destroy_event(done_);
   }
 
   /// Takes the completion event, once recorded (the transport exists before anything is enqueued).
@@ -34,14 +36,13 @@ class StreamTransport final : public detail::PendingTransport {
   void wait() override {
     const double timeout = wait_timeout();
     if (timeout > 0) {
-      detail::watch([this] { return poll(); }, timeout, [this](double waited) { expire(waited); });
-    } else {
-      // The host does not block: report a failure NCCL already knows of, then order the compute stream after it.
-      ncclResult_t async = ncclSuccess;
-      check(ncclCommGetAsyncError(communicator_.comm(), &async), "ncclCommGetAsyncError for '" + info_.name + "'");
-      if (is_failure(async)) throw CommunicationError(classify(cudaErrorNotReady, async, info_.name).error);
+      detail::watch([this] { return poll_watched(); }, timeout, [this](double waited) { expire(waited); });
+    } else if (!poll()) {
+      // The host does not block: report a failure NCCL (poll) or the mesh already knows of, then order the compute
+      // stream after the collective.
+      throw_if_mesh_failed();
     }
-    check_cuda(cudaStreamWaitEvent(compute_stream_, done_, 0), "cudaStreamWaitEvent of '" + info_.name + "'");
+    check_cuda(steps_.stream_wait_event(compute_stream_, done_), "cudaStreamWaitEvent of '" + info_.name + "'");
     waited_ = true;
   }
 
@@ -53,25 +54,49 @@ class StreamTransport final : public detail::PendingTransport {
     const double timeout = wait_timeout();
     try {
       if (timeout > 0) {
-        detail::watch([this] { return poll(); }, timeout, [this](double waited) { expire(waited); });
+        detail::watch([this] { return poll_watched(); }, timeout, [this](double waited) { expire(waited); });
         return;
       }
+      if (!poll()) throw_if_mesh_failed();
     } catch (const std::exception& e) {
+      // A broken mesh: the collective may never complete. Parked: the handle keeps its buffers for good.
+      if (mesh_failed_) {
+        parked_ = true;
+        return;
+      }
       std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed: %s\n", info_.name.c_str(), e.what());
       return;
     }
-    if (cudaEventSynchronize(done_) != cudaSuccess)
+    if (steps_.synchronize_event(done_) != cudaSuccess)
       std::fprintf(stderr, "mlacp: cudaEventSynchronize of '%s' failed\n", info_.name.c_str());
   }
+
+  bool parked() const noexcept override { return parked_; }
 
  private:
   // One host-side poll: true once complete; throws CommunicationError on an asynchronous NCCL error.
   bool poll() {
     ncclResult_t async = ncclSuccess;
-    check(ncclCommGetAsyncError(communicator_.comm(), &async), "ncclCommGetAsyncError for '" + info_.name + "'");
-    const Completion c = classify(cudaEventQuery(done_), async, info_.name);
+    check(steps_.async_error(communicator_.comm(), &async), "ncclCommGetAsyncError for '" + info_.name + "'");
+    const Completion c = classify(steps_.query_event(done_), async, info_.name);
     if (c.state == Completion::State::failed) throw CommunicationError(c.error);
     return c.state == Completion::State::done;
+  }
+
+  // A poll of a blocking wait: also the mesh's failure channel, after the first poll that did not complete and then
+  // every 16th (as the MPI backend's wait), so that a completed collective returns and a short wait costs one look.
+  bool poll_watched() {
+    if (poll()) return true;
+    if (polls_++ % 16 == 0 || mesh_failed_) throw_if_mesh_failed();
+    return false;
+  }
+
+  // Throws CommunicationError, as the MPI backend's wait does, when a rank reported a failure on the mesh.
+  void throw_if_mesh_failed() {
+    std::string failure;
+    if (!mpi::channels_failed(communicator_.mpi_comm(), &failure)) return;
+    mesh_failed_ = true;
+    throw CommunicationError(mpi::broken_mesh_message("mlacp: wait of '" + info_.name + "'", failure));
   }
 
   [[noreturn]] void expire(double waited) {
@@ -82,12 +107,22 @@ class StreamTransport final : public detail::PendingTransport {
     mpi::abort_communicator(communicator_.mpi_comm());
   }
 
+  const LaunchSteps& steps_;
   cudaEvent_t done_ = nullptr;
   cudaStream_t compute_stream_;
   const Communicator& communicator_;
   CollectiveInfo info_;
+  unsigned polls_ = 0;
   bool waited_ = false;
+  bool mesh_failed_ = false;
+  bool parked_ = false;
 };
+
+// The real steps, never destroyed: a transport completed during static destruction still calls them.
+const LaunchSteps& cuda_steps() {
+  static const auto* steps = new LaunchSteps(LaunchSteps::cuda());
+  return *steps;
+}
 
 }  // namespace
 
@@ -151,6 +186,11 @@ LaunchSteps LaunchSteps::cuda() {
   steps.synchronize_stream = [](cudaStream_t stream) { return cudaStreamSynchronize(stream); };
   steps.group_start = [] { return ncclGroupStart(); };
   steps.group_end = [] { return ncclGroupEnd(); };
+  steps.query_event = [](cudaEvent_t event) { return cudaEventQuery(event); };
+  steps.async_error = [](ncclComm_t comm, ncclResult_t* async_error) {
+    return ncclCommGetAsyncError(comm, async_error);
+  };
+  steps.synchronize_event = [](cudaEvent_t event) { return cudaEventSynchronize(event); };
   return steps;
 }
 
@@ -202,6 +242,18 @@ EventOwner enqueue(const LaunchSteps& steps, Communicator& communicator, cudaStr
                                         cudaGetErrorString(synchronized)));
   }
   return done;
+}
+
+std::unique_ptr<detail::PendingTransport> launch_calls(const LaunchSteps& steps, Communicator& communicator,
+                                                       cudaStream_t compute_stream,
+                                                       const std::vector<PostedCall>& calls, bool grouped,
+                                                       CollectiveInfo info) {
+  const std::string name = info.name;
+  // Allocated before anything is enqueued; it takes the completion event once recorded.
+  auto transport = std::make_unique<StreamTransport>(steps, compute_stream, communicator, std::move(info));
+  EventOwner done = enqueue(steps, communicator, compute_stream, calls, grouped, name);
+  transport->adopt(done.release());
+  return transport;
 }
 
 std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, const void* send, void* recv,
@@ -321,12 +373,7 @@ std::unique_ptr<detail::PendingTransport> launch(detail::Operation operation, co
   if (moved > 0 && (send == nullptr || recv == nullptr))
     throw InvalidArgument("mlacp::nccl::launch '" + name + "': a null " + (send == nullptr ? "send" : "receive") +
                           " buffer for " + std::to_string(moved) + " values; expected allocated buffers");
-  // The transport is allocated before anything is enqueued; it takes the completion event once recorded.
-  auto transport = std::make_unique<StreamTransport>(nullptr, compute_stream, communicator, std::move(info));
-  static const LaunchSteps steps = LaunchSteps::cuda();
-  EventOwner done = enqueue(steps, communicator, compute_stream, calls, grouped, name);
-  transport->adopt(done.release());
-  return transport;
+  return launch_calls(cuda_steps(), communicator, compute_stream, calls, grouped, std::move(info));
 }
 
 std::unique_ptr<detail::PendingTransport> launch_send_recv(const void* send, std::size_t send_count, int dest,
@@ -349,11 +396,7 @@ std::unique_ptr<detail::PendingTransport> launch_send_recv(const void* send, std
   const std::vector<PostedCall> calls{
       {"ncclSend", [=] { return ncclSend(send, send_count, type, dest, comm, stream); }},
       {"ncclRecv", [=] { return ncclRecv(recv, recv_count, type, source, comm, stream); }}};
-  auto transport = std::make_unique<StreamTransport>(nullptr, compute_stream, communicator, std::move(info));
-  static const LaunchSteps steps = LaunchSteps::cuda();
-  EventOwner done = enqueue(steps, communicator, compute_stream, calls, true, name);
-  transport->adopt(done.release());
-  return transport;
+  return launch_calls(cuda_steps(), communicator, compute_stream, calls, true, std::move(info));
 }
 
 }  // namespace mlacp::nccl

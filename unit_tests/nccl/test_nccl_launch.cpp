@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // The error paths of one NCCL launch (nccl::enqueue), with its CUDA and NCCL calls replaced by a fake that records
 // them and fails at a chosen step: nothing is left open, leaked or released early, whatever fails (no GPU needed).
+// And the wait of a launch (nccl::launch_calls) that never completes, ended by a failure reported on the mesh.
 #include "mpi_test_harness.hpp"
 
 #include <gtest/gtest.h>
@@ -8,8 +9,10 @@
 #include <mlacp/mesh.hpp>
 #include <mlacp/nccl/communicator.hpp>
 #include <mlacp/nccl/transport.hpp>
+#include <mlacp/watchdog.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,7 +42,9 @@ mlacp::nccl::CreationSteps fake_creation(std::vector<std::string>& log) {
   return steps;
 }
 
-// Launch steps that record every call in `log` and fail the step named `failing` (e.g. "create event 2").
+// Launch steps that record every call in `log` and fail the step named `failing` (e.g. "create event 2"). The
+// collective never completes: its event stays not ready, NCCL reports no error (after 5 s the event reports
+// cudaErrorLaunchFailure, so that a wait that misses what the test expects fails instead of waiting for the watchdog).
 mlacp::nccl::LaunchSteps fake_launch(std::vector<std::string>& log, const std::string& failing) {
   mlacp::nccl::LaunchSteps steps;
   auto created = std::make_shared<int>(0);
@@ -75,6 +80,18 @@ mlacp::nccl::LaunchSteps fake_launch(std::vector<std::string>& log, const std::s
   steps.group_end = [&log, failing] {
     log.push_back("group end");
     return failing == "group end" ? ncclSystemError : ncclSuccess;
+  };
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  steps.query_event = [give_up](cudaEvent_t) {
+    return std::chrono::steady_clock::now() < give_up ? cudaErrorNotReady : cudaErrorLaunchFailure;
+  };
+  steps.async_error = [](ncclComm_t, ncclResult_t* async_error) {
+    *async_error = ncclSuccess;
+    return ncclSuccess;
+  };
+  steps.synchronize_event = [&log](cudaEvent_t) {
+    log.push_back("synchronize event");
+    return cudaSuccess;
   };
   return steps;
 }
@@ -232,6 +249,57 @@ TEST(NcclLaunch, SendRecvRefusesABadPeerBeforeAnythingIsEnqueued) {
       },
       "mlacp::nccl::launch 'ring kv': a send_recv; expected a collective");
   EXPECT_TRUE(log.empty()) << "nothing created, nothing aborted";
+}
+
+// A collective that never completes (a peer failed before entering it): a failure another rank reports on the mesh
+// (Mesh::report_failure) ends the wait with CommunicationError naming that rank, as the MPI backend's wait does,
+// instead of waiting for the watchdog; with the watchdog off the wait looks once. The handle's completion then parks
+// the collective (its buffers stay alive for good) without blocking in cudaEventSynchronize.
+TEST(NcclWait, AFailureReportedOnTheMeshEndsTheWait) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);  // a mesh this test breaks is the only one on its communicator
+  const double timeout_before = mlacp::wait_timeout();
+  {
+    mlacp::Mesh mesh(comm, mlacp::Mesh::Ownership::borrow);
+    std::vector<std::string> log;
+    mlacp::nccl::Communicator communicator(mesh, fake_creation(log));
+    const auto steps = fake_launch(log, "");
+    auto launch = [&](const std::string& name) {
+      mlacp::CollectiveInfo info;
+      info.name = name;
+      return mlacp::nccl::launch_calls(steps, communicator, nullptr, two_sends(log, ""), true, info);
+    };
+    auto watched = launch("orphan a2a");
+    auto unwatched = launch("orphan a2a, no watchdog");
+    EXPECT_FALSE(watched->test()) << "never completes";
+    const int failing = mesh.size() - 1;
+    MPI_Barrier(comm);  // every rank launched before the failure is reported
+    if (mesh.rank() == failing) mesh.report_failure("injected failure before the NCCL collective");
+    const std::string named =
+        "rank " + std::to_string(failing) + " failed: injected failure before the NCCL collective";
+
+    mlacp::set_wait_timeout(60);
+    const auto start = std::chrono::steady_clock::now();
+    mlacp::test::expect_error<mlacp::CommunicationError>(
+        [&] { watched->wait(); }, "mlacp: wait of 'orphan a2a': " + named + "; the mesh is broken");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 4.0);
+
+    mlacp::set_wait_timeout(0);  // off: the wait does not block, and reports the failure the mesh already knows of
+    mlacp::test::expect_error<mlacp::CommunicationError>([&] { unwatched->wait(); },
+                                                         "mlacp: wait of 'orphan a2a, no watchdog': " + named);
+    for (auto* transport : {watched.get(), unwatched.get()}) {
+      transport->complete_noexcept();  // what the abandoned handle does: parked, not waited
+      EXPECT_TRUE(transport->parked());
+    }
+    EXPECT_FALSE(has(log, "synchronize event")) << "a parked collective is not waited";
+    EXPECT_EQ(std::count(log.begin(), log.end(), "stream wait"), 2)
+        << "one per launch: the compute stream is not ordered after a collective that failed";
+    watched.reset();
+    unwatched.reset();
+    EXPECT_TRUE(has(log, "destroy event 2") && has(log, "destroy event 4")) << "the completion events are destroyed";
+    mlacp::set_wait_timeout(timeout_before);
+  }
+  MPI_Comm_free(&comm);
 }
 
 }  // namespace

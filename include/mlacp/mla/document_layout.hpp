@@ -11,6 +11,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 
 #include <cstdint>
@@ -66,17 +67,22 @@ class DocumentLayout {
   DocumentLayout(std::vector<std::int64_t> cu_seqlens, std::int64_t total) {
     validate(cu_seqlens, total);
     store(std::move(cu_seqlens), total, 0);
+    copy_to_device();
   }
 
   /// Makes this layout cu_seqlens over `total` tokens (empty cu_seqlens: the empty layout), reusing its offset Views:
   /// they are (re)allocated only when more than `capacity` offsets (and more than they hold) are needed, so a layout
   /// reassigned every call with at most capacity - 1 documents allocates no View after its first use. Returns false
-  /// (and does nothing) when the layout is already this one. Checks as the constructor (InvalidArgument). Waits for
-  /// the work in flight (Kokkos::fence) before it overwrites offsets a kernel may still read.
-  bool assign(const std::vector<std::int64_t>& cu_seqlens, std::int64_t total, std::size_t capacity) {
+  /// (and does nothing) when the layout is already this one. Checks as the constructor (InvalidArgument). `space` is
+  /// the execution-space instance whose kernels read the offsets: it is fenced (that instance only, not every one)
+  /// before offsets it may still read are overwritten, and the new offsets are copied to the device on it. (Offsets
+  /// that outgrow the Views reallocate them; freeing the old ones is a global fence of Kokkos 4's own.)
+  template <class ExecSpace>
+  bool assign(const ExecSpace& space, const std::vector<std::int64_t>& cu_seqlens, std::int64_t total,
+              std::size_t capacity) {
     if (cu_seqlens.empty()) {
       if (empty()) return false;
-      Kokkos::fence();
+      compat::fence(space, "mlacp::DocumentLayout::assign");
       host_offsets_.clear();
       total_ = 0;
       count_ = 0;
@@ -84,8 +90,9 @@ class DocumentLayout {
     }
     if (cu_seqlens == host_offsets_ && total == total_) return false;
     validate(cu_seqlens, total);
-    Kokkos::fence();
+    compat::fence(space, "mlacp::DocumentLayout::assign");
     store(cu_seqlens, total, capacity);
+    copy_to_device(space);
     return true;
   }
 
@@ -153,8 +160,8 @@ class DocumentLayout {
   }
 
  private:
-  // Takes validated offsets over `total` tokens into the host list and, for more than one document, the offset Views
-  // (reused when they hold enough, else allocated for max(offsets, capacity)).
+  // Takes validated offsets over `total` tokens into the host list and, for more than one document, the host offset
+  // View (the Views are reused when they hold enough, else allocated for max(offsets, capacity)).
   void store(std::vector<std::int64_t> cu_seqlens, std::int64_t total, std::size_t capacity) {
     host_offsets_ = std::move(cu_seqlens);
     total_ = total;
@@ -167,9 +174,16 @@ class DocumentLayout {
       device_ = Kokkos::create_mirror_view(device_memory(), host_);
     }
     for (std::size_t i = 0; i < n; ++i) host_(i) = host_offsets_[i];
-    const auto in_use = std::make_pair(std::size_t(0), n);
-    Kokkos::deep_copy(Kokkos::subview(device_, in_use), Kokkos::subview(host_, in_use));
     count_ = n;
+  }
+
+  // Copies the offsets in use into the default memory space's View: on the instance `space...` when given (ordered
+  // before its kernels), else with Kokkos' blocking deep_copy.
+  template <class... ExecSpace>
+  void copy_to_device(const ExecSpace&... space) {
+    if (count_ == 0) return;
+    const auto in_use = std::make_pair(std::size_t(0), count_);
+    Kokkos::deep_copy(space..., Kokkos::subview(device_, in_use), Kokkos::subview(host_, in_use));
   }
 
   // The offsets in use of a View that may hold more (assign reuses larger Views); empty when single().

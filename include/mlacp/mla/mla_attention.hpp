@@ -281,7 +281,8 @@ class MlaAttention {
             auto ws = schedule.pool().acquire();
             f.ws_ = ws;
             auto& documents = ws->documents;
-            if (documents.layout.assign(cu_seqlens, config_.seq, static_cast<std::size_t>(config_.max_documents) + 1))
+            if (documents.layout.assign(space, cu_seqlens, config_.seq,
+                                        static_cast<std::size_t>(config_.max_documents) + 1))
               documents.stale = true;
             return schedule.forward(space, {f.x_, f.flags_, *ws});
           },

@@ -7,7 +7,10 @@
 // event on the communication stream. wait() makes the compute stream wait on that event; test() queries it (NCCL
 // runs on the GPU: no host polling is needed for progress). Failures: test() and wait() report the communicator's
 // asynchronous error (ncclCommGetAsyncError); with the watchdog on (wait_timeout() > 0) wait() polls the event and
-// that error on the host, and past the timeout reports the collective and aborts, as the MPI backend does.
+// that error on the host, and past the timeout reports the collective and aborts, as the MPI backend does. A failure
+// another rank reported on the mesh (Mesh::report_failure) ends a wait with CommunicationError: the wait looks at the
+// mesh's failure channel (on its MPI communicator) as the MPI backend's does, and a handle abandoned on the broken
+// mesh is parked instead of waited.
 #pragma once
 
 #include <mlacp/config.hpp>
@@ -89,8 +92,8 @@ struct Completion {
 /// (a collective whose peer is gone never completes).
 Completion classify(cudaError_t event_state, ncclResult_t async_error, const std::string& name);
 
-/// The CUDA and NCCL calls that enqueue one collective around its posted calls, as a table: LaunchSteps::cuda() are
-/// the real ones; tests replace them to walk the error paths without a GPU.
+/// The CUDA and NCCL calls that enqueue one collective around its posted calls and then poll and wait for it, as a
+/// table: LaunchSteps::cuda() are the real ones; tests replace them to walk the error paths without a GPU.
 struct LaunchSteps {
   std::function<cudaError_t(cudaEvent_t& event)> create_event;
   std::function<void(cudaEvent_t event)> destroy_event;
@@ -99,6 +102,10 @@ struct LaunchSteps {
   std::function<cudaError_t(cudaStream_t stream)> synchronize_stream;
   std::function<ncclResult_t()> group_start;
   std::function<ncclResult_t()> group_end;
+  // The transport's polls and waits: cudaEventQuery, ncclCommGetAsyncError, cudaEventSynchronize.
+  std::function<cudaError_t(cudaEvent_t event)> query_event;
+  std::function<ncclResult_t(ncclComm_t comm, ncclResult_t* async_error)> async_error;
+  std::function<cudaError_t(cudaEvent_t event)> synchronize_event;
 
   static LaunchSteps cuda();
 };
@@ -143,6 +150,15 @@ class EventOwner {
 /// that nothing still reads or writes the buffers the caller then releases. An aborted communicator is refused first.
 EventOwner enqueue(const LaunchSteps& steps, Communicator& communicator, cudaStream_t compute_stream,
                    const std::vector<PostedCall>& calls, bool grouped, const std::string& name);
+
+/// enqueue() with the transport that owns its completion event (allocated before anything is enqueued): what launch
+/// and launch_send_recv return, their calls bound. test() polls the event and the communicator's asynchronous error;
+/// wait() (see the file's comment) also looks at the mesh's failure channel, after the first poll that did not
+/// complete and every 16th after it. `steps` must outlive the transport (LaunchSteps::cuda(): a static of the callers).
+std::unique_ptr<detail::PendingTransport> launch_calls(const LaunchSteps& steps, Communicator& communicator,
+                                                       cudaStream_t compute_stream,
+                                                       const std::vector<PostedCall>& calls, bool grouped,
+                                                       CollectiveInfo info);
 
 /// Enqueues `operation` (count = elements per peer block, or the uneven blocks when `send_blocks` or `recv_blocks` is
 /// not empty, see TransportRequest) and returns its transport. Uneven collectives: all_to_all and exchange_blocks as

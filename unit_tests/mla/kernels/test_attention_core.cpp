@@ -378,8 +378,8 @@ TEST(DocumentLayout, AssignReusesItsOffsetsAndAnswersAsANewLayout) {
       random_packing(n_s, 5, 1), random_packing(n_s, 10, 2), {0, 40}, random_packing(n_s, 3, 3), {}};
   const std::int64_t* first_offsets = nullptr;
   for (const auto& cu : sequence) {
-    EXPECT_TRUE(layout.assign(cu, n_s, capacity));
-    EXPECT_FALSE(layout.assign(cu, n_s, capacity)) << "the same layout again changes nothing";
+    EXPECT_TRUE(layout.assign(ExecSpace(), cu, n_s, capacity));
+    EXPECT_FALSE(layout.assign(ExecSpace(), cu, n_s, capacity)) << "the same layout again changes nothing";
     const mlacp::DocumentLayout fresh = cu.empty() ? mlacp::DocumentLayout() : mlacp::DocumentLayout(cu, n_s);
     EXPECT_EQ(layout.empty(), fresh.empty());
     EXPECT_EQ(layout.single(), fresh.single());
@@ -405,7 +405,7 @@ TEST(DocumentLayout, AssignReusesItsOffsetsAndAnswersAsANewLayout) {
     }
   }
   EXPECT_NE(invalid_argument_message([&] {
-              layout.assign({0, 7, 7, 40}, n_s, capacity);
+              layout.assign(ExecSpace(), {0, 7, 7, 40}, n_s, capacity);
             }).find("cu_seqlens[2] = 7"),
             std::string::npos);
 }
