@@ -40,25 +40,6 @@ def test_in_place_edit_on_one_rank_checked(comm):
     comm.Barrier()
 
 
-def test_in_place_edit_on_one_rank_unchecked(comm):
-    if comm.size == 1:
-        pytest.skip("needs two ranks")
-    mesh, layer, y, failing = edit_in_place_on_the_last_rank(comm, False)
-    if comm.rank == failing:
-        with pytest.raises(mlacp.UsageError, match="modified by an inplace operation"):
-            y.sum().backward()
-    else:
-        with pytest.raises(mlacp.CommunicationError, match=f"rank {failing} failed: mlacp.MlaAttention.backward: "):
-            y.sum().backward()
-    assert mesh.broken
-    start = time.monotonic()
-    with pytest.raises(mlacp.CommunicationError, match="the mesh is broken"):
-        layer(torch.randn(layer.config.batch, layer.config.seq // comm.size, layer.config.hidden,
-                          dtype=torch.float64))
-    assert time.monotonic() - start < 1.0
-    comm.Barrier()
-
-
 def count_agreements(monkeypatch):
     """Counts the Python side's agreements (mesh.agree -> _mlacp._agree), each with its `usage` flag."""
     calls = []
@@ -99,3 +80,23 @@ def test_backward_runs_one_agreement(comm, mesh, monkeypatch):
         assert len(calls) == 1, calls
     assert not mesh.broken
     comm.Barrier()
+
+
+def test_in_place_edit_on_one_rank_unchecked(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    mesh, layer, y, failing = edit_in_place_on_the_last_rank(comm, False)
+    if comm.rank == failing:
+        with pytest.raises(mlacp.UsageError, match="modified by an inplace operation"):
+            y.sum().backward()
+    else:
+        with pytest.raises(mlacp.CommunicationError, match=f"rank {failing} failed: mlacp.MlaAttention.backward: "):
+            y.sum().backward()
+    assert mesh.broken
+    start = time.monotonic()
+    with pytest.raises(mlacp.CommunicationError, match="the mesh is broken"):
+        layer(torch.randn(layer.config.batch, layer.config.seq // comm.size, layer.config.hidden,
+                          dtype=torch.float64))
+    assert time.monotonic() - start < 1.0
+    comm.Barrier()
+
