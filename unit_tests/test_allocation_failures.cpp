@@ -38,6 +38,32 @@ void expect_names_the_allocation(const std::string& what, const std::string& lab
   EXPECT_NE(what.find("available"), std::string::npos) << what;
 }
 
+// What a rank saw of `step` run with the cap armed on `failing`: the error's text (empty: none), whether it was
+// OutOfMemory, and how long it took.
+struct Capped {
+  std::string what;
+  bool out_of_memory = false;
+  double seconds = 0;
+};
+template <class Step>
+Capped run_capped(bool armed, const Step& step) {
+  Capped out;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    AddressSpaceCap cap(kHeadroom, armed);
+    try {
+      step();
+    } catch (const mlacp::OutOfMemory& e) {
+      out.out_of_memory = true;
+      out.what = e.what();
+    } catch (const mlacp::Error& e) {
+      out.what = e.what();
+    }
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
 TEST(AllocationFailure, MessagesNameTheViewTheBytesAndWhatTheRankHas) {
   const auto e = mlacp::detail::out_of_memory("where", "my view", 3LL << 30, "");
   EXPECT_EQ(e.label(), "my view");
@@ -81,22 +107,10 @@ TEST(AllocationFailure, DirectLaunchOnOneRankReachesEveryRank) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const int P = mesh.size(), failing = P - 1;
   Tensor4 big("big", 1, (96 << 20) / (8 * 2 * P), P, 2);  // 96 MiB: past the capped rank's headroom
-  const auto start = std::chrono::steady_clock::now();
-  std::string what;
-  bool out_of_memory = false;
-  {
-    AddressSpaceCap cap(kHeadroom, mesh.rank() == failing);
-    try {
-      auto handle = mlacp::launch_all_to_all(Space(), big, 1, 2, mesh, "big a2a");
-      (void)handle.wait();
-    } catch (const mlacp::OutOfMemory& e) {
-      out_of_memory = true;
-      what = e.what();
-    } catch (const mlacp::Error& e) {
-      what = e.what();
-    }
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto [what, out_of_memory, seconds] = run_capped(mesh.rank() == failing, [&] {
+    auto handle = mlacp::launch_all_to_all(Space(), big, 1, 2, mesh, "big a2a");
+    (void)handle.wait();
+  });
   if (P == 1) {
     EXPECT_TRUE(what.empty()) << "P = 1 returns the input itself, allocating nothing: " << what;
   } else if (mesh.rank() == failing) {
@@ -130,22 +144,10 @@ TEST(AllocationFailure, LayerForwardOnOneRankReachesEveryRank) {
       auto f = warm.forward(Space(), xs);
       (void)warm.backward(Space(), f, xs);
     }
-    std::string what;
-    bool out_of_memory = false;
-    const auto start = std::chrono::steady_clock::now();
-    {
-      AddressSpaceCap cap(kHeadroom, mesh.rank() == failing);
-      try {
-        auto forward = layer.forward(Space(), x);
-        Space().fence();
-      } catch (const mlacp::OutOfMemory& e) {
-        out_of_memory = true;
-        what = e.what();
-      } catch (const mlacp::Error& e) {
-        what = e.what();
-      }
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto [what, out_of_memory, seconds] = run_capped(mesh.rank() == failing, [&] {
+      auto forward = layer.forward(Space(), x);
+      Space().fence();
+    });
     const std::string name = mlacp::to_string(strategy);
     if (mesh.rank() == failing) {
       EXPECT_TRUE(out_of_memory) << name << ": " << what;

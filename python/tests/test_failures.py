@@ -82,6 +82,51 @@ def test_backward_runs_one_agreement(comm, mesh, monkeypatch):
     comm.Barrier()
 
 
+def address_space_in_use():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")
+
+
+def test_out_of_memory_on_one_rank(comm):
+    """Issue 31: the last rank runs out of memory inside a forward (an address-space cap armed on it alone): it raises
+    mlacp.OutOfMemoryError, also a MemoryError, naming the View and the bytes; the others raise
+    mlacp.CommunicationError naming it, in seconds, instead of waiting for the watchdog."""
+    import resource
+    own = comm.Dup()  # the failure breaks this mesh, and only this one
+    mesh = mlacp.Mesh(own)
+    config = mlacp.MlaConfig(batch=2, seq=4096, hidden=64, heads=8, nope=48, rope=16, vdim=64, latent=64)
+    layer = mlacp.MlaAttention(config, mesh, dtype=torch.float64, seed=1)
+    x = torch.randn(config.batch, config.seq // comm.size, config.hidden, dtype=torch.float64)
+    small = mlacp.MlaAttention(mlacp.MlaConfig(batch=1, seq=2 * comm.size, hidden=64, heads=8, nope=48, rope=16,
+                                               vdim=64, latent=64), mesh, dtype=torch.float64, seed=1)
+    with torch.no_grad():
+        small(torch.randn(1, 2, 64, dtype=torch.float64))  # OpenBLAS' work buffer, before the cap
+    failing = comm.size - 1
+    previous = resource.getrlimit(resource.RLIMIT_AS)
+    start = time.monotonic()
+    error = None
+    try:
+        if comm.rank == failing:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space_in_use() + (48 << 20), previous[1]))
+        with torch.no_grad():
+            layer(x)
+    except mlacp.Error as e:
+        error = e
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, previous)
+    assert time.monotonic() - start < 60
+    if comm.rank == failing:
+        assert isinstance(error, mlacp.OutOfMemoryError) and isinstance(error, MemoryError), repr(error)
+        assert "could not allocate" in str(error) and " bytes)" in str(error) and "available" in str(error)
+    else:
+        assert isinstance(error, mlacp.CommunicationError), repr(error)
+        assert f"rank {failing} failed" in str(error) and "could not allocate" in str(error)
+    comm.Barrier()
+
+
 def test_in_place_edit_on_one_rank_unchecked(comm):
     if comm.size == 1:
         pytest.skip("needs two ranks")

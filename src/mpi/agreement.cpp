@@ -13,29 +13,32 @@ namespace mlacp::mpi {
 // channel: "the next agreement carries the failure". The buffers live on the heap, so that a wait abandoned on a
 // broken mesh can park them with the request (wait_or_throw).
 
-void allreduce_max(MPI_Comm comm, std::vector<std::int64_t>& values, const CollectiveInfo& info,
-                   const std::string& what) {
+namespace {
+
+// The watched MPI_Iallreduce(MAX) of both element types.
+template <class T>
+void watched_allreduce_max(MPI_Comm comm, std::vector<T>& values, MPI_Datatype type, const CollectiveInfo& info,
+                           const std::string& what) {
   throw_if_failed(comm, what);
-  auto buffer = std::make_shared<std::vector<std::int64_t>>(values);
+  auto buffer = std::make_shared<std::vector<T>>(values);
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()), MPI_INT64_T, MPI_MAX, comm,
-                           &request),
-            what);
+  check_mpi(
+      MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()), type, MPI_MAX, comm, &request),
+      what);
   events::record(EventKind::launch, info.name);
   wait_or_throw(&request, comm, info, what, buffer);
   values = *buffer;
 }
 
+}  // namespace
+
+void allreduce_max(MPI_Comm comm, std::vector<std::int64_t>& values, const CollectiveInfo& info,
+                   const std::string& what) {
+  watched_allreduce_max(comm, values, MPI_INT64_T, info, what);
+}
+
 void allreduce_max(MPI_Comm comm, std::vector<double>& values, const CollectiveInfo& info, const std::string& what) {
-  throw_if_failed(comm, what);
-  auto buffer = std::make_shared<std::vector<double>>(values);
-  MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()), MPI_DOUBLE, MPI_MAX, comm,
-                           &request),
-            what);
-  events::record(EventKind::launch, info.name);
-  wait_or_throw(&request, comm, info, what, buffer);
-  values = *buffer;
+  watched_allreduce_max(comm, values, MPI_DOUBLE, info, what);
 }
 
 void broadcast(MPI_Comm comm, void* data, int bytes, int root, const CollectiveInfo& info, const std::string& what) {

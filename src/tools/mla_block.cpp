@@ -472,6 +472,33 @@ std::string jstr(const std::string& text) { return mlacp::model::json_quoted(tex
 // (predicted - measured) / measured, in percent.
 double error_percent(double predicted, double measured) { return (predicted - measured) / measured * 100.0; }
 
+// Before anything is allocated: the bytes the weights, their gradients and this rank's inputs take, times the ranks
+// that share this node, against what the node has. A run that cannot fit is refused at once, instead of after
+// minutes of filling the weights it can hold ("" when it may fit; the layer's workspaces are checked as they come).
+template <class T>
+std::string preflight_error(const Options& o, const mlacp::Mesh& mesh, const std::string& where) {
+  const auto& c = o.config;
+  double bytes = 0;
+  for (const auto& info : mlacp::parameter_table())
+    if (info.present(c))
+      bytes += static_cast<double>(info.shape(c).size()) * (sizeof(T) + sizeof(mlacp::gradient_value_t<T>));
+  const double tokens = static_cast<double>(c.batch) * c.seq;
+  bytes += tokens * c.hidden * sizeof(T) * ((o.reference || !o.dump.empty() ? 2.0 : 0.0) + 2.0 / mesh.size());
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(mesh.comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int on_node = 1;
+  MPI_Comm_size(node, &on_node);
+  MPI_Comm_free(&node);
+  const std::int64_t available = mlacp::available_memory_bytes();
+  if (available < 0 || bytes * on_node <= static_cast<double>(available)) return "";
+  std::ostringstream out;
+  out << where << ": this run needs at least " << mlacp::bytes_string(static_cast<std::int64_t>(bytes))
+      << " per rank (the weights, their gradients and the inputs) and " << on_node
+      << " rank(s) share this node, which has " << mlacp::bytes_string(available)
+      << " available; refused before allocating (smaller sizes, more nodes, or --no-reference)";
+  return out.str();
+}
+
 template <class T>
 int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   const auto& c = o.config;
@@ -497,8 +524,9 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
     mlacp::detail::agree_or_throw(mesh, "mlacp-mla-block", c.error(P), fields, c.describe());
   }
   const std::string where = "mlacp-mla-block: rank " + std::to_string(rank);
+  std::string allocation_problem = preflight_error<T>(o, mesh, where);
+  mlacp::detail::agree_on_allocation(mesh, "mlacp-mla-block: the run's memory", allocation_problem);
   Tensor3 x_full, dy_full;
-  std::string allocation_problem;
   try {
     if (need_full) {
       x_full = mlacp::detail::allocate_view_or_throw<Tensor3>(where, "x (full sequence)", c.batch, c.seq, c.hidden);
