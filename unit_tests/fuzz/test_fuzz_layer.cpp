@@ -43,6 +43,8 @@ using mlacp::test::frobenius_norm;
 using mlacp::test::host_values;
 using mlacp::test::relative_error;
 using mlacp::test::sum_over_ranks;
+using mlacp::test::world_rank;
+using mlacp::test::world_size;
 
 std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
