@@ -118,16 +118,5 @@ std::optional<OutOfMemory> translate_allocation_failure(const std::exception& e,
                        bad_alloc && text == "std::bad_alloc" ? "" : text);
 }
 
-void rethrow_as_out_of_memory(const std::string& where) {
-  try {
-    throw;
-  } catch (const OutOfMemory&) {
-    throw;
-  } catch (const std::exception& e) {
-    if (auto translated = translate_allocation_failure(e, where)) throw *translated;
-    throw;
-  }
-}
-
 }  // namespace detail
 }  // namespace mlacp

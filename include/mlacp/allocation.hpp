@@ -42,9 +42,6 @@ std::optional<OutOfMemory> translate_allocation_failure(const std::exception& e,
 const std::string& last_out_of_memory();
 std::uint64_t out_of_memory_count();
 
-/// For catch blocks: rethrows the exception in flight as OutOfMemory when it is an allocation failure, else as it is.
-[[noreturn]] void rethrow_as_out_of_memory(const std::string& where);
-
 /// `a * b`, or -1 when it does not fit in int64 (sizes for messages and checks).
 inline std::int64_t checked_product(std::int64_t a, std::int64_t b) {
   if (a < 0 || b < 0) return -1;
