@@ -9,7 +9,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
+
+#if __has_include(<gtest/gtest.h>)
+#include <gtest/gtest.h>
+#define MLACP_TEST_DUMP_HAS_GTEST 1
+#endif
 
 namespace mlacp::test {
 
@@ -39,13 +49,47 @@ inline MlaConfig make_config(int batch, int seq, int hidden, int heads, int nope
   return c;
 }
 
-/// A copy of `v` as doubles, on the host.
+/// With MLACP_TEST_DUMP_DIR set, every tensor a test reads back through host_values() is appended to
+/// <dir>/values.<world size>.<world rank>.<pid>.bin, keyed by the running test's name and the read's index within it,
+/// so that two builds' runs of the suite can be compared value by value (scripts/compare_test_dumps.py: bit-identity
+/// checks of refactors). Off (the default) it costs one getenv per read.
+inline void dump_test_values(const std::vector<double>& values) {
+  static const char* dir = std::getenv("MLACP_TEST_DUMP_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  std::string test = "unknown";
+#ifdef MLACP_TEST_DUMP_HAS_GTEST
+  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info())
+    test = std::string(info->test_suite_name()) + "." + info->name();
+#endif
+  static std::string last_test;
+  static long index = 0;
+  if (test != last_test) {
+    last_test = test;
+    index = 0;
+  }
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const std::string file = std::string(dir) + "/values." + (size ? size : "1") + "." + (rank ? rank : "0") + "." +
+                           std::to_string(static_cast<long>(::getpid())) + ".bin";
+  if (std::FILE* f = std::fopen(file.c_str(), "ab")) {
+    const std::string key = test + "#" + std::to_string(index++);
+    const std::uint64_t key_len = key.size(), n = values.size();
+    std::fwrite(&key_len, sizeof key_len, 1, f);
+    std::fwrite(key.data(), 1, key.size(), f);
+    std::fwrite(&n, sizeof n, 1, f);
+    if (n > 0) std::fwrite(values.data(), sizeof(double), values.size(), f);
+    std::fclose(f);
+  }
+}
+
+/// A copy of `v` as doubles, on the host (every element type the tests use converts to double exactly).
 template <class ViewType>
 std::vector<double> host_values(const ViewType& v) {
   std::vector<double> out;
   if (v.data() == nullptr) return out;
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   out.assign(host.data(), host.data() + host.size());
+  dump_test_values(out);
   return out;
 }
 
