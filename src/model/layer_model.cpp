@@ -3,6 +3,7 @@
 // expanded_schedule.hpp, ring_attention.hpp, shared_steps.hpp), simulated on one compute stream and one network queue
 // for the critical rank (the most heads, the most tokens, the ring step's largest block).
 #include <mlacp/error.hpp>
+#include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/names.hpp>
 #include <mlacp/model/collective_cost.hpp>
 #include <mlacp/model/layer_model.hpp>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <sstream>
 
 namespace mlacp::model {
@@ -90,8 +92,11 @@ class Simulation {
     bool live = false;
   };
 
-  Simulation(const MachineParams& machine, Dtype dtype, Prediction& out)
-      : machine_(machine), dtype_(dtype), out_(out) {}
+  /// `enabled` false: a walk of the order alone (collective_order), nothing costed.
+  Simulation(const MachineParams& machine, Dtype dtype, Prediction& out, bool enabled = true)
+      : machine_(machine), dtype_(dtype), out_(out), enabled_(enabled) {}
+
+  bool enabled() const { return enabled_; }
 
   void set_backward(bool b) { backward_ = b; }
   double now() const { return t_; }
@@ -164,6 +169,7 @@ class Simulation {
   Prediction& out_;
   double t_ = 0, net_free_ = 0;
   bool backward_ = false;
+  bool enabled_ = true;
 };
 
 /// The dimensions one rank works with, for the critical rank.
@@ -288,6 +294,162 @@ std::vector<double> ring_step_pairs(const MlaConfig& config, const Choice& choic
   return choice.ring > 1 ? steps.pairs : std::vector<double>{steps.flat_pairs};
 }
 
+namespace {
+
+namespace tl = mlacp::detail::timeline;
+
+/// The model's executor of the layer's timeline (mla/detail/timeline.hpp): each compute step costs its GEMMs and
+/// element-wise passes on the simulation's compute stream, each collective its modelled time on the network queue;
+/// the parts (output projection, latent KV backward, ring) are walked with the same executor. `order`, when given,
+/// lists every launch and wait in the order walked ("launch <name>", "wait <name>").
+class TimelineCost {
+ public:
+  TimelineCost(Simulation& sim, const Shape& x, const RingSteps& steps, const MachineParams& machine,
+               const Placement& group, const Placement& ring, const tl::Facts& facts,
+               std::vector<std::string>* order = nullptr)
+      : sim_(sim), x_(x), steps_(steps), machine_(machine), group_(group), ring_(ring), f_(facts), order_(order) {}
+
+  void part(tl::Part p) { tl::run_part(*this, p, f_); }
+
+  void launch(tl::Comm c, int i) {
+    const char* name = tl::name_of(c, f_.strategy, i);
+    if (order_ != nullptr) order_->push_back(std::string("launch ") + name);
+    if (sim_.enabled()) handles_[key(c, i)] = sim_.launch(name, cost(c, i));
+  }
+  void wait(tl::Comm c, int i) {
+    const char* name = tl::name_of(c, f_.strategy, i);
+    if (order_ != nullptr) order_->push_back(std::string("wait ") + name);
+    if (!sim_.enabled()) return;
+    Simulation::Handle& h = handles_[key(c, i)];
+    const bool live = h.live;
+    sim_.wait(name, h);
+    // The reduce-scatter's sum of the received blocks, one memory-bound pass after the last transfer.
+    if (c == tl::Comm::latent_reduce_scatter && live)
+      sim_.stream(name, reduce_scatter_sum_bytes(group_, payload_bytes()));
+  }
+
+  void compute(tl::Step step, int i) {
+    if (!sim_.enabled()) return;
+    const Shape& x = x_;
+    const double N = x.B * x.s, Sa = x.Sa;
+    switch (step) {
+      case tl::Step::kv_a_projection:
+        return kv_a_projection(sim_, x);
+      case tl::Step::kv_expansion:
+        if (f_.latent()) return sim_.gemm(names::w_kvb_fprop, x.B * Sa, x.h * (x.dn + x.dv), x.R);
+        sim_.gemm(names::w_kvb_fprop, N, x.H * (x.dn + x.dv), x.R);
+        return sim_.stream(names::w_kvb_fprop, 2 * N * x.H * (x.dqk + x.dv) * x.e);  // assemble k, v
+      case tl::Step::assemble_kv:
+        return sim_.stream(names::w_kvb_fprop, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
+      case tl::Step::q_projection:
+        return q_projection(sim_, x);
+      case tl::Step::attention:
+        return sim_.attention(names::attention_fprop, attention_flops(x, steps_.flat_pairs, true), true);
+      case tl::Step::ring_expand:
+        sim_.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
+        return sim_.stream(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
+      case tl::Step::ring_attention:
+        return sim_.attention(names::attention_fprop, attention_flops(x, pairs(i), true), true);
+      case tl::Step::o_block:
+        // The own block, then each source's: h heads' columns of w_o each (the last takes what is left).
+        return sim_.gemm(names::w_o_fprop, N, x.D, (i + 1 < x.U ? x.h : x.H - (x.U - 1) * x.h) * x.dv);
+      case tl::Step::o_finish:
+        return;
+      case tl::Step::w_o_dgrad:
+        return sim_.gemm(names::w_o_dgrad, N, x.H * x.dv, x.D);
+      case tl::Step::w_o_wgrad:
+        return sim_.gemm(names::w_o_wgrad, x.D, x.H * x.dv, N);
+      case tl::Step::attention_backward:
+        return sim_.attention(names::attention_bprop, attention_flops(x, steps_.flat_pairs, false), false);
+      case tl::Step::ring_attention_backward:
+        return sim_.attention(names::attention_bprop, attention_flops(x, pairs(i), false), false);
+      case tl::Step::ring_fold:
+        sim_.stream(names::ring_kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.acc);
+        sim_.gemm(names::ring_kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
+        return sim_.gemm(names::ring_kv_backward, x.h * (x.dn + x.dv), x.R, x.B * Sa);
+      case tl::Step::ring_accumulate:  // the contribution added to the arriving accumulator
+        return sim_.stream(tl::name_of(tl::Comm::ring_grad, f_.strategy, i), 3 * ring_grad_bytes(i % 2));
+      case tl::Step::ring_finish:
+        return;
+      case tl::Step::kv_disassemble:
+        return sim_.stream(names::kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
+      case tl::Step::w_kvb_dgrad:
+        return sim_.gemm(names::kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
+      case tl::Step::w_kvb_wgrad:
+        return sim_.gemm(names::kv_backward, x.h * (x.dn + x.dv), x.R, x.B * Sa);
+      case tl::Step::q_branch:
+        return q_branch_backward(sim_, x);
+      case tl::Step::k_branch:
+        return sim_.stream(names::kv_backward, 2 * N * x.H * x.dqk * x.e);
+      case tl::Step::v_branch:
+        return sim_.stream(names::kv_backward, 2 * N * x.H * x.dv * x.e);
+      case tl::Step::kv_and_payload:
+        sim_.gemm(names::kv_backward, x.H * (x.dn + x.dv), x.R, N);
+        sim_.gemm(names::kv_backward, N, x.R, x.H * (x.dn + x.dv));
+        return kv_a_backward(sim_, x);
+      case tl::Step::payload_backward:
+        return kv_a_backward(sim_, x);
+    }
+  }
+
+ private:
+  static int key(tl::Comm c, int i) { return static_cast<int>(c) * 4096 + i; }
+  double pairs(int t) const { return steps_.pairs.empty() ? 0 : steps_.pairs[static_cast<std::size_t>(t)]; }
+  double payload_bytes() const { return x_.B * x_.Sa * (x_.R + x_.dr) * x_.e; }
+  double ring_grad_bytes(int stream) const {
+    const Shape& x = x_;
+    if (f_.latent()) return x.B * x.Sa * (x.R + x.dr) * x.acc;
+    return x.B * x.Sa * x.h * (stream == 0 ? x.dqk : x.dv) * x.acc;
+  }
+  CollectiveCost a2a(double bytes) const { return x_.U > 1 ? all_to_all(machine_, group_, bytes) : CollectiveCost{}; }
+  CollectiveCost cost(tl::Comm c, int i) const {
+    const Shape& x = x_;
+    const double N = x.B * x.s;
+    switch (c) {
+      case tl::Comm::payload_all_gather:
+        return x.U > 1 ? all_gather(machine_, group_, payload_bytes()) : CollectiveCost{};
+      case tl::Comm::q_a2a:
+      case tl::Comm::dq_a2a:
+      case tl::Comm::k_a2a:
+      case tl::Comm::dk_a2a:
+        return a2a(N * x.H * x.dqk * x.e);
+      case tl::Comm::v_a2a:
+      case tl::Comm::dv_a2a:
+      case tl::Comm::do_a2a:
+        return a2a(N * x.H * x.dv * x.e);
+      case tl::Comm::o_exchange: {
+        // One peer's block of the all-to-all per launch: the exchange's cost shared over its P - 1 steps.
+        CollectiveCost all = a2a(N * x.H * x.dv * x.e);
+        const double share = x.U > 1 ? 1.0 / (x.U - 1) : 0.0;
+        all.seconds *= share;
+        all.intra_bytes *= share;
+        all.inter_bytes *= share;
+        return all;
+      }
+      case tl::Comm::latent_reduce_scatter:
+        return x.U > 1 ? reduce_scatter(machine_, group_, payload_bytes()) : CollectiveCost{};
+      case tl::Comm::ring_data: {
+        const double bytes = f_.latent() ? payload_bytes() : x.B * x.Sa * x.h * (i % 2 == 0 ? x.dqk : x.dv) * x.e;
+        return send_recv(machine_, ring_, bytes);
+      }
+      case tl::Comm::ring_grad:
+        return send_recv(machine_, ring_, ring_grad_bytes(i % 2));
+    }
+    return {};
+  }
+
+  Simulation& sim_;
+  const Shape& x_;
+  const RingSteps& steps_;
+  const MachineParams& machine_;
+  Placement group_, ring_;
+  tl::Facts f_;
+  std::vector<std::string>* order_;
+  std::map<int, Simulation::Handle> handles_;
+};
+
+}  // namespace
+
 Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster,
                    const MachineParams& machine) {
   const std::string why = choice_error(config, choice, cluster);
@@ -307,174 +469,41 @@ Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, c
   const RingSteps steps = ring_steps(config, map);
   const Placement group = ulysses_placement(cluster, choice.ulysses);
   const Placement ring = ring_placement(cluster, choice.ulysses, choice.ring);
-  const bool latent = choice.strategy == MlaStrategy::latent, is_ring = choice.ring > 1, grouped = x.U > 1;
-  const double N = x.B * x.s, Sa = x.Sa;
 
   Prediction out;
   out.choice = choice;
   out.memory = predict_memory(config, dtype, choice, cluster);
   Simulation sim(machine, dtype, out);
-  auto a2a = [&](double bytes) { return grouped ? all_to_all(machine, group, bytes) : CollectiveCost{}; };
-
-  // ---- forward ----
-  if (latent) {
-    // The payload all-gather is launched as soon as its input exists and runs beside the query projection; Q's
-    // all-to-all beside the w_kvb expansion (issue 23: the forward hides its collectives).
-    kv_a_projection(sim, x);
-    Simulation::Handle gather;
-    if (grouped)
-      gather = sim.launch(names::payload_all_gather, all_gather(machine, group, x.B * Sa * (x.R + x.dr) * x.e));
-    q_projection(sim, x);
-    auto q = sim.launch(names::q_a2a, a2a(N * x.H * x.dqk * x.e));
-    if (grouped) sim.wait(names::payload_all_gather, gather);
-    if (!is_ring) {
-      sim.gemm(names::w_kvb_fprop, x.B * Sa, x.h * (x.dn + x.dv), x.R);
-      sim.wait(names::q_a2a, q);
-      sim.stream(names::w_kvb_fprop, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);  // assemble k, v
-      sim.attention(names::attention_fprop, attention_flops(x, steps.flat_pairs, true), true);
-    } else {
-      sim.wait(names::q_a2a, q);
-      for (int t = 0; t < x.C; ++t) {
-        Simulation::Handle d;
-        if (t + 1 < x.C) d = sim.launch(names::ring_payload, send_recv(machine, ring, x.B * Sa * (x.R + x.dr) * x.e));
-        sim.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
-        sim.stream(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
-        sim.attention(names::attention_fprop, attention_flops(x, steps.pairs[static_cast<std::size_t>(t)], true), true);
-        sim.wait(names::ring_payload, d);
-      }
-    }
-  } else {
-    kv_a_projection(sim, x);
-    sim.gemm(names::w_kvb_fprop, N, x.H * (x.dn + x.dv), x.R);
-    sim.stream(names::w_kvb_fprop, 2 * N * x.H * (x.dqk + x.dv) * x.e);  // assemble k, v
-    auto v = sim.launch(names::v_a2a, a2a(N * x.H * x.dv * x.e));
-    auto k = sim.launch(names::k_a2a, a2a(N * x.H * x.dqk * x.e));
-    q_projection(sim, x);
-    auto q = sim.launch(names::q_a2a, a2a(N * x.H * x.dqk * x.e));
-    sim.wait(names::q_a2a, q);
-    sim.wait(names::k_a2a, k);
-    sim.wait(names::v_a2a, v);
-    if (!is_ring) {
-      sim.attention(names::attention_fprop, attention_flops(x, steps.flat_pairs, true), true);
-    } else {
-      for (int t = 0; t < x.C; ++t) {
-        Simulation::Handle dk, dv;
-        if (t + 1 < x.C) {
-          dk = sim.launch(names::ring_k, send_recv(machine, ring, x.B * Sa * x.h * x.dqk * x.e));
-          dv = sim.launch(names::ring_v, send_recv(machine, ring, x.B * Sa * x.h * x.dv * x.e));
-        }
-        sim.attention(names::attention_fprop, attention_flops(x, steps.pairs[static_cast<std::size_t>(t)], true), true);
-        sim.wait(names::ring_k, dk);
-        sim.wait(names::ring_v, dv);
-      }
-    }
-  }
-  // The output projection, per source rank: the own heads' block through w_o while the other ranks' blocks are in
-  // flight, then theirs as they arrive (modelled as one exchange of the others' blocks).
-  {
-    auto o = sim.launch(names::o_a2a, a2a(N * x.H * x.dv * x.e));
-    sim.gemm(names::w_o_fprop, N, x.D, x.h * x.dv);
-    sim.wait(names::o_a2a, o);
-    if (x.H > x.h) sim.gemm(names::w_o_fprop, N, x.D, (x.H - x.h) * x.dv);
-  }
+  // The critical rank: the most heads (h > 0), every gradient.
+  MlaConfig as_chosen = config;
+  as_chosen.strategy = choice.strategy;
+  const tl::Facts facts = tl::facts_of(as_chosen, choice.ulysses, choice.ring, true, MlaRequiresGrad{});
+  TimelineCost ex(sim, x, steps, machine, group, ring, facts);
+  tl::forward(ex, facts);
   out.forward_s = sim.now();
-
-  // ---- backward ----
   sim.set_backward(true);
   const double start = sim.now();
-  // dgrad dy w_o, the dO all-to-all beside w_o's gradient.
-  sim.gemm(names::w_o_dgrad, N, x.H * x.dv, x.D);
-  auto d_o = sim.launch(names::do_a2a, a2a(N * x.H * x.dv * x.e));
-  sim.gemm(names::w_o_wgrad, x.D, x.H * x.dv, N);
-  sim.wait(names::do_a2a, d_o);
-  // Ring: the exchanges that bring the accumulators home, waited after the next collective's launch.
-  std::vector<Simulation::Handle> last_grads;
-  std::vector<const char*> last_names;
-  auto finish_ring = [&] {
-    for (std::size_t i = 0; i < last_grads.size(); ++i) sim.wait(last_names[i], last_grads[i]);
-  };
-  if (!is_ring) {
-    sim.attention(names::attention_bprop, attention_flops(x, steps.flat_pairs, false), false);
-  } else {
-    // Data one step ahead, each step's gradient accumulators sent on one step behind (ring_attention.hpp).
-    struct Stream {
-      const char* name;
-      double bytes;
-    };
-    const std::vector<Stream> data = latent ? std::vector<Stream>{{names::ring_payload, x.B * Sa * (x.R + x.dr) * x.e}}
-                                            : std::vector<Stream>{{names::ring_k, x.B * Sa * x.h * x.dqk * x.e},
-                                                                  {names::ring_v, x.B * Sa * x.h * x.dv * x.e}};
-    const std::vector<Stream> grads =
-        latent ? std::vector<Stream>{{names::ring_d_payload, x.B * Sa * (x.R + x.dr) * x.acc}}
-               : std::vector<Stream>{{names::ring_dk, x.B * Sa * x.h * x.dqk * x.acc},
-                                     {names::ring_dv, x.B * Sa * x.h * x.dv * x.acc}};
-    std::vector<Simulation::Handle> grad(grads.size());
-    for (int t = 0; t < x.C; ++t) {
-      std::vector<Simulation::Handle> d(data.size());
-      if (t + 1 < x.C)
-        for (std::size_t i = 0; i < data.size(); ++i)
-          d[i] = sim.launch(data[i].name, send_recv(machine, ring, data[i].bytes));
-      if (latent) {
-        sim.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
-        sim.stream(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
-      }
-      sim.attention(names::attention_bprop, attention_flops(x, steps.pairs[static_cast<std::size_t>(t)], false), false);
-      if (latent) {
-        sim.stream(names::ring_kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.acc);
-        sim.gemm(names::ring_kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
-        sim.gemm(names::ring_kv_backward, x.h * (x.dn + x.dv), x.R, x.B * Sa);
-      }
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        if (t > 0) {
-          sim.wait(grads[i].name, grad[i]);
-          sim.stream(grads[i].name, 3 * grads[i].bytes);  // the contribution added to the arriving accumulator
-        }
-        grad[i] = sim.launch(grads[i].name, send_recv(machine, ring, grads[i].bytes));
-      }
-      for (std::size_t i = 0; i < data.size(); ++i) sim.wait(data[i].name, d[i]);
-    }
-    last_grads = grad;
-    last_names = grads.size() == 1 ? std::vector<const char*>{names::ring_d_payload}
-                                   : std::vector<const char*>{names::ring_dk, names::ring_dv};
-  }
-  if (latent) {
-    auto dq = sim.launch(names::dq_a2a, a2a(N * x.H * x.dqk * x.e));
-    Simulation::Handle rs;
-    const double payload_bytes = x.B * Sa * (x.R + x.dr) * x.e;
-    if (!is_ring) {
-      // The KV path: disassemble, the latent's dgrad, the reduce-scatter launched, w_kvb's gradient beside it.
-      sim.stream(names::kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
-      sim.gemm(names::kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
-      if (grouped) rs = sim.launch(names::latent_reduce_scatter, reduce_scatter(machine, group, payload_bytes));
-      sim.gemm(names::kv_backward, x.h * (x.dn + x.dv), x.R, x.B * Sa);
-    } else {
-      finish_ring();
-      if (grouped) rs = sim.launch(names::latent_reduce_scatter, reduce_scatter(machine, group, payload_bytes));
-    }
-    sim.wait(names::dq_a2a, dq);
-    q_branch_backward(sim, x);
-    if (rs.live) {
-      sim.wait(names::latent_reduce_scatter, rs);
-      sim.stream(names::latent_reduce_scatter, reduce_scatter_sum_bytes(group, payload_bytes));
-    }
-    kv_a_backward(sim, x);
-  } else {
-    auto dq = sim.launch(names::dq_a2a, a2a(N * x.H * x.dqk * x.e));
-    finish_ring();
-    auto dk = sim.launch(names::dk_a2a, a2a(N * x.H * x.dqk * x.e));
-    auto dv = sim.launch(names::dv_a2a, a2a(N * x.H * x.dv * x.e));
-    sim.wait(names::dq_a2a, dq);
-    q_branch_backward(sim, x);
-    sim.wait(names::dk_a2a, dk);
-    sim.wait(names::dv_a2a, dv);
-    sim.stream(names::kv_backward, 2 * N * x.H * (x.dqk + x.dv) * x.e);  // dK, dV blocks -> d(kv), d(k_pe)
-    sim.gemm(names::kv_backward, x.H * (x.dn + x.dv), x.R, N);
-    sim.gemm(names::kv_backward, N, x.R, x.H * (x.dn + x.dv));
-    kv_a_backward(sim, x);
-  }
+  tl::backward(ex, facts);
   out.backward_s = sim.now() - start;
   out.hidden_fraction = out.communication_s > 0 ? std::max(0.0, 1 - out.exposed_s / out.communication_s) : 1.0;
   return out;
+}
+
+std::vector<std::string> collective_order(const MlaConfig& config, int group, int ring, bool heads,
+                                          const MlaRequiresGrad& flags, bool backward) {
+  Prediction none;
+  MachineParams machine;
+  Simulation sim(machine, Dtype::float64, none, false);
+  const Shape x{};
+  const RingSteps steps;
+  const tl::Facts facts = tl::facts_of(config, group, ring, heads, flags);
+  std::vector<std::string> order;
+  TimelineCost ex(sim, x, steps, machine, Placement{}, Placement{}, facts, &order);
+  if (backward)
+    tl::backward(ex, facts);
+  else
+    tl::forward(ex, facts);
+  return order;
 }
 
 MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster) {

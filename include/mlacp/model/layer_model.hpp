@@ -92,4 +92,12 @@ MemoryEstimate predict_memory(const MlaConfig& config, Dtype dtype, const Choice
 Prediction predict(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster,
                    const MachineParams& machine);
 
+/// The collectives' launches and waits ("launch <name>", "wait <name>", names.hpp) of one rank's forward (or
+/// backward) in the order the model walks the layer's timeline (mla/detail/timeline.hpp) for it: a rank of a Ulysses
+/// group of `group` ranks on a ring of `ring` chunks whose position holds heads (or not), for a pass with `flags`
+/// (config.strategy and config.overlap as they are). predict() costs this walk for the critical rank; the layer runs
+/// it (unit_tests/mla/detail/test_timeline_drift.cpp compares the two, rank by rank).
+std::vector<std::string> collective_order(const MlaConfig& config, int group, int ring, bool heads,
+                                          const MlaRequiresGrad& flags, bool backward);
+
 }  // namespace mlacp::model

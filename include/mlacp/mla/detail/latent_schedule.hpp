@@ -8,6 +8,7 @@
 #include <mlacp/all_gather.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
 #include <mlacp/mla/detail/ring_attention.hpp>
+#include <mlacp/mla/detail/schedule_base.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
 #include <mlacp/mla/detail/shared_steps.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
@@ -65,80 +66,126 @@ struct LatentScratch : SharedScratch<T, ExecSpace> {
 /// is waited last, after the compute that needs neither (on one FIFO link, waiting it before the Q branch stalled the
 /// KV backward until dQ had crossed).
 template <class T, class ExecSpace, class Core>
-class LatentSchedule {
+class LatentSchedule
+    : public ScheduleBase<T, ExecSpace, Core, LatentForwardWorkspace<T, ExecSpace>, LatentScratch<T, ExecSpace>> {
+  using base = ScheduleBase<T, ExecSpace, Core, LatentForwardWorkspace<T, ExecSpace>, LatentScratch<T, ExecSpace>>;
+  using base::ctx_;
+  using base::ring_;
+  using base::scratch_;
+
  public:
-  using context_type = ScheduleContext<T, ExecSpace, Core>;
-  using tensor3 = typename context_type::tensor3;
-  using tensor4 = typename context_type::tensor4;
-  using tensor5 = typename context_type::tensor5;
-  using gradients_type = typename context_type::gradients_type;
-  using workspace_type = LatentForwardWorkspace<T, ExecSpace>;
-  using scratch_type = LatentScratch<T, ExecSpace>;
-  using pool_type = ForwardWorkspacePool<workspace_type>;
-  using pass_type = ForwardPass<T, ExecSpace, workspace_type>;
+  using base::base;
+  using typename base::context_type;
+  using typename base::gradients_type;
+  using typename base::pass_type;
+  using typename base::scratch_type;
+  using typename base::tensor3;
+  using typename base::tensor4;
+  using typename base::tensor5;
 
-  explicit LatentSchedule(const context_type& ctx) : ctx_(&ctx) {}
-
-  const context_type& context() const { return *ctx_; }
-  /// The schedule's per-forward workspaces and its per-call scratch: a cache of the configuration, written by the
-  /// const operations (as an FFT plan's buffers are).
-  pool_type& pool() const { return pool_; }
-  scratch_type& scratch() const { return scratch_; }
-
-  /// The pass's output y [B, s, D]; what backward needs stays in the pass's workspace.
+  /// The pass's output y [B, s, D]; what backward needs stays in the pass's workspace. The order is the timeline's
+  /// (timeline.hpp, latent_forward); Forward does each of its steps.
   tensor3 forward(const ExecSpace& space, const pass_type& p) const {
-    const context_type& ctx = *ctx_;
-    const MlaConfig& c = ctx.config();
-    const int B = c.batch, S = ctx.attention_seq(), s = ctx.local_seq(), h = ctx.local_heads(), dn = c.nope;
-    const int dv = c.vdim, dr = c.rope, R = c.latent;
-    auto& w = p.w;
-    const bool overlap = c.overlap;
-    // The payload [RMSNorm(c), RoPE(k_pe)]: both written straight into the all-gather's input, no copies. On a ring
-    // the gathered chunk is kept in the workspace (the backward passes it round the ring again).
-    const bool ring = ctx.ring(), grouped = ctx.mesh().size() > 1;
-    const tensor3& payload = ring && !grouped ? ensure(w.ring_payload, "mlacp::ring payload", B, s, R + dr)
-                                              : ensure(scratch_.payload, "mlacp::payload", B, s, R + dr);
-    const tensor3& kv_a = project_kv_a(ctx, space, p, payload);
-    rope_forward(space, as_rank4(kv_a), R, as_rank4(payload), R, ctx.rope_table(space, p));
-    const tensor3 gathered_into = ring ? ctx.into(w.ring_payload, "mlacp::ring payload", B, S, R + dr)
-                                       : ctx.into(scratch_.gathered, "mlacp::gathered payload", B, S, R + dr);
-    // The all-gather leaves first, as soon as its input exists: the Q projection (two GEMMs and an RMSNorm with
-    // q-LoRA) runs while it is in flight.
-    auto gather = launch_wire(space, payload, gathered_into, ctx.wire(scratch_.payload_wire), names::payload_all_gather,
-                              [&](const auto& view, const auto& into) {
-                                return launch_all_gather(space, view, 1, ctx.seq_partition(), ctx.mesh(),
-                                                         names::payload_all_gather, into);
-                              });
-    tensor3 gathered;
-    if (!overlap) gathered = gather.wait();
-    tensor4 q = project_q(ctx, space, p);
-    // Q's all-to-all leaves next; the KV expansion (the rank's w_kvb rows on the gathered payload) runs while it is in
-    // flight.
-    w.q_pair = InputA2APair<T, ExecSpace>(ctx.mesh(), names::q, ctx.seq_partition(), ctx.head_partition());
-    w.q_pair.launch_forward(space, q, needs_q(p.flags), ctx.into(w.q_heads, "mlacp::q heads", B, S, h, dn + dr),
-                            ctx.wire(scratch_.q_wire));
-    if (!overlap) w.q_saved = w.q_pair.wait_forward();
-    if (gather.pending()) gathered = gather.wait();
-    if (ring) {
-      // Ring attention: each chunk (this one first) is expanded for the rank's heads as it comes round.
-      if (overlap) w.q_saved = w.q_pair.wait_forward();
-      return attend_and_project(ctx, scratch_, space, p,
-                                [&] { ring_.forward_latent(space, ctx, p, w.q_saved, w.ring_payload, w.o, w.lse); });
-    }
-    const tensor3& kv = ensure(scratch_.kv, "mlacp::kv", B, S, h * (dn + dv));
-    // The shared key is read from the gathered payload by assemble_kv: no k_pe copy.
-    w.latent_kv.forward(space, gathered, ctx.rows_of(ctx.weights().w_kvb), ctx.part_of(ctx.weights().b_kvb), ctx.mesh(),
-                        ctx.seq_partition(), kv, tensor3(), ensure(w.latent, "mlacp::latent", B, S, R));
-    if (overlap) w.q_saved = w.q_pair.wait_forward();
-    assemble_kv(space, tensor4(kv.data(), B, S, h, dn + dv), gathered, ensure(w.k, "mlacp::k", B, S, h, dn + dr),
-                ensure(w.v, "mlacp::v", B, S, h, dv), dn, R);
-    w.k_saved = w.k;
-    w.v_saved = w.v;
-    return attend_and_project(ctx, scratch_, space, p);
+    Forward run(*this, space, p);
+    timeline::forward(run, this->facts(p.flags));
+    return run.y;
   }
 
-  /// One backward of a pass as its named steps. run() takes them in the schedule's order; a caller that instruments
-  /// the schedule (perf_overlap's dQ pair) may call them one by one in that order, which is what run() does.
+  /// The forward's steps, as the timeline names them.
+  class Forward {
+   public:
+    Forward(const LatentSchedule& schedule, const ExecSpace& space, const pass_type& p)
+        : s_(&schedule), ctx_(*schedule.ctx_), space_(space), p_(p) {}
+    tensor3 y;
+
+    void compute(timeline::Step step, int) {
+      const MlaConfig& c = ctx_.config();
+      const int B = c.batch, S = ctx_.attention_seq(), s = ctx_.local_seq(), h = ctx_.local_heads(), dn = c.nope;
+      const int dv = c.vdim, dr = c.rope, R = c.latent;
+      auto& w = p_.w;
+      auto& scratch = s_->scratch_;
+      switch (step) {
+        case timeline::Step::kv_a_projection: {
+          // The payload [RMSNorm(c), RoPE(k_pe)]: both written straight into the all-gather's input, no copies. On a
+          // ring the gathered chunk is kept in the workspace (the backward passes it round the ring again).
+          const bool ring = ctx_.ring(), grouped = ctx_.mesh().size() > 1;
+          payload_ = ring && !grouped ? ensure(w.ring_payload, "mlacp::ring payload", B, s, R + dr)
+                                      : ensure(scratch.payload, "mlacp::payload", B, s, R + dr);
+          const tensor3& kv_a = project_kv_a(ctx_, space_, p_, payload_);
+          rope_forward(space_, as_rank4(kv_a), R, as_rank4(payload_), R, ctx_.rope_table(space_, p_));
+          return;
+        }
+        case timeline::Step::q_projection:
+          q_ = project_q(ctx_, space_, p_);
+          return;
+        case timeline::Step::kv_expansion:
+          // The rank's w_kvb rows on the gathered payload.
+          w.latent_kv.forward(space_, gathered_, ctx_.rows_of(ctx_.weights().w_kvb), ctx_.part_of(ctx_.weights().b_kvb),
+                              ctx_.mesh(), ctx_.seq_partition(), ensure(scratch.kv, "mlacp::kv", B, S, h * (dn + dv)),
+                              tensor3(), ensure(w.latent, "mlacp::latent", B, S, R));
+          return;
+        case timeline::Step::assemble_kv:
+          // The shared key is read from the gathered payload: no k_pe copy.
+          assemble_kv(space_, tensor4(scratch.kv.data(), B, S, h, dn + dv), gathered_,
+                      ensure(w.k, "mlacp::k", B, S, h, dn + dr), ensure(w.v, "mlacp::v", B, S, h, dv), dn, R);
+          w.k_saved = w.k;
+          w.v_saved = w.v;
+          return;
+        case timeline::Step::attention:
+          return attention_forward(ctx_, space_, p_);
+        default:
+          return;
+      }
+    }
+    void launch(timeline::Comm comm, int) {
+      const MlaConfig& c = ctx_.config();
+      const int B = c.batch, S = ctx_.attention_seq(), h = ctx_.local_heads(), R = c.latent, dr = c.rope;
+      auto& w = p_.w;
+      if (comm == timeline::Comm::payload_all_gather) {
+        const tensor3 into = ctx_.ring() ? ctx_.into(w.ring_payload, "mlacp::ring payload", B, S, R + dr)
+                                         : ctx_.into(s_->scratch_.gathered, "mlacp::gathered payload", B, S, R + dr);
+        gather_ = launch_wire(space_, payload_, into, ctx_.wire(s_->scratch_.payload_wire), names::payload_all_gather,
+                              [&](const auto& view, const auto& result) {
+                                return launch_all_gather(space_, view, 1, ctx_.seq_partition(), ctx_.mesh(),
+                                                         names::payload_all_gather, result);
+                              });
+      } else {  // Q's all-to-all
+        w.q_pair = InputA2APair<T, ExecSpace>(ctx_.mesh(), names::q, ctx_.seq_partition(), ctx_.head_partition());
+        w.q_pair.launch_forward(space_, q_, needs_q(p_.flags),
+                                ctx_.into(w.q_heads, "mlacp::q heads", B, S, h, c.qk_dim()),
+                                ctx_.wire(s_->scratch_.q_wire));
+      }
+    }
+    void wait(timeline::Comm comm, int) {
+      if (comm == timeline::Comm::payload_all_gather)
+        gathered_ = gather_.wait();
+      else
+        p_.w.q_saved = p_.w.q_pair.wait_forward();
+    }
+    void part(timeline::Part part) {
+      auto& w = p_.w;
+      if (part == timeline::Part::ring_forward) {
+        // Each chunk (this one first) is expanded for the rank's heads as it comes round.
+        attention_output(ctx_, p_);
+        s_->ring_.forward_latent(space_, ctx_, p_, w.q_saved, w.ring_payload, w.o, w.lse);
+      } else {
+        y = project_output(ctx_, s_->scratch_, space_, p_);
+      }
+    }
+
+   private:
+    const LatentSchedule* s_;
+    const context_type& ctx_;
+    ExecSpace space_;
+    pass_type p_;
+    tensor3 payload_, gathered_;
+    tensor4 q_;
+    WireCollective<ExecSpace, tensor3> gather_;
+  };
+
+  /// One backward of a pass as its named steps. run() takes them in the timeline's order (timeline.hpp,
+  /// latent_backward); a caller that instruments the schedule (perf_overlap's dQ pair, the schedule tests) may call
+  /// the public steps one by one in another order: each waits what it needs if the caller has not.
   class Backward {
    public:
     Backward(const LatentSchedule& schedule, const ExecSpace& space, const pass_type& p, const tensor3& dy,
@@ -148,123 +195,172 @@ class LatentSchedule {
     /// The output projection's backward (dO all-to-all beside the w_o wgrad) and the attention backward: dq, dk, dv.
     /// False when nothing upstream of the attention needs a gradient (then no other step has anything to do).
     bool attention() {
-      if (!ctx().ring()) {
-        active_ = output_and_attention_backward(ctx(), schedule_->scratch_, space_, p_, dy_, *g_, grads_);
-        return active_;
-      }
-      // Ring: the attention backward passes the chunks round the ring again, expanding each, and sends the payload
-      // gradient's partial sums home behind them; w_kvb's gradients accumulate chunk by chunk.
-      const context_type& x = ctx();
-      const MlaConfig& c = x.config();
-      const MlaRequiresGrad& r = p_.flags;
-      active_ =
-          output_and_attention_backward(x, schedule_->scratch_, space_, p_, dy_, *g_, grads_, [&](const auto& d_o) {
-            const bool payload = needs_payload(r);
-            schedule_->ring_.backward_latent(
-                space_, x, p_, p_.w.q_saved, p_.w.ring_payload, p_.w.o, p_.w.lse, d_o, grads_.dq,
-                payload ? ensure(schedule_->scratch_.grad_payload, "mlacp::d payload", c.batch, x.attention_seq(),
-                                 c.latent + c.rope)
-                        : tensor3(),
-                r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
-                r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part());
-            ring_pending_ = true;
-          });
-      return active_;
+      part(timeline::Part::output_backward);
+      if (!active_) return false;
+      if (ctx().ring())
+        part(timeline::Part::ring_backward);
+      else
+        compute(timeline::Step::attention_backward, 0);
+      return true;
     }
     /// The inverse all-to-all of dQ is launched (when the Q branch needs dQ).
     void launch_dq() {
-      if (!active_) return;
-      const MlaConfig& c = ctx().config();
-      p_.w.q_pair.launch_backward(space_, grads_.dq,
-                                  ctx().blocks_into(schedule_->scratch_.dq_blocks, "mlacp::dQ blocks", c.qk_dim()),
-                                  ctx().wire(schedule_->scratch_.dq_wire));
+      if (active_) launch(timeline::Comm::dq_a2a, 0);
     }
     /// dQ's head blocks are waited (when launched).
     void wait_dq() {
-      if (active_ && needs_q(p_.flags) && !dq_waited_) {
-        dq_blocks_ = p_.w.q_pair.wait_backward_blocks();
-        dq_waited_ = true;
-      }
+      if (active_ && needs_q(p_.flags) && !dq_waited_) wait(timeline::Comm::dq_a2a, 0);
     }
-    /// The KV path's backward: dK and dV disassembled into d(kv) and the shared key's gradient, then
-    /// LatentKVLinear::launch_backward: the w_kvb dgrad, the latent reduce-scatter launched, the w_kvb weight gradient
-    /// while it is in flight. The reduce-scatter is still in flight when it returns.
+    /// The KV path's backward up to the reduce-scatter in flight: flat, dK and dV disassembled and
+    /// LatentKVLinear::launch_backward (the w_kvb dgrad, the latent reduce-scatter launched, the w_kvb weight
+    /// gradient while it is in flight); on a ring, the payload gradient's accumulator home and its reduce-scatter
+    /// launched.
     void kv() {
       if (!active_ || !needs_kv(p_.flags)) return;
-      if (ctx().ring()) return ring_kv();
-      const context_type& x = ctx();
-      const MlaConfig& c = x.config();
-      const MlaRequiresGrad& r = p_.flags;
-      const int B = c.batch, S = x.attention_seq(), h = x.local_heads(), dn = c.nope, dv = c.vdim, dr = c.rope,
-                R = c.latent;
-      scratch_type& scratch = schedule_->scratch_;
-      const bool payload = needs_payload(r);
-      ComputePhase<ExecSpace> phase(space_, names::kv_backward);
-      const tensor3& dkv = ensure(scratch.dkv, "mlacp::d kv", B, S, h * (dn + dv));
-      const tensor3& dkpe = ensure(scratch.dkpe, "mlacp::d k_pe", B, S, dr);
-      disassemble_kv_grad(space_, grads_.dk, grads_.dv, tensor4(dkv.data(), B, S, h, dn + dv), dkpe, dn);
-      p_.w.latent_kv.launch_backward(
-          space_, dkv, dkpe, payload, r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
-          r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part(), c.overlap,
-          payload ? ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
-          payload ? ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3(),
-          payload ? x.into(scratch.d_payload, "mlacp::d payload local", B, x.local_seq(), R + dr) : tensor3(),
-          x.wire_reduce(scratch.reduce_wire));
-      kv_launched_ = true;
+      if (ctx().ring()) {
+        part(timeline::Part::ring_finish);
+        if (!needs_payload(p_.flags)) return;
+        launch(timeline::Comm::latent_reduce_scatter, 0);
+        if (!ctx().config().overlap) wait(timeline::Comm::latent_reduce_scatter, 0);
+      } else {
+        compute(timeline::Step::kv_disassemble, 0);
+        part(timeline::Part::latent_kv_backward);
+      }
     }
     /// The Q branch's backward on dQ's head blocks (waits them if wait_dq() has not).
     void q_branch() {
       if (!active_ || !needs_q(p_.flags)) return;
       wait_dq();
-      q_branch_backward(ctx(), schedule_->scratch_, space_, p_, dq_blocks_, *g_);
+      compute(timeline::Step::q_branch, 0);
     }
-    /// The latent reduce-scatter is waited and the local payload's backward runs: the RoPE transpose of the shared
-    /// key's gradient (payload columns [R, R+dr)) and kv_a_backward (RMSNorm, w_kva).
+    /// The latent reduce-scatter is waited and the local payload's backward runs.
     void payload() {
-      if (!kv_launched_) return;
-      kv_launched_ = false;
-      const tensor3 d_payload = !ctx().ring()       ? p_.w.latent_kv.wait_backward()
-                                : reduce_.pending() ? reduce_.wait()
-                                                    : std::exchange(reduced_, tensor3());
-      if (!needs_payload(p_.flags)) return;
-      const int R = ctx().config().latent;
-      ComputePhase<ExecSpace> phase(space_, names::payload_backward);
-      const tensor3& d_kv_a = detail::d_kv_a(ctx(), schedule_->scratch_);
-      rope_backward(space_, as_rank4(d_payload), R, as_rank4(d_kv_a), R, ctx().rope_table(space_, p_));
-      kv_a_backward(ctx(), space_, p_, d_payload, d_kv_a, *g_);
+      if (!active_ || !needs_kv(p_.flags)) return;
+      if (!needs_payload(p_.flags)) return end_latent_kv();
+      if (!reduced_) wait(timeline::Comm::latent_reduce_scatter, 0);
+      compute(timeline::Step::payload_backward, 0);
     }
 
-    /// Every step in the schedule's order: with overlap on, dQ is waited after the KV path's backward; off, right
-    /// after its launch.
+    /// Every step in the timeline's order.
     void run() {
-      if (!attention()) return;
-      launch_dq();
-      if (!ctx().config().overlap) wait_dq();
-      kv();
-      q_branch();
-      payload();
+      timeline::backward(*this, schedule_->facts(p_.flags));
+      end_latent_kv();
     }
 
-   private:
-    const context_type& ctx() const { return *schedule_->ctx_; }
+    // ---- the timeline's steps (timeline.hpp) ----
 
-    // Ring: the payload gradient's accumulator comes home (the ring's last exchange, waited here, after dQ's launch)
-    // and the Ulysses group reduce-scatters it over the heads, as the flat layer does.
-    void ring_kv() {
-      if (ring_pending_) schedule_->ring_.finish_backward(space_);
-      ring_pending_ = false;
-      kv_launched_ = true;
-      if (!needs_payload(p_.flags)) return;
+    void compute(timeline::Step step, int) {
+      const context_type& x = ctx();
+      const MlaConfig& c = x.config();
+      const MlaRequiresGrad& r = p_.flags;
+      scratch_type& scratch = schedule_->scratch_;
+      switch (step) {
+        case timeline::Step::attention_backward:
+          return attention_backward(x, space_, p_, d_o_, grads_);
+        case timeline::Step::kv_disassemble: {
+          const int B = c.batch, S = x.attention_seq(), h = x.local_heads(), dn = c.nope, dv = c.vdim;
+          ComputePhase<ExecSpace> phase(space_, names::kv_backward);
+          const tensor3& dkv = ensure(scratch.dkv, "mlacp::d kv", B, S, h * (dn + dv));
+          const tensor3& dkpe = ensure(scratch.dkpe, "mlacp::d k_pe", B, S, c.rope);
+          disassemble_kv_grad(space_, grads_.dk, grads_.dv, tensor4(dkv.data(), B, S, h, dn + dv), dkpe, dn);
+          return;
+        }
+        case timeline::Step::q_branch:
+          return q_branch_backward(x, scratch, space_, p_, dq_blocks_, *g_);
+        case timeline::Step::payload_backward: {
+          if (!reduced_) {  // flat, overlap off: LatentKVLinear waited it at its launch
+            d_payload_ = p_.w.latent_kv.wait_backward();
+            reduced_ = true;
+          }
+          const int R = c.latent;
+          ComputePhase<ExecSpace> phase(space_, names::payload_backward);
+          const tensor3& d_kv_a = detail::d_kv_a(x, scratch);
+          rope_backward(space_, as_rank4(d_payload_), R, as_rank4(d_kv_a), R, x.rope_table(space_, p_));
+          return kv_a_backward(x, space_, p_, d_payload_, d_kv_a, *g_);
+        }
+        default:
+          (void)r;
+          return;
+      }
+    }
+    void launch(timeline::Comm comm, int) {
       const context_type& x = ctx();
       const MlaConfig& c = x.config();
       scratch_type& scratch = schedule_->scratch_;
+      if (comm == timeline::Comm::dq_a2a) {
+        p_.w.q_pair.launch_backward(space_, grads_.dq, x.blocks_into(scratch.dq_blocks, "mlacp::dQ blocks", c.qk_dim()),
+                                    x.wire(scratch.dq_wire));
+        return;
+      }
+      // Ring: the Ulysses group reduce-scatters the payload gradient over the heads, as the flat layer does.
       reduce_ = launch_wire(
           space_, scratch.grad_payload,
           x.into(scratch.d_payload, "mlacp::d payload local", c.batch, x.local_seq(), c.latent + c.rope),
           x.wire_reduce(scratch.reduce_wire), names::latent_reduce_scatter, [&](const auto& v, const auto& into) {
             return launch_reduce_scatter(space_, v, 1, x.seq_partition(), x.mesh(), names::latent_reduce_scatter, into);
           });
-      if (!c.overlap) reduced_ = reduce_.wait();
+    }
+    void wait(timeline::Comm comm, int) {
+      if (comm == timeline::Comm::dq_a2a) {
+        dq_blocks_ = p_.w.q_pair.wait_backward_blocks();
+        dq_waited_ = true;
+        return;
+      }
+      d_payload_ = ctx().ring() ? reduce_.wait() : p_.w.latent_kv.wait_backward();
+      reduced_ = true;
+    }
+    void part(timeline::Part part) {
+      const context_type& x = ctx();
+      const MlaConfig& c = x.config();
+      const MlaRequiresGrad& r = p_.flags;
+      scratch_type& scratch = schedule_->scratch_;
+      switch (part) {
+        case timeline::Part::output_backward:
+          d_o_ = output_backward(x, scratch, space_, p_, dy_, *g_, grads_);
+          active_ = needs_attention(r);
+          return;
+        case timeline::Part::ring_backward: {
+          // The chunks pass round the ring again, each expanded; the payload gradient's partial sums travel home
+          // behind them; w_kvb's gradients accumulate chunk by chunk.
+          const bool payload = needs_payload(r);
+          schedule_->ring_.backward_latent(
+              space_, x, p_, p_.w.q_saved, p_.w.ring_payload, p_.w.o, p_.w.lse, d_o_, grads_.dq,
+              payload ? ensure(scratch.grad_payload, "mlacp::d payload", c.batch, x.attention_seq(), c.latent + c.rope)
+                      : tensor3(),
+              r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
+              r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part());
+          return;
+        }
+        case timeline::Part::ring_finish:
+          return schedule_->ring_.finish_backward(space_);
+        case timeline::Part::latent_kv_backward: {
+          const int B = c.batch, S = x.attention_seq(), R = c.latent, dr = c.rope;
+          const bool payload = needs_payload(r);
+          p_.w.latent_kv.launch_backward(
+              space_, scratch.dkv, scratch.dkpe, payload,
+              r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
+              r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part(), c.overlap,
+              payload ? ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
+              payload ? ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3(),
+              payload ? x.into(scratch.d_payload, "mlacp::d payload local", B, x.local_seq(), R + dr) : tensor3(),
+              x.wire_reduce(scratch.reduce_wire));
+          kv_launched_ = true;
+          return;
+        }
+        default:
+          return;
+      }
+    }
+
+   private:
+    const context_type& ctx() const { return *schedule_->ctx_; }
+    // LatentKVLinear's backward ends with its wait even when it launched no reduce-scatter (nothing needed the
+    // payload's gradient).
+    void end_latent_kv() {
+      if (kv_launched_ && !reduced_ && !ctx().ring()) {
+        p_.w.latent_kv.wait_backward();
+        reduced_ = true;
+      }
     }
 
     const LatentSchedule* schedule_;
@@ -273,22 +369,17 @@ class LatentSchedule {
     const tensor3& dy_;
     gradients_type* g_;
     AttentionGradients<tensor4> grads_;
+    tensor4 d_o_;
     tensor5 dq_blocks_;
-    WireCollective<ExecSpace, tensor3> reduce_;  // ring: the latent reduce-scatter, from ring_kv() to payload()
-    tensor3 reduced_;                            // ring, overlap off: the reduce-scatter's result, waited at its launch
-    bool active_ = false, dq_waited_ = false, kv_launched_ = false, ring_pending_ = false;
+    WireCollective<ExecSpace, tensor3> reduce_;  // ring: the latent reduce-scatter, launched after the ring's finish
+    tensor3 d_payload_;                          // the reduce-scatter's result (this rank's payload gradient)
+    bool active_ = false, dq_waited_ = false, kv_launched_ = false, reduced_ = false;
   };
 
   /// Accumulates the pass's gradients into `g` (allocated where needed).
   void backward(const ExecSpace& space, const pass_type& p, const tensor3& dy, gradients_type& g) const {
     Backward(*this, space, p, dy, g).run();
   }
-
- private:
-  const context_type* ctx_;
-  mutable pool_type pool_;
-  mutable scratch_type scratch_;
-  mutable RingAttention<T, ExecSpace, Core> ring_;  // ring attention's buffers (two-level meshes only)
 };
 
 }  // namespace mlacp::detail

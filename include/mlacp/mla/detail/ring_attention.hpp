@@ -24,18 +24,20 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
+#include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/kernels/token_segments.hpp>
 #include <mlacp/mla/names.hpp>
+#include <mlacp/mla/pieces/latent_kv_linear.hpp>
 #include <mlacp/send_recv.hpp>
 #include <mlacp/token_map.hpp>
 #include <mlacp/view_types.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -94,34 +96,25 @@ class RingAttention {
   // ---- forward ----
 
   /// Expanded strategy: q [B, Sg, h, dqk] and the own chunk's k [B, Sg, h, dqk], v [B, Sg, h, dv] -> o [B, Sg, h, dv],
-  /// lse [B, h, Sg]; K and V travel.
+  /// lse [B, h, Sg]; K and V travel, and are attended as they arrive.
   void forward_expanded(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
                         const tensor4& k, const tensor4& v, const tensor4& o, const lse_view& lse) {
     const MlaConfig& c = ctx.config();
     const int h = ctx.local_heads(), dqk = c.qk_dim(), dv = c.vdim;
     if (h == 0) return;  // the whole ring holds no head (its ranks share their Ulysses position)
     reserve_data(ctx, {{k.data(), h * dqk, names::ring_k}, {v.data(), h * dv, names::ring_v}});
-    attend(space, ctx, p, q, o, lse, [&](int /*step*/, int chunk, const std::array<const T*, 2>& data) {
-      const std::int64_t n = ctx.token_map().chunk_size(chunk);
-      return std::make_pair(view4<const T>(data[0], c.batch, n, h, dqk), view4<const T>(data[1], c.batch, n, h, dv));
-    });
+    attend(space, ctx, p, q, o, lse, expanded_source(ctx));
   }
 
-  /// Latent strategy: q and the own chunk's payload [B, Sg, R+dr] (its w_kvb rows `w_sel`, `b_sel`) -> o, lse; the
-  /// payload travels and each chunk is expanded into the rank's heads on arrival.
+  /// Latent strategy: q and the own chunk's payload [B, Sg, R+dr] -> o, lse; the payload travels and each chunk is
+  /// expanded into the rank's heads (its rows of w_kvb) on arrival.
   void forward_latent(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
                       const tensor3& payload, const tensor4& o, const lse_view& lse) {
     const MlaConfig& c = ctx.config();
-    const int h = ctx.local_heads();
-    if (h == 0) return;  // the whole ring holds no head
+    if (ctx.local_heads() == 0) return;  // the whole ring holds no head
     reserve_data(ctx, {{payload.data(), c.latent + c.rope, names::ring_payload}});
     reserve_expansion(ctx);
-    attend(space, ctx, p, q, o, lse, [&](int /*step*/, int chunk, const std::array<const T*, 2>& data) {
-      expand(space, ctx, chunk, data[0]);
-      const std::int64_t n = ctx.token_map().chunk_size(chunk);
-      return std::make_pair(view4<const T>(k_.data(), c.batch, n, h, c.qk_dim()),
-                            view4<const T>(v_.data(), c.batch, n, h, c.vdim));
-    });
+    attend(space, ctx, p, q, o, lse, latent_source(space, ctx, false, {}, {}));
   }
 
   // ---- backward ----
@@ -133,28 +126,17 @@ class RingAttention {
                          const tensor4& dq, const tensor4& dk, const tensor4& dv) {
     const MlaConfig& c = ctx.config();
     const int h = ctx.local_heads(), dqk = c.qk_dim(), dvd = c.vdim;
-    finish_ = nullptr;
+    finish_count_ = 0;
+    backward_facts_.heads = false;
     if (h == 0) return;  // no head: dq, dk and dv are empty
     reserve_data(ctx, {{k.data(), h * dqk, names::ring_k}, {v.data(), h * dvd, names::ring_v}});
     const bool kv = dk.data() != nullptr || dv.data() != nullptr;
-    if (kv) reserve_grad(ctx, {{h * dqk, names::ring_dk}, {h * dvd, names::ring_dv}});
-    finish_ = [this, dk, dv](const ExecSpace& s) {
-      if (dk.data()) ring_copy(s, own_grad(0).data(), dk.data(), static_cast<std::int64_t>(dk.size()), false);
-      if (dv.data()) ring_copy(s, own_grad(1).data(), dv.data(), static_cast<std::int64_t>(dv.size()), false);
-    };
-    differentiate(space, ctx, dq, kv,
-                  [&](int chunk, const std::array<const T*, 2>& data, const std::array<A*, 2>& into) {
-                    const std::int64_t n = ctx.token_map().chunk_size(chunk);
-                    const view4<const T> k_j(data[0], c.batch, n, h, dqk), v_j(data[1], c.batch, n, h, dvd);
-                    view4<A> dk_j, dv_j;
-                    if (kv) {
-                      dk_j = view4<A>(into[0], c.batch, n, h, dqk);
-                      dv_j = view4<A>(into[1], c.batch, n, h, dvd);
-                      Kokkos::deep_copy(space, dk_j, A(0));
-                      Kokkos::deep_copy(space, dv_j, A(0));
-                    }
-                    block_backward(space, ctx, p, q, o, lse, d_o, chunk, k_j, v_j, dk_j, dv_j);
-                  });
+    if (kv) {
+      reserve_grad(ctx, {{h * dqk, names::ring_dk}, {h * dvd, names::ring_dv}});
+      finish_into(0, dk.data(), dk.size());
+      finish_into(1, dv.data(), dv.size());
+    }
+    differentiate(space, ctx, p, q, o, lse, d_o, dq, kv, expanded_source(ctx));
   }
 
   /// Latent strategy: dq as above; the own chunk's payload gradient (all ring ranks' contributions for the rank's
@@ -167,7 +149,8 @@ class RingAttention {
                        const gradient_part& db_sel) {
     const MlaConfig& c = ctx.config();
     const int B = c.batch, h = ctx.local_heads(), dn = c.nope, dvd = c.vdim, dr = c.rope, R = c.latent;
-    finish_ = nullptr;
+    finish_count_ = 0;
+    backward_facts_.heads = false;
     if (h == 0) {  // no head: no contribution to the payload's gradient (the reduce-scatter still takes its zeros)
       if (grad_payload.data() != nullptr) Kokkos::deep_copy(space, grad_payload, T(0));
       return;
@@ -185,53 +168,26 @@ class RingAttention {
       ensure(dv_, "mlacp::ring dv (rounded)", B, n_max, h, dvd);
     }
     const bool travels = grad_payload.data() != nullptr;
-    const bool kv = travels || dw_sel.data() != nullptr || db_sel.data() != nullptr;
-    if (travels) reserve_grad(ctx, {{R + dr, names::ring_d_payload}});
-    finish_ = [this, grad_payload](const ExecSpace& s) {
-      if (grad_payload.data())
-        ring_copy(s, own_grad(0).data(), grad_payload.data(), static_cast<std::int64_t>(grad_payload.size()), false);
-    };
-    const auto rows = ctx.rows_of(ctx.weights().w_kvb);
-    differentiate(space, ctx, dq, travels,
-                  [&](int chunk, const std::array<const T*, 2>& data, const std::array<A*, 2>& into) {
-                    const std::int64_t n = ctx.token_map().chunk_size(chunk);
-                    expand(space, ctx, chunk, data[0]);
-                    const view4<const T> k_j(k_.data(), B, n, h, dn + dr), v_j(v_.data(), B, n, h, dvd);
-                    view4<A> dk_j, dv_j;
-                    if (kv) {
-                      dk_j = view4<A>(dk_acc_.data(), B, n, h, dn + dr);
-                      dv_j = view4<A>(dv_acc_.data(), B, n, h, dvd);
-                      Kokkos::deep_copy(space, dk_j, A(0));
-                      Kokkos::deep_copy(space, dv_j, A(0));
-                    }
-                    block_backward(space, ctx, p, q, o, lse, d_o, chunk, k_j, v_j, dk_j, dv_j);
-                    if (!kv) return;
-                    ComputePhase<ExecSpace> phase(space, names::ring_kv_backward);
-                    // dK, dV in T (rounded once for bf16) -> d(kv) and the shared key's gradient, as the flat layer.
-                    const view4<T> dk_t = rounded(space, dk_j, dk_);
-                    const view4<T> dv_t = rounded(space, dv_j, dv_);
-
-                    const view3<T> dkv(dkv_.data(), B, n, h * (dn + dvd)), dkpe(dkpe_.data(), B, n, dr);
-                    disassemble_kv_grad(space, dk_t, dv_t, view4<T>(dkv.data(), B, n, h, dn + dvd), dkpe, dn);
-                    const auto dkv2 = as_matrix(dkv, B * n, h * (dn + dvd));
-                    const view3<T> latent_j(latent_.data(), B, n, R);
-                    if (travels) {
-                      const view3<T> d_latent(d_latent_.data(), B, n, R);
-                      linear_dgrad(space, dkv2, rows, T(0), as_matrix(d_latent, B * n, R));
-                      join_columns(space, d_latent, dkpe, view3<A>(into[0], B, n, R + dr));
-                    }
-                    if (dw_sel.data() != nullptr) linear_wgrad(space, dkv2, as_matrix(latent_j, B * n, R), dw_sel);
-                    if (db_sel.data() != nullptr) bias_grad(space, dkv2, db_sel);
-                  });
+    if (travels) {
+      reserve_grad(ctx, {{R + dr, names::ring_d_payload}});
+      finish_into(0, grad_payload.data(), grad_payload.size());
+    }
+    differentiate(space, ctx, p, q, o, lse, d_o, dq, travels, latent_source(space, ctx, travels, dw_sel, db_sel));
   }
 
-  /// Waits the exchange that brings this rank its own chunk's finished gradient accumulator and writes it where the
-  /// backward call said (dk/dv, or the payload gradient). A no-op when nothing travelled.
+  /// Waits the exchange that brings this rank its own chunk's finished gradient accumulators and writes them where the
+  /// backward call said (dk/dv, or the payload gradient): the timeline's ring_finish. A no-op when nothing travelled.
   void finish_backward(const ExecSpace& space) {
-    for (auto& s : grad_)
-      if (s.pending.pending()) s.pending.wait();
-    if (finish_) finish_(space);
-    finish_ = nullptr;
+    auto steps = timeline::steps(
+        [&](timeline::Step, int) {
+          for (int i = 0; i < finish_count_; ++i)
+            if (finish_[i].data != nullptr)
+              ring_copy(space, own_grad(i).data(), finish_[i].data, finish_[i].size, false);
+        },
+        [&](timeline::Comm, int) {}, [&](timeline::Comm, int i) { grad_[i % 2].pending.wait(); });
+    timeline::ring_finish(steps, backward_facts_);
+    backward_facts_.heads = false;  // finished: nothing is left to wait
+    finish_count_ = 0;
   }
 
  private:
@@ -311,8 +267,8 @@ class RingAttention {
     const view3<const T> pay(payload, B, n, R + dr);
     const view3<T> latent(latent_.data(), B, n, R), kv(kv_.data(), B, n, h * (dn + dv));
     copy_columns(space, pay, 0, latent, 0, R);
-    linear_forward(space, as_matrix(latent, B * n, R), ctx.rows_of(ctx.weights().w_kvb),
-                   ctx.part_of(ctx.weights().b_kvb), as_matrix(kv, B * n, h * (dn + dv)));
+    kv_up_forward(space, as_matrix(latent, B * n, R), ctx.rows_of(ctx.weights().w_kvb),
+                  ctx.part_of(ctx.weights().b_kvb), as_matrix(kv, B * n, h * (dn + dv)));
     assemble_kv(space, view4<T>(kv.data(), B, n, h, dn + dv), pay, view4<T>(k_.data(), B, n, h, dn + dr),
                 view4<T>(v_.data(), B, n, h, dv), dn, R);
   }
@@ -329,25 +285,21 @@ class RingAttention {
     }
   }
 
-  // Launches every data stream's exchange for step t: the chunk held now to the successor, the next from the
-  // predecessor into slot t % 2.
-  void launch_data(const ExecSpace& space, const context_type& ctx, int t, const std::array<const T*, 2>& current) {
+  // Ring step t's data stream k: the chunk held now to the successor, the next from the predecessor into slot t % 2.
+  void launch_data(const ExecSpace& space, const context_type& ctx, int t, int k,
+                   const std::array<const T*, 2>& current) {
     const int C = ctx.ring_size(), g = ctx.ring_rank();
     const int held = (g - t + C) % C, next = (g - t - 1 + 2 * C) % C;
     const auto& map = ctx.token_map();
-    for (int i = 0; i < data_count_; ++i) {
-      DataStream& s = data_[i];
-      const view3<const T> send(current[i], batch_, map.chunk_size(held), s.width);
-      const view3<T> recv(s.slot[t % 2].data(), batch_, map.chunk_size(next), s.width);
-      s.pending =
-          launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name, data_tag + i);
-    }
+    DataStream& s = data_[k];
+    const view3<const T> send(current[k], batch_, map.chunk_size(held), s.width);
+    const view3<T> recv(s.slot[t % 2].data(), batch_, map.chunk_size(next), s.width);
+    s.pending =
+        launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name, data_tag + k);
   }
-  void wait_data(int t, std::array<const T*, 2>& current) {
-    for (int i = 0; i < data_count_; ++i) {
-      data_[i].pending.wait();
-      current[i] = data_[i].slot[t % 2].data();
-    }
+  void wait_data(int t, int k, std::array<const T*, 2>& current) {
+    data_[k].pending.wait();
+    current[k] = data_[k].slot[t % 2].data();
   }
 
   void prepare(const context_type& ctx) {
@@ -356,10 +308,97 @@ class RingAttention {
     own_rows_ = ctx.token_map().chunk_size(ctx.ring_rank());
   }
 
-  // The forward over the ring: `keys(step, chunk, data)` gives the chunk's k, v from the data streams' pointers.
-  template <class Keys>
+  // The timeline's facts of this ring pass: the strategy picks the streams (data: 1 or 2), `travels` whether the
+  // gradient accumulators travel.
+  timeline::Facts facts(const context_type& ctx, bool travels) const {
+    timeline::Facts f;
+    f.strategy = data_count_ == 1 ? MlaStrategy::latent : MlaStrategy::expanded;
+    f.ring = ctx.ring_size();
+    f.kv = f.payload = travels;
+    return f;
+  }
+
+  // ---- the strategies' sources: what travels, how a chunk is expanded on arrival, how its gradient folds back ----
+
+  /// K and V travel as they are: a chunk's keys are the data streams themselves, and its dK, dV accumulate straight
+  /// into the travelling accumulators.
+  struct ExpandedSource {
+    const context_type* ctx;
+    static constexpr bool expands = false;
+    void expand(int, const std::array<const T*, 2>&) const {}
+    std::pair<view4<const T>, view4<const T>> keys(int chunk, const std::array<const T*, 2>& data) const {
+      const MlaConfig& c = ctx->config();
+      const int h = ctx->local_heads();
+      const std::int64_t n = ctx->token_map().chunk_size(chunk);
+      return {view4<const T>(data[0], c.batch, n, h, c.qk_dim()), view4<const T>(data[1], c.batch, n, h, c.vdim)};
+    }
+    std::array<A*, 2> gradients(const std::array<A*, 2>& into) const { return into; }
+    void fold(int, const std::array<A*, 2>&) const {}
+  };
+  ExpandedSource expanded_source(const context_type& ctx) { return ExpandedSource{&ctx}; }
+
+  /// The latent payload travels: each chunk is expanded into the rank's heads on arrival (its rows of w_kvb, as after
+  /// the Ulysses all-gather); its dK, dV accumulate in the ring's own buffers and fold back through w_kvb into the
+  /// travelling payload gradient (and w_kvb's gradients), as LatentKVLinear's backward does for the flat layer.
+  struct LatentSource {
+    RingAttention* ring;
+    ExecSpace space;
+    const context_type* ctx;
+    bool travels;
+    gradient_rows dw_sel;
+    gradient_part db_sel;
+    static constexpr bool expands = true;
+    void expand(int chunk, const std::array<const T*, 2>& data) const { ring->expand(space, *ctx, chunk, data[0]); }
+    std::pair<view4<const T>, view4<const T>> keys(int chunk, const std::array<const T*, 2>&) const {
+      const MlaConfig& c = ctx->config();
+      const int h = ctx->local_heads();
+      const std::int64_t n = ctx->token_map().chunk_size(chunk);
+      return {view4<const T>(ring->k_.data(), c.batch, n, h, c.qk_dim()),
+              view4<const T>(ring->v_.data(), c.batch, n, h, c.vdim)};
+    }
+    bool kv() const { return travels || dw_sel.data() != nullptr || db_sel.data() != nullptr; }
+    std::array<A*, 2> gradients(const std::array<A*, 2>&) const {
+      if (!kv()) return {nullptr, nullptr};
+      return {ring->dk_acc_.data(), ring->dv_acc_.data()};
+    }
+    void fold(int chunk, const std::array<A*, 2>& into) const {
+      if (!kv()) return;
+      ring->fold(space, *ctx, chunk, travels ? into[0] : nullptr, dw_sel, db_sel);
+    }
+  };
+  LatentSource latent_source(const ExecSpace& space, const context_type& ctx, bool travels, const gradient_rows& dw_sel,
+                             const gradient_part& db_sel) {
+    return LatentSource{this, space, &ctx, travels, dw_sel, db_sel};
+  }
+
+  // The latent chunk's dK, dV (in dk_acc_, dv_acc_) in T (rounded once for bf16) -> d(kv) and the shared key's
+  // gradient, as the flat layer; then the payload gradient's contribution (into `into`, when it travels) and w_kvb's
+  // gradients.
+  void fold(const ExecSpace& space, const context_type& ctx, int chunk, A* into, const gradient_rows& dw_sel,
+            const gradient_part& db_sel) {
+    const MlaConfig& c = ctx.config();
+    const int B = c.batch, h = ctx.local_heads(), dn = c.nope, dvd = c.vdim, dr = c.rope, R = c.latent;
+    const std::int64_t n = ctx.token_map().chunk_size(chunk);
+    ComputePhase<ExecSpace> phase(space, names::ring_kv_backward);
+    const view4<T> dk_t = rounded(space, view4<A>(dk_acc_.data(), B, n, h, dn + dr), dk_);
+    const view4<T> dv_t = rounded(space, view4<A>(dv_acc_.data(), B, n, h, dvd), dv_);
+    const view3<T> dkv(dkv_.data(), B, n, h * (dn + dvd)), dkpe(dkpe_.data(), B, n, dr);
+    disassemble_kv_grad(space, dk_t, dv_t, view4<T>(dkv.data(), B, n, h, dn + dvd), dkpe, dn);
+    const auto dkv2 = as_matrix(dkv, B * n, h * (dn + dvd));
+    const view3<T> latent_j(latent_.data(), B, n, R);
+    if (into != nullptr)
+      kv_up_dgrad(space, dkv2, ctx.rows_of(ctx.weights().w_kvb), view3<T>(d_latent_.data(), B, n, R), dkpe,
+                  view3<A>(into, B, n, R + dr));
+    kv_up_wgrad(space, dkv2, as_matrix(latent_j, B * n, R), dw_sel, db_sel);
+  }
+
+  // ---- the driver: knows the ring, not the strategies ----
+
+  // The forward over the ring, as the timeline's ring_forward orders it: at step t the next chunk travels while the
+  // chunk held is (expanded and) attended, merged into the running output.
+  template <class Source>
   void attend(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q, const tensor4& o,
-              const lse_view& lse, Keys&& keys) {
+              const lse_view& lse, const Source& source) {
     prepare(ctx);
     const int C = ctx.ring_size(), g = ctx.ring_rank();
     const auto& map = ctx.token_map();
@@ -374,21 +413,24 @@ class RingAttention {
       o_acc = view4<A>(o_acc_.data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
     }
     std::array<const T*, 2> current{data_[0].own, data_count_ > 1 ? data_[1].own : nullptr};
-    for (int t = 0; t < C; ++t) {
-      const int chunk = (g - t + C) % C;
-      if (t + 1 < C) launch_data(space, ctx, t, current);
-      if constexpr (core_has_blocks<Core, ExecSpace>::value) {
-        const auto [k_j, v_j] = keys(t, chunk, current);
-        ComputePhase<ExecSpace> phase(space, names::attention_fprop);
-        ctx.core().forward_block(space, q, k_j, v_j, o_acc, lse, q_rows, segments_of(map.chunk(chunk)),
-                                 p.w.documents.layout, static_cast<std::int64_t>(c.seq), t == 0);
-      } else {
-        // The layer refuses a two-level mesh for a core without blocks at construction (MlaAttention::ring_error).
-        (void)keys, (void)p, (void)q_rows;
-        throw UsageError("mlacp: ring attention with a core that computes no positioned blocks");
-      }
-      if (t + 1 < C) wait_data(t, current);
-    }
+    auto steps = timeline::steps(
+        [&](timeline::Step step, int t) {
+          const int chunk = (g - t + C) % C;
+          if (step == timeline::Step::ring_expand) return source.expand(chunk, current);
+          if constexpr (core_has_blocks<Core, ExecSpace>::value) {
+            const auto [k_j, v_j] = source.keys(chunk, current);
+            ComputePhase<ExecSpace> phase(space, names::attention_fprop);
+            ctx.core().forward_block(space, q, k_j, v_j, o_acc, lse, q_rows, segments_of(map.chunk(chunk)),
+                                     p.w.documents.layout, static_cast<std::int64_t>(c.seq), t == 0);
+          } else {
+            // The layer refuses a two-level mesh for a core without blocks at construction (MlaAttention::ring_error).
+            (void)p, (void)q_rows, (void)o_acc, (void)lse, (void)q, (void)c;
+            throw UsageError("mlacp: ring attention with a core that computes no positioned blocks");
+          }
+        },
+        [&](timeline::Comm, int i) { launch_data(space, ctx, i / 2, i % 2, current); },
+        [&](timeline::Comm, int i) { wait_data(i / 2, i % 2, current); });
+    timeline::ring_forward(steps, facts(ctx, false));
     if constexpr (!std::is_same_v<A, T>)
       ring_copy(space, o_acc.data(), o.data(), static_cast<std::int64_t>(o.size()), false);
   }
@@ -409,15 +451,20 @@ class RingAttention {
     }
   }
 
-  // The backward over the ring. `contribute(chunk, data, into)` computes this rank's contribution to the chunk's
-  // gradient accumulators into the `into` pointers (when `travels`) and adds its part of dq.
-  template <class Contribute>
-  void differentiate(const ExecSpace& space, const context_type& ctx, const tensor4& dq, bool travels,
-                     Contribute&& contribute) {
+  // The backward over the ring, as the timeline's ring_backward orders it: the chunks travel again, this rank's
+  // contribution to each chunk's gradient accumulators is computed (the source's gradients, folded back) and added to
+  // the accumulator arriving one step behind, which leaves for the next rank; dq accumulates over the chunks. The
+  // last exchange is waited by finish_backward.
+  template <class Source>
+  void differentiate(const ExecSpace& space, const context_type& ctx, const pass_type& p, const tensor4& q,
+                     const tensor4& o, const lse_view& lse, const tensor4& d_o, const tensor4& dq, bool travels,
+                     const Source& source) {
     prepare(ctx);
     if (!travels) grad_count_ = 0;
     const int C = ctx.ring_size(), g = ctx.ring_rank();
     const auto& map = ctx.token_map();
+    const MlaConfig& c = ctx.config();
+    const int h = ctx.local_heads();
     // dq accumulates over the chunks: dq itself in the accumulation type, else float scratch rounded at the end.
     dq_view_ = view4<A>();
     if (dq.data() != nullptr) {
@@ -430,33 +477,75 @@ class RingAttention {
       Kokkos::deep_copy(space, dq_view_, A(0));
     }
     std::array<const T*, 2> current{data_[0].own, data_count_ > 1 ? data_[1].own : nullptr};
-    for (int t = 0; t < C; ++t) {
-      const int chunk = (g - t + C) % C;
-      if (t + 1 < C) launch_data(space, ctx, t, current);
-      // Step 0 writes its contribution straight into the slot it sends; later steps into the contribution buffer,
-      // added to the arriving accumulator once it is there.
-      std::array<A*, 2> into{nullptr, nullptr};
-      for (int i = 0; i < grad_count_; ++i) into[i] = t == 0 ? grad_[i].slot[1].data() : grad_[i].contribution.data();
-      contribute(chunk, current, into);
-      const std::int64_t n = map.chunk_size(chunk), prev_chunk_rows = map.chunk_size((chunk - 1 + C) % C);
-      for (int i = 0; i < grad_count_; ++i) {
-        GradStream& s = grad_[i];
-        const std::int64_t values = static_cast<std::int64_t>(batch_) * n * s.width;
-        if (t > 0) {
-          s.pending.wait();
-          ring_copy(space, s.contribution.data(), s.slot[(t + 1) % 2].data(), values, true);
-        }
-        const view3<A> send(s.slot[(t + 1) % 2].data(), batch_, n, s.width);
-        const view3<A> recv(s.slot[t % 2].data(), batch_, prev_chunk_rows, s.width);
-        s.pending =
-            launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name, grad_tag + i);
-      }
-      if (t + 1 < C) wait_data(t, current);
-    }
+    // Step 0 writes its contribution straight into the slot it sends; later steps into the contribution buffer, added
+    // to the arriving accumulator once it is there.
+    const auto into = [&](int t) {
+      std::array<A*, 2> ptr{nullptr, nullptr};
+      for (int i = 0; i < grad_count_; ++i) ptr[i] = t == 0 ? grad_[i].slot[1].data() : grad_[i].contribution.data();
+      return ptr;
+    };
+    const auto rows = [&](int t) { return map.chunk_size((g - t + C) % C); };
+    auto steps = timeline::steps(
+        [&](timeline::Step step, int i) {
+          switch (step) {
+            case timeline::Step::ring_expand:
+              return source.expand((g - i + C) % C, current);
+            case timeline::Step::ring_attention_backward: {
+              const int chunk = (g - i + C) % C;
+              const std::int64_t n = rows(i);
+              const std::array<A*, 2> grads = source.gradients(into(i));
+              view4<A> dk_j, dv_j;
+              if (grads[0] != nullptr) {
+                dk_j = view4<A>(grads[0], c.batch, n, h, c.qk_dim());
+                dv_j = view4<A>(grads[1], c.batch, n, h, c.vdim);
+                Kokkos::deep_copy(space, dk_j, A(0));
+                Kokkos::deep_copy(space, dv_j, A(0));
+              }
+              const auto [k_j, v_j] = source.keys(chunk, current);
+              return block_backward(space, ctx, p, q, o, lse, d_o, chunk, k_j, v_j, dk_j, dv_j);
+            }
+            case timeline::Step::ring_fold:
+              return source.fold((g - i + C) % C, into(i));
+            case timeline::Step::ring_accumulate: {
+              const int t = i / 2;
+              GradStream& s = grad_[i % 2];
+              ring_copy(space, s.contribution.data(), s.slot[(t + 1) % 2].data(),
+                        static_cast<std::int64_t>(batch_) * rows(t) * s.width, true);
+              return;
+            }
+            default:
+              return;
+          }
+        },
+        [&](timeline::Comm comm, int i) {
+          const int t = i / 2;
+          if (comm == timeline::Comm::ring_data) return launch_data(space, ctx, t, i % 2, current);
+          GradStream& s = grad_[i % 2];
+          const view3<A> send(s.slot[(t + 1) % 2].data(), batch_, rows(t), s.width);
+          const view3<A> recv(s.slot[t % 2].data(), batch_, map.chunk_size((g - t - 1 + 2 * C) % C), s.width);
+          s.pending = launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name,
+                                       grad_tag + i % 2);
+        },
+        [&](timeline::Comm comm, int i) {
+          if (comm == timeline::Comm::ring_data) return wait_data(i / 2, i % 2, current);
+          grad_[i % 2].pending.wait();
+        });
+    backward_facts_ = facts(ctx, travels);
+    timeline::ring_backward(steps, backward_facts_);
     if constexpr (!std::is_same_v<A, T>) {
       if (dq.data() != nullptr)
         ring_copy(space, dq_view_.data(), dq.data(), static_cast<std::int64_t>(dq.size()), false);
     }
+  }
+
+  // Where finish_backward writes stream i's finished accumulator (converted to T): `size` values at `data`.
+  struct FinishTarget {
+    T* data = nullptr;
+    std::int64_t size = 0;
+  };
+  void finish_into(int i, T* data, std::size_t size) {
+    finish_[i] = FinishTarget{data, static_cast<std::int64_t>(size)};
+    finish_count_ = std::max(finish_count_, i + 1);
   }
 
   std::array<DataStream, 2> data_;
@@ -468,7 +557,14 @@ class RingAttention {
   view4<A> dq_view_;
   tensor4 k_, v_, dk_, dv_;
   tensor3 kv_, latent_, dkv_, dkpe_, d_latent_;
-  std::function<void(const ExecSpace&)> finish_;
+  std::array<FinishTarget, 2> finish_;
+  int finish_count_ = 0;
+  timeline::Facts backward_facts_ = facts_none();
+  static timeline::Facts facts_none() {
+    timeline::Facts f;
+    f.heads = false;
+    return f;
+  }
 };
 
 }  // namespace mlacp::detail

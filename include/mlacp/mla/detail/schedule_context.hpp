@@ -9,6 +9,7 @@
 #include <mlacp/mesh.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
+#include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
@@ -22,15 +23,6 @@
 #include <utility>
 
 namespace mlacp::detail {
-
-/// Which gradients of the pass need which part of the backward (the pass's flags: those of parameters the configuration
-/// lacks are cleared, flags_for in weights.hpp).
-inline bool needs_q(const MlaRequiresGrad& r) { return r.x || r.w_q || r.b_q || r.w_qa || r.g_q || r.w_qb; }
-inline bool needs_payload(const MlaRequiresGrad& r) { return r.x || r.w_kva || r.g_kv; }
-inline bool needs_kv(const MlaRequiresGrad& r) { return needs_payload(r) || r.w_kvb || r.b_kvb; }
-inline bool needs_attention(const MlaRequiresGrad& r) { return needs_q(r) || needs_kv(r); }
-/// Whether a backward computes anything at all (the output projection's gradients included).
-inline bool needs_backward(const MlaRequiresGrad& r) { return needs_attention(r) || r.w_o || r.b_o; }
 
 /// Whether Core's forward takes a trailing DocumentLayout (packed documents) after (space, q, k, v, o, lse).
 template <class Core, class ExecSpace, class Tensor4View, class Tensor3View, class = void>

@@ -88,33 +88,38 @@ const typename Context::tensor3& project_kv_a(const Context& ctx, const typename
   return kv_a;
 }
 
-/// The attention core on the saved head-local q, k, v, then the output projection (its all-to-all, through the
-/// scratch's wire buffers when it moves bf16, and w_o): y.
-/// `attend()` computes o and lse from what the schedule saved: the core on the saved q, k, v (flat), or the ring
-/// (ring_attention.hpp), which records its own phases.
-template <class Context, class Scratch, class Attend>
-typename Context::tensor3 attend_and_project(const Context& ctx, Scratch& scratch,
-                                             const typename Context::execution_space& space,
-                                             const typename Context::pass_type& p, Attend&& attend) {
+/// The attention output o [B, S, h, dv] and its log-sum-exp lse [B, h, S] in the pass's workspace, before the core
+/// (or the ring) writes them.
+template <class Context>
+void attention_output(const Context& ctx, const typename Context::pass_type& p) {
   const MlaConfig& c = ctx.config();
-  const int B = c.batch, S = ctx.attention_seq(), s = ctx.local_seq(), h = ctx.local_heads();
+  const int B = c.batch, S = ctx.attention_seq(), h = ctx.local_heads();
+  ensure(p.w.o, "mlacp::o", B, S, h, c.vdim);
+  ensure(p.w.lse, "mlacp::lse", B, h, S);
+}
+
+/// The attention core on the saved head-local q, k, v (flat): o and lse.
+template <class Context>
+void attention_forward(const Context& ctx, const typename Context::execution_space& space,
+                       const typename Context::pass_type& p) {
+  attention_output(ctx, p);
+  ComputePhase<typename Context::execution_space> phase(space, names::attention_fprop);
+  ctx.core_forward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse);
+}
+
+/// The output projection (OutputProjection: its exchange, through the scratch's wire buffers when it moves bf16, and
+/// w_o, in the timeline's output_forward order): y.
+template <class Context, class Scratch>
+typename Context::tensor3 project_output(const Context& ctx, Scratch& scratch,
+                                         const typename Context::execution_space& space,
+                                         const typename Context::pass_type& p) {
+  const MlaConfig& c = ctx.config();
+  const int B = c.batch, s = ctx.local_seq();
   auto& w = p.w;
-  ensure(w.o, "mlacp::o", B, S, h, c.vdim);
-  ensure(w.lse, "mlacp::lse", B, h, S);
-  attend();
   return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
                             ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
                             ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim), ctx.wire(scratch.o_wire),
                             &scratch.o_exchange, c.overlap);
-}
-template <class Context, class Scratch>
-typename Context::tensor3 attend_and_project(const Context& ctx, Scratch& scratch,
-                                             const typename Context::execution_space& space,
-                                             const typename Context::pass_type& p) {
-  return attend_and_project(ctx, scratch, space, p, [&] {
-    ComputePhase<typename Context::execution_space> phase(space, names::attention_fprop);
-    ctx.core_forward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse);
-  });
 }
 
 // ---- backward ----
@@ -126,15 +131,16 @@ struct AttentionGradients {
   Tensor4View dq, dk, dv;
 };
 
-/// The output projection's backward (dO all-to-all overlapped with the w_o wgrad), then the attention backward on
-/// head-local data into the scratch. False when nothing upstream of the attention needs a gradient (then nothing more
-/// runs and `out` stays empty).
-/// `attend(d_o)` computes out's gradients from dO: the core (flat, the overload below) or the ring.
-template <class Context, class Scratch, class AttendBackward>
-bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const typename Context::execution_space& space,
-                                   const typename Context::pass_type& p, const typename Context::tensor3& dy,
-                                   typename Context::gradients_type& g,
-                                   AttentionGradients<typename Context::tensor4>& out, AttendBackward&& attend) {
+/// The output projection's backward (OutputProjection: dO's all-to-all beside the w_o wgrad, in the timeline's
+/// output_backward order), and the attention gradients' buffers in the scratch: dq when the Q branch needs it, dk and
+/// dv when the KV path needs them (the core overwrites them: no zeroing). Returns dO [B, S, h, dv] (empty when
+/// nothing upstream of the attention needs a gradient; then `out` stays empty).
+template <class Context, class Scratch>
+typename Context::tensor4 output_backward(const Context& ctx, Scratch& scratch,
+                                          const typename Context::execution_space& space,
+                                          const typename Context::pass_type& p, const typename Context::tensor3& dy,
+                                          typename Context::gradients_type& g,
+                                          AttentionGradients<typename Context::tensor4>& out) {
   using tensor5 = typename Context::tensor5;
   const MlaConfig& c = ctx.config();
   const MlaRequiresGrad& r = p.flags;
@@ -146,25 +152,22 @@ bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const t
       attention ? ctx.blocks(scratch.d_o_blocks, "mlacp::dO blocks", c.vdim) : tensor5(),
       attention ? ctx.into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, c.vdim) : tensor5(),
       ctx.wire(scratch.d_o_wire));
-  if (!attention) return false;
-  // The core overwrites its gradients: the scratch needs no zeroing.
+  if (!attention) return d_o;
   if (needs_q(r)) out.dq = ensure(scratch.dq, "mlacp::dq", B, S, h, c.qk_dim());
   if (needs_kv(r)) {
     out.dk = ensure(scratch.dk, "mlacp::dk", B, S, h, c.qk_dim());
     out.dv = ensure(scratch.dv, "mlacp::dv", B, S, h, c.vdim);
   }
-  attend(d_o);
-  return true;
+  return d_o;
 }
-template <class Context, class Scratch>
-bool output_and_attention_backward(const Context& ctx, Scratch& scratch, const typename Context::execution_space& space,
-                                   const typename Context::pass_type& p, const typename Context::tensor3& dy,
-                                   typename Context::gradients_type& g,
-                                   AttentionGradients<typename Context::tensor4>& out) {
-  return output_and_attention_backward(ctx, scratch, space, p, dy, g, out, [&](const auto& d_o) {
-    ComputePhase<typename Context::execution_space> phase(space, names::attention_bprop);
-    ctx.core_backward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse, d_o, out.dq, out.dk, out.dv);
-  });
+
+/// The attention core's backward (flat) from dO into `out`'s gradients.
+template <class Context>
+void attention_backward(const Context& ctx, const typename Context::execution_space& space,
+                        const typename Context::pass_type& p, const typename Context::tensor4& d_o,
+                        AttentionGradients<typename Context::tensor4>& out) {
+  ComputePhase<typename Context::execution_space> phase(space, names::attention_bprop);
+  ctx.core_backward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse, d_o, out.dq, out.dk, out.dv);
 }
 
 /// The token-local dq as the head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads

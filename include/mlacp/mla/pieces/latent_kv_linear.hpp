@@ -5,6 +5,7 @@
 
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
@@ -13,9 +14,54 @@
 #include <mlacp/reduce_scatter.hpp>
 #include <mlacp/view_types.hpp>
 
+#include <optional>
 #include <utility>
 
 namespace mlacp {
+
+namespace detail {
+
+/// The KV up-projection of a latent block, the one place its math is written (LatentKVLinear for the flat layer, the
+/// ring's latent source for each chunk): kv [B*n, h*(dn+dv)] = latent [B*n, R] w_sel^T (+ b_sel).
+/// (The callers record their own compute phases.)
+template <class ExecSpace, class Latent, class Weight, class Bias, class Kv>
+void kv_up_forward(const ExecSpace& space, const Latent& latent2, const Weight& w_sel, const Bias& b_sel,
+                   const Kv& kv2) {
+  linear_forward(space, latent2, w_sel, b_sel, kv2);
+}
+
+/// Its data gradient: d(latent) = d(kv) w_sel into `grad_latent` [B, n, R], joined with the shared key's gradient
+/// `grad_shared` [B, n, dr] into `grad_payload` [B, n, R+dr] (in T, or in the accumulation type for the ring's
+/// travelling accumulator).
+template <class ExecSpace, class Grad, class Weight, class Tensor, class Shared, class Payload>
+void kv_up_dgrad(const ExecSpace& space, const Grad& grad_kv2, const Weight& w_sel, const Tensor& grad_latent,
+                 const Shared& grad_shared, const Payload& grad_payload) {
+  using T = typename Tensor::non_const_value_type;
+  const auto B = static_cast<std::int64_t>(grad_latent.extent(0)), n = static_cast<std::int64_t>(grad_latent.extent(1));
+  const auto R = static_cast<std::int64_t>(grad_latent.extent(2));
+  linear_dgrad(space, grad_kv2, w_sel, T(0), as_matrix(grad_latent, B * n, R));
+  join_columns(space, grad_latent, grad_shared, grad_payload);
+}
+
+/// Its weight gradients: dw_sel += d(kv)^T latent, db_sel += column sums of d(kv) (each skipped when empty), each in
+/// its own compute phase when `phases` (the flat layer's w_kvb wgrad and b_kvb grad; the ring records one phase for
+/// the chunk's whole fold).
+template <class ExecSpace, class Grad, class Latent, class WeightGrad, class BiasGrad>
+void kv_up_wgrad(const ExecSpace& space, const Grad& grad_kv2, const Latent& latent2, const WeightGrad& dw_sel,
+                 const BiasGrad& db_sel, bool phases = false) {
+  if (dw_sel.data() != nullptr) {
+    std::optional<ComputePhase<ExecSpace>> phase;
+    if (phases) phase.emplace(space, names::w_kvb_wgrad);
+    linear_wgrad(space, grad_kv2, latent2, dw_sel);
+  }
+  if (db_sel.data() != nullptr) {
+    std::optional<ComputePhase<ExecSpace>> phase;
+    if (phases) phase.emplace(space, names::b_kvb_grad);
+    bias_grad(space, grad_kv2, db_sel);
+  }
+}
+
+}  // namespace detail
 
 template <class T, class ExecSpace>
 class LatentKVLinear {
@@ -65,8 +111,8 @@ class LatentKVLinear {
     if (kpe_out.data() != nullptr) detail::copy_columns(space, gathered, R, kpe_out, 0, dr);
     {
       detail::ComputePhase<ExecSpace> phase(space, names::w_kvb_fprop);
-      detail::linear_forward(space, detail::as_matrix(latent_, B * S, R), w_sel, b_sel,
-                             detail::as_matrix(kv_out, B * S, static_cast<std::int64_t>(w_sel.extent(0))));
+      detail::kv_up_forward(space, detail::as_matrix(latent_, B * S, R), w_sel, b_sel,
+                            detail::as_matrix(kv_out, B * S, static_cast<std::int64_t>(w_sel.extent(0))));
     }
     w_sel_ = w_sel;
     mesh_ = &mesh;
@@ -105,31 +151,32 @@ class LatentKVLinear {
     const auto R = static_cast<std::int64_t>(latent_.extent(2)), dr = static_cast<std::int64_t>(grad_shared.extent(2));
     const auto width = static_cast<std::int64_t>(grad_kv.extent(2));
     const auto g2 = detail::as_matrix(grad_kv, B * S, width);
-    if (needs_payload_grad) {
-      if (grad_payload.data() == nullptr)
-        grad_payload = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
-      {
-        detail::ComputePhase<ExecSpace> phase(space, names::w_kvb_dgrad);
-        if (grad_latent.data() == nullptr)
-          grad_latent = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d latent"), B, S, R);
-        detail::linear_dgrad(space, g2, w_sel_, T(0), detail::as_matrix(grad_latent, B * S, R));
-        detail::join_columns(space, grad_latent, grad_shared, grad_payload);
-      }
-      reduce_ = detail::launch_wire(
-          space, grad_payload, reduced, wire, names::latent_reduce_scatter, [&](const auto& v, const auto& r) {
-            return seq_ == nullptr ? launch_reduce_scatter(space, v, 1, *mesh_, names::latent_reduce_scatter, r)
-                                   : launch_reduce_scatter(space, v, 1, *seq_, *mesh_, names::latent_reduce_scatter, r);
-          });
-    }
-    if (!overlap && reduce_.launched()) result_ = reduce_.wait();
-    if (dw_sel.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, names::w_kvb_wgrad);
-      detail::linear_wgrad(space, g2, detail::as_matrix(latent_, B * S, R), dw_sel);
-    }
-    if (db_sel.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, names::b_kvb_grad);
-      detail::bias_grad(space, g2, db_sel);
-    }
+    // The order (timeline.hpp, latent_kv_backward): the dgrad, the reduce-scatter launched, w_kvb's gradients while
+    // it is in flight; wait_backward() waits it.
+    auto steps = detail::timeline::steps(
+        [&](detail::timeline::Step step, int) {
+          if (step == detail::timeline::Step::w_kvb_dgrad) {
+            if (grad_payload.data() == nullptr)
+              grad_payload = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d payload"), B, S, R + dr);
+            detail::ComputePhase<ExecSpace> phase(space, names::w_kvb_dgrad);
+            if (grad_latent.data() == nullptr)
+              grad_latent = tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::d latent"), B, S, R);
+            detail::kv_up_dgrad(space, g2, w_sel_, grad_latent, grad_shared, grad_payload);
+          } else if (step == detail::timeline::Step::w_kvb_wgrad) {
+            detail::kv_up_wgrad(space, g2, detail::as_matrix(latent_, B * S, R), dw_sel, db_sel, true);
+          }
+        },
+        [&](detail::timeline::Comm, int) {
+          reduce_ = detail::launch_wire(
+              space, grad_payload, reduced, wire, names::latent_reduce_scatter, [&](const auto& v, const auto& r) {
+                return seq_ == nullptr
+                           ? launch_reduce_scatter(space, v, 1, *mesh_, names::latent_reduce_scatter, r)
+                           : launch_reduce_scatter(space, v, 1, *seq_, *mesh_, names::latent_reduce_scatter, r);
+              });
+        },
+        [&](detail::timeline::Comm, int) { result_ = reduce_.wait(); });
+    detail::timeline::latent_kv_backward(
+        steps, detail::timeline::part_facts(mesh_->size(), overlap, true, needs_payload_grad));
     latent_ = tensor3();
   }
 

@@ -7,6 +7,7 @@
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/names.hpp>
@@ -146,20 +147,27 @@ class OutputProjection {
     tensor4 local;
     if (mesh.size() == 1) {
       // Nothing to exchange: the collective's local copy (or the input itself), then one GEMM.
-      local = detail::launch_wire(space, attention_output, local_out, wire, names::o_a2a,
-                                  [&](const auto& view, const auto& result) {
-                                    return seq == nullptr
-                                               ? launch_all_to_all(space, view, 2, 1, mesh, names::o_a2a, result)
-                                               : launch_all_to_all(space, view, 2, 1, *heads, *seq, mesh, names::o_a2a,
-                                                                   result);
-                                  })
-                  .wait();  // [B, s, H, dv]
-      const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
-      const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
-      y = allocated_y(std::move(y_out), B, s, w_o);
-      detail::ComputePhase<ExecSpace> phase(space, names::w_o_fprop);
-      detail::linear_forward(space, detail::as_matrix(local, B * s, Hdv), w_o, b_o,
-                             detail::as_matrix(y, B * s, static_cast<std::int64_t>(w_o.extent(0))));
+      detail::WireCollective<ExecSpace, tensor4> exchange;
+      auto steps = detail::timeline::steps(
+          [&](detail::timeline::Step step, int) {
+            if (step != detail::timeline::Step::o_block) return;
+            const auto B = static_cast<std::int64_t>(local.extent(0)), s = static_cast<std::int64_t>(local.extent(1));
+            const auto Hdv = static_cast<std::int64_t>(local.extent(2) * local.extent(3));
+            y = allocated_y(std::move(y_out), B, s, w_o);
+            detail::ComputePhase<ExecSpace> phase(space, names::w_o_fprop);
+            detail::linear_forward(space, detail::as_matrix(local, B * s, Hdv), w_o, b_o,
+                                   detail::as_matrix(y, B * s, static_cast<std::int64_t>(w_o.extent(0))));
+          },
+          [&](detail::timeline::Comm, int) {
+            exchange = detail::launch_wire(
+                space, attention_output, local_out, wire, names::o_a2a, [&](const auto& view, const auto& result) {
+                  return seq == nullptr
+                             ? launch_all_to_all(space, view, 2, 1, mesh, names::o_a2a, result)
+                             : launch_all_to_all(space, view, 2, 1, *heads, *seq, mesh, names::o_a2a, result);
+                });
+          },
+          [&](detail::timeline::Comm, int) { local = exchange.wait(); });  // [B, s, H, dv]
+      detail::timeline::output_forward(steps, detail::timeline::part_facts(1, overlap));
     } else {
       const int P = mesh.size();
       const auto S = static_cast<std::int64_t>(attention_output.extent(1));
@@ -262,16 +270,7 @@ class OutputProjection {
           send + B * seq.offset(r) * h * dv, static_cast<std::size_t>(B * seq.count(r) * h * dv));
     };
     // Step k: to rank me + k, from rank me - k (every pair's send and receive meet at the same step on both ranks).
-    std::vector<AsyncCollective<unmanaged>> arriving;
-    arriving.reserve(static_cast<std::size_t>(P - 1));
-    for (int k = 1; k < P; ++k) {
-      const int dest = (me + k) % P, source = (me + P - k) % P;
-      arriving.push_back(launch_send_recv(space, send_block(dest), dest,
-                                          unmanaged(recv + B * s * heads.offset(source) * dv,
-                                                    static_cast<std::size_t>(B * s * heads.count(source) * dv)),
-                                          source, mesh, names::o_a2a, exchange_tag));
-      if (!overlap) arriving.back().wait();
-    }
+    std::vector<AsyncCollective<unmanaged>> arriving(static_cast<std::size_t>(P - 1));
     // Block `source` [B, s, h_r, dv] (values of U) into its head columns of `local`, then its GEMM: beta 0 for the
     // first block with heads, 1 after it (b_o is added once, after the last). A bf16 layer sums the blocks' products
     // in float (`sums`' y_sum) and rounds into y once, as its single GEMM of all heads did.
@@ -303,13 +302,24 @@ class OutputProjection {
                                    Kokkos::subview(w_o, Kokkos::ALL(), columns), first ? T(0) : T(1), y2);
       first = false;
     };
-    consume(me, send + B * seq.offset(me) * h * dv);  // the own block: in the send buffer already, no wait
-    for (int k = 1; k < P; ++k) {
-      const int source = (me + P - k) % P;
-      auto& handle = arriving[static_cast<std::size_t>(k - 1)];
-      if (handle.pending()) handle.wait();
-      consume(source, recv + B * s * heads.offset(source) * dv);
-    }
+    // The order (timeline.hpp, output_forward): every exchange launched, the own block's GEMM (no wait: it is in the
+    // send buffer already), then each arriving block's.
+    auto steps = detail::timeline::steps(
+        [&](detail::timeline::Step step, int k) {
+          if (step != detail::timeline::Step::o_block) return;
+          const int source = (me + P - k) % P;
+          consume(source, k == 0 ? send + B * seq.offset(me) * h * dv : recv + B * s * heads.offset(source) * dv);
+        },
+        [&](detail::timeline::Comm, int k) {
+          const int dest = (me + k) % P, source = (me + P - k) % P;
+          arriving[static_cast<std::size_t>(k - 1)] =
+              launch_send_recv(space, send_block(dest), dest,
+                               unmanaged(recv + B * s * heads.offset(source) * dv,
+                                         static_cast<std::size_t>(B * s * heads.count(source) * dv)),
+                               source, mesh, names::o_a2a, exchange_tag);
+        },
+        [&](detail::timeline::Comm, int k) { arriving[static_cast<std::size_t>(k - 1)].wait(); });
+    detail::timeline::output_forward(steps, detail::timeline::part_facts(P, overlap));
     if constexpr (widened) {
       if (!first) {
         // y = round(y_sum + b_o), one rounding per element.
@@ -353,45 +363,53 @@ class OutputProjection {
                dv = static_cast<std::int64_t>(local_output_.extent(3));
     const auto dy2 = detail::as_matrix(dy, B * s, D);
     detail::WireCollective<ExecSpace, tensor5> grad_a2a;
-    if (needs_attention_grad) {
-      // dO is written directly in the all-to-all's send layout, [P, B, s, h, dv]: block j (rank j's heads) is the dgrad
-      // through w_o's columns of those heads, so no pack runs between the dgrad and the launch. Scattering dim 0 sends
-      // each block as it is; gathering the tokens (dim 2) receives in place when B == 1.
-      // Uneven heads: one block of all heads, whose head dimension the all-to-all scatters by the head partition.
-      const bool even = heads_ == nullptr || heads_->uniform();
-      const auto P = even ? static_cast<std::int64_t>(mesh_->size()) : std::int64_t(1), h = H / P;
-      if (blocks.data() == nullptr)
-        blocks = tensor5(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO blocks"), P, B, s, h, dv);
-      {
-        detail::ComputePhase<ExecSpace> phase(space, names::w_o_dgrad);
-        for (std::int64_t j = 0; j < P; ++j) {
-          const auto columns =
-              std::make_pair(static_cast<std::size_t>(j * h * dv), static_cast<std::size_t>((j + 1) * h * dv));
-          detail::linear_dgrad(space, dy2, Kokkos::subview(w_o_, Kokkos::ALL(), columns), T(0),
-                               detail::Matrix<T, memory_space, detail::Unmanaged>(blocks.data() + j * B * s * h * dv,
-                                                                                  static_cast<std::size_t>(B * s),
-                                                                                  static_cast<std::size_t>(h * dv)));
-        }
-      }
-      grad_a2a = detail::launch_wire(space, blocks, received, wire, names::do_a2a, [&](const auto& v, const auto& r) {
-        return seq_ == nullptr ? launch_all_to_all(space, v, 2, 0, *mesh_, names::do_a2a, r)
-               : even ? launch_all_to_all(space, v, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()), *mesh_,
-                                          names::do_a2a, r)
-                      : launch_all_to_all(space, v, 2, 3, *seq_, *heads_, *mesh_, names::do_a2a, r);
-      });
-    }
     tensor5 result;
-    if (!overlap && grad_a2a.launched()) result = grad_a2a.wait();
-    if (dw_o.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, names::w_o_wgrad);
-      detail::linear_wgrad(space, dy2, detail::as_matrix(local_output_, B * s, H * dv), dw_o);
-    }
-    if (db_o.data() != nullptr) {
-      detail::ComputePhase<ExecSpace> phase(space, names::b_o_grad);
-      detail::bias_grad(space, dy2, db_o);
-    }
+    // Uneven heads: one block of all heads, whose head dimension the all-to-all scatters by the head partition.
+    const bool even = heads_ == nullptr || heads_->uniform();
+    // The order (timeline.hpp, output_backward): the dgrad, dO's all-to-all launched, w_o's gradients while it is in
+    // flight, then its wait.
+    auto steps = detail::timeline::steps(
+        [&](detail::timeline::Step step, int) {
+          if (step == detail::timeline::Step::w_o_dgrad) {
+            // dO is written directly in the all-to-all's send layout, [P, B, s, h, dv]: block j (rank j's heads) is
+            // the dgrad through w_o's columns of those heads, so no pack runs between the dgrad and the launch.
+            // Scattering dim 0 sends each block as it is; gathering the tokens (dim 2) receives in place when B == 1.
+            const auto P = even ? static_cast<std::int64_t>(mesh_->size()) : std::int64_t(1), h = H / P;
+            if (blocks.data() == nullptr)
+              blocks = tensor5(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::dO blocks"), P, B, s, h, dv);
+            detail::ComputePhase<ExecSpace> phase(space, names::w_o_dgrad);
+            for (std::int64_t j = 0; j < P; ++j) {
+              const auto columns =
+                  std::make_pair(static_cast<std::size_t>(j * h * dv), static_cast<std::size_t>((j + 1) * h * dv));
+              detail::linear_dgrad(space, dy2, Kokkos::subview(w_o_, Kokkos::ALL(), columns), T(0),
+                                   detail::Matrix<T, memory_space, detail::Unmanaged>(
+                                       blocks.data() + j * B * s * h * dv, static_cast<std::size_t>(B * s),
+                                       static_cast<std::size_t>(h * dv)));
+            }
+          } else if (step == detail::timeline::Step::w_o_wgrad) {
+            if (dw_o.data() != nullptr) {
+              detail::ComputePhase<ExecSpace> phase(space, names::w_o_wgrad);
+              detail::linear_wgrad(space, dy2, detail::as_matrix(local_output_, B * s, H * dv), dw_o);
+            }
+            if (db_o.data() != nullptr) {
+              detail::ComputePhase<ExecSpace> phase(space, names::b_o_grad);
+              detail::bias_grad(space, dy2, db_o);
+            }
+          }
+        },
+        [&](detail::timeline::Comm, int) {
+          grad_a2a =
+              detail::launch_wire(space, blocks, received, wire, names::do_a2a, [&](const auto& v, const auto& r) {
+                return seq_ == nullptr ? launch_all_to_all(space, v, 2, 0, *mesh_, names::do_a2a, r)
+                       : even ? launch_all_to_all(space, v, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()),
+                                                  *mesh_, names::do_a2a, r)
+                              : launch_all_to_all(space, v, 2, 3, *seq_, *heads_, *mesh_, names::do_a2a, r);
+              });
+        },
+        [&](detail::timeline::Comm, int) { result = grad_a2a.wait(); });
+    detail::timeline::output_backward(steps,
+                                      detail::timeline::part_facts(mesh_->size(), overlap, needs_attention_grad));
     local_output_ = tensor4();  // released: the saved operand is not needed any more
-    if (grad_a2a.pending()) result = grad_a2a.wait();
     // Not needed: empty. (A needed result of no element, on a rank with no head, keeps its shape [B, S, 0, dv].)
     if (!needs_attention_grad) return tensor4();
     return Kokkos::subview(result, 0, Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL());  // [B, S, h, dv]
