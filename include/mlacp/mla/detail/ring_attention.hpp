@@ -380,8 +380,8 @@ class RingAttention {
       if constexpr (core_has_blocks<Core, ExecSpace>::value) {
         const auto [k_j, v_j] = keys(t, chunk, current);
         ComputePhase<ExecSpace> phase(space, names::attention_fprop);
-        ctx.core().forward_block(space, q, k_j, v_j, o_acc, lse, q_rows, segments_of(map.chunk(chunk)),
-                                 p.w.documents.layout, static_cast<std::int64_t>(c.seq), t == 0);
+        ctx.core().forward(space, attention_problem(q, k_j, v_j, o_acc, lse, p.w.documents.layout)
+                                      .positioned(q_rows, segments_of(map.chunk(chunk)), c.seq, t == 0));
       } else {
         // The layer refuses a two-level mesh for a core without blocks at construction (MlaAttention::ring_error).
         (void)keys, (void)p, (void)q_rows;
@@ -400,9 +400,9 @@ class RingAttention {
     const auto& map = ctx.token_map();
     ComputePhase<ExecSpace> phase(space, names::attention_bprop);
     if constexpr (core_has_blocks<Core, ExecSpace>::value) {
-      ctx.core().backward_block(space, q, k_j, v_j, o, lse, d_o, dq_view_, dk_j, dv_j,
-                                segments_of(map.chunk(ctx.ring_rank())), segments_of(map.chunk(chunk)),
-                                p.w.documents.layout, static_cast<std::int64_t>(ctx.config().seq));
+      ctx.core().backward(space, attention_problem(q, k_j, v_j, o, lse, d_o, dq_view_, dk_j, dv_j, p.w.documents.layout)
+                                     .positioned(segments_of(map.chunk(ctx.ring_rank())), segments_of(map.chunk(chunk)),
+                                                 ctx.config().seq, false));
     } else {
       (void)q, (void)k_j, (void)v_j, (void)o, (void)lse, (void)d_o, (void)dk_j, (void)dv_j, (void)p, (void)map;
       throw UsageError("mlacp: ring attention with a core that computes no positioned blocks");
