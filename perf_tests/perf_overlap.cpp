@@ -24,10 +24,10 @@
 // 1.5x longer and 1.5x shorter than the collective. Then the three library pieces once more with an uneven split
 // (S = P*k + P-1 tokens and H = P*h + P-1 heads: the first P-1 ranks hold one token and one head more, so the
 // collectives are the v-variants), calibrated and measured the same way: the E of each pair with uneven splits.
-// Then (4) the ring step of ring attention (P >= 2; pair_ring below): FlashAttentionCore::forward_block or
-// backward_block on a chunk against launch_send_recv of the next chunk (and, backward, the previous step's gradient
-// accumulator), forward and backward, its chunk length calibrated, each beside its raw-MPI ceiling (the same bytes as
-// MPI_Isend/MPI_Irecv polled by the same compute): E of the library against E of raw MPI.
+// Then (4) the ring step of ring attention (P >= 2; pair_ring below): FlashAttentionCore::forward or
+// backward of a positioned problem on a chunk against launch_send_recv of the next chunk (and, backward, the previous
+// step's gradient accumulator), forward and backward, its chunk length calibrated, each beside its raw-MPI ceiling (the
+// same bytes as MPI_Isend/MPI_Irecv polled by the same compute): E of the library against E of raw MPI.
 //
 //   mpirun -n 2 mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
 //                                  [--rows N] [--progress-thread] [--no-sweep] [--no-uneven] [--no-ring]
@@ -712,11 +712,11 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
 
 // (4) The ring step of ring attention (ring_attention.hpp) at P >= 2 (a ring of the P ranks; the figures of record are
 // P = 2: each rank's chunk against the other's): the attention of this rank's query chunk on the key chunk it holds
-// while the next chunk travels, the pieces run as RingAttention runs them. Compute: FlashAttentionCore::forward_block
-// (merged into a running o, lse: a step after the first) or backward_block (accumulating dq, dk, dv) of the n queries
-// at positions [n, 2n) against n keys at [0, n) (fully visible: every tile pair computed, no mask), h heads of
-// dqk = 192, dv = 128 (DeepSeek-V3's head dims), the BLAS path at its default tiles (mlacp::progress() once per
-// (head, query tile) in the forward, per (head, key tile) in the backward). Comm: launch_send_recv of the next
+// while the next chunk travels, the pieces run as RingAttention runs them. Compute: FlashAttentionCore::forward
+// of a positioned problem (merged into a running o, lse: a step after the first) or backward (accumulating dq, dk, dv)
+// of the n queries at positions [n, 2n) against n keys at [0, n) (fully visible: every tile pair computed, no mask), h
+// heads of dqk = 192, dv = 128 (DeepSeek-V3's head dims), the BLAS path at its default tiles (mlacp::progress() once
+// per (head, query tile) in the forward, per (head, key tile) in the backward). Comm: launch_send_recv of the next
 // chunk's data to the successor and from the predecessor, into a buffer apart from the one computed on: the latent
 // payload [1, n, R+dr] (R + dr = 576, DeepSeek-V3's), or with the expanded strategy K [1, n, h, dqk] and V
 // [1, n, h, dv] as two exchanges; the backward adds the gradient accumulator of the previous step (the payload's

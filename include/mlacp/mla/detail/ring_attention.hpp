@@ -2,9 +2,9 @@
 // Ring attention across the rings of a two-level mesh (issue 21, Mesh(comm, ring) with C > 1). Each rank holds the
 // queries of its ring chunk (its Ulysses group's tokens, token_map.hpp) for its heads; chunk by chunk, over C steps,
 // it receives the keys of the other chunks from its ring predecessor, passes the chunk it holds to its successor, and
-// merges the attention of its queries over each chunk by log-sum-exp (the core's forward_block). Every step's
-// exchange is launched before the compute on the current chunk and waited after it (launch_send_recv, two buffers per
-// stream), so the next chunk travels while this one is computed.
+// merges the attention of its queries over each chunk by log-sum-exp (the core's forward of a positioned problem).
+// Every step's exchange is launched before the compute on the current chunk and waited after it (launch_send_recv, two
+// buffers per stream), so the next chunk travels while this one is computed.
 //
 // What travels depends on the strategy: the latent strategy passes the latent payload [RMSNorm(c), RoPE(k_pe)]
 // (R + dr numbers per token, whatever the head count) and expands each chunk for the rank's heads on arrival (its rows

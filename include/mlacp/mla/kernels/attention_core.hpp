@@ -90,7 +90,7 @@ void block_check(const char* who, const QView& q, const KView& k, const VView& v
   check_extents<LseView, 3>(who, "lse", lse, {n_b, n_h, nq});
 }
 
-/// The gradient checks of backward_block (the outputs not needed are not checked).
+/// The gradient checks of a backward (the outputs not needed are not checked).
 template <class QView, class KView, class VView, class DoView, class DqView, class DkView, class DvView>
 void block_gradient_check(const char* who, const QView& q, const KView& k, const VView& v, const DoView& d_o,
                           const DqView& dq, const DkView& dk, const DvView& dv, bool do_dq, bool do_dk, bool do_dv) {

@@ -11,7 +11,7 @@
 // (KokkosBatched team GEMMs with tiles in team scratch: flash_attention_team.hpp). Both compute the same numbers to
 // rounding.
 //
-// Packed sequences: forward and backward take an optional DocumentLayout (document_layout.hpp, `cu_seqlens`), the same
+// Packed sequences: a problem may carry a DocumentLayout (document_layout.hpp, `cu_seqlens`), the same
 // for every batch row; attention is then causal within each document and never crosses one (query t sees keys
 // [start_of(t), t]). Tiles that hold no visible pair are skipped, those crossing a document boundary masked per row.
 // Without a layout (or with one document) the work and the numbers are those of plain causal attention.
@@ -20,11 +20,11 @@
 // object must be ordered: one execution-space instance, or fences between instances. Copies of a core do not share
 // scratch.
 //
-// Ring attention's blocks (forward_block, backward_block; the interface at the top of attention_core.hpp) run the same
-// kernels on positioned ranges (detail::FlashRange: query rows at global positions q_pos.., key rows at k_pos..): one
-// call per (query segment, key segment) pair that holds a visible (query, key) pair, the forward merged into o_acc and
-// lse_acc by log-sum-exp, the backward accumulated into dq, dk, dv. The square forward and backward are the range
-// q_pos = k_pos = 0, n_q = n_k = S. The block calls use the core's scratch too: the same ordering rule holds.
+// forward and backward take a problem (attention_problem.hpp) and run one code path: the range kernels on positioned
+// ranges (detail::FlashRange: query rows at global positions q_pos.., key rows at k_pos..), one call per (query
+// segment, key segment) pair that holds a visible (query, key) pair; the forward overwrites (first) or merges into o
+// and lse by log-sum-exp, the backward overwrites or accumulates into dq, dk, dv. The square problem is the one range
+// q_pos = k_pos = 0, n_q = n_k = S; ring attention's blocks are the others.
 #pragma once
 
 #include <Kokkos_Core.hpp>
