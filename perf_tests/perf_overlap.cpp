@@ -156,23 +156,22 @@ void scaled_copy(const ExecSpace& space, const Src& src, const Dst& dst, double 
       });
 }
 
-// The attention core of the dQ pair (LatentSchedule's Core parameter, the interface of attention_core.hpp without a
-// DocumentLayout: one document): deterministic outputs of the right shapes in O(n) per call, o = v, lse = 0,
-// dq = q / 2, dk = k / 2, dv = dO. Synthetic on purpose: the pair measures the dQ all-to-all against the KV path's
-// backward, and the core runs only in its untimed prepare (the schedule's forward and attention() step), where the
-// causal core's O(S^2) at S = 8192 would cost more than every timed body of the pair together.
+// The attention core of the dQ pair (LatentSchedule's Core parameter, the interface of attention_problem.hpp with no
+// capabilities: square problems of one document): deterministic outputs of the right shapes in O(n) per call, o = v,
+// lse = 0, dq = q / 2, dk = k / 2, dv = dO. Synthetic on purpose: the pair measures the dQ all-to-all against the KV
+// path's backward, and the core runs only in its untimed prepare (the schedule's forward and attention() step), where
+// the causal core's O(S^2) at S = 8192 would cost more than every timed body of the pair together.
 struct SyntheticCore {
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-  void forward(const ExecSpace& space, const Q&, const K&, const V& v, const O& o, const Lse& lse) const {
-    scaled_copy(space, v, o, 1.0, "mlacp-perf-overlap: synthetic o");
-    if (lse.data() != nullptr) Kokkos::deep_copy(space, lse, typename Lse::non_const_value_type(0));
+  template <class ExecSpace, class Problem>
+  void forward(const ExecSpace& space, const Problem& pb) const {
+    scaled_copy(space, pb.v, pb.o, 1.0, "mlacp-perf-overlap: synthetic o");
+    if (pb.lse.data() != nullptr) Kokkos::deep_copy(space, pb.lse, typename decltype(pb.lse)::non_const_value_type(0));
   }
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
-  void backward(const ExecSpace& space, const Q& q, const K& k, const V&, const O&, const Lse&, const DO& d_o,
-                const DQ& dq, const DK& dk, const DV& dv) const {
-    scaled_copy(space, q, dq, 0.5, "mlacp-perf-overlap: synthetic dq");
-    scaled_copy(space, k, dk, 0.5, "mlacp-perf-overlap: synthetic dk");
-    scaled_copy(space, d_o, dv, 1.0, "mlacp-perf-overlap: synthetic dv");
+  template <class ExecSpace, class Problem>
+  void backward(const ExecSpace& space, const Problem& pb) const {
+    scaled_copy(space, pb.q, pb.dq, 0.5, "mlacp-perf-overlap: synthetic dq");
+    scaled_copy(space, pb.k, pb.dk, 0.5, "mlacp-perf-overlap: synthetic dk");
+    scaled_copy(space, pb.d_o, pb.dv, 1.0, "mlacp-perf-overlap: synthetic dv");
   }
 };
 
