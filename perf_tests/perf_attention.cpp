@@ -90,8 +90,10 @@ Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, 
               const HeadShape& hs, int warmup, int repeats, double rate) {
   Problem<T> p(s, h, hs);
   const Space space;
-  const auto fwd = [&] { core.forward(space, p.q, p.k, p.v, p.o, p.lse); };
-  const auto bwd = [&] { core.backward(space, p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv); };
+  const auto fwd = [&] { core.forward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse)); };
+  const auto bwd = [&] {
+    core.backward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv));
+  };
   const Samples f = measure(comm, warmup, repeats, fwd);
   const Samples b = measure(comm, warmup, repeats, bwd);
   const double e = static_cast<double>(h) * s * (s + 1.0) / 2.0;
@@ -135,9 +137,11 @@ PackedRow time_packed(MPI_Comm comm, const mlacp::FlashAttentionOptions& fo, con
   Problem<T> p(s, h, hs);
   const Space space;
   auto time = [&](const mlacp::DocumentLayout& docs) {
-    const Samples f = measure(comm, warmup, repeats, [&] { core.forward(space, p.q, p.k, p.v, p.o, p.lse, docs); });
-    const Samples b = measure(comm, warmup, repeats,
-                              [&] { core.backward(space, p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv, docs); });
+    const Samples f = measure(comm, warmup, repeats,
+                              [&] { core.forward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse, docs)); });
+    const Samples b = measure(comm, warmup, repeats, [&] {
+      core.backward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv, docs));
+    });
     return std::make_pair(f.median(), b.median());
   };
   const auto [one_f, one_b] = time(one);

@@ -24,10 +24,10 @@
 // 1.5x longer and 1.5x shorter than the collective. Then the three library pieces once more with an uneven split
 // (S = P*k + P-1 tokens and H = P*h + P-1 heads: the first P-1 ranks hold one token and one head more, so the
 // collectives are the v-variants), calibrated and measured the same way: the E of each pair with uneven splits.
-// Then (4) the ring step of ring attention (P >= 2; pair_ring below): FlashAttentionCore::forward_block or
-// backward_block on a chunk against launch_send_recv of the next chunk (and, backward, the previous step's gradient
-// accumulator), forward and backward, its chunk length calibrated, each beside its raw-MPI ceiling (the same bytes as
-// MPI_Isend/MPI_Irecv polled by the same compute): E of the library against E of raw MPI.
+// Then (4) the ring step of ring attention (P >= 2; pair_ring below): FlashAttentionCore::forward or
+// backward of a positioned problem on a chunk against launch_send_recv of the next chunk (and, backward, the previous
+// step's gradient accumulator), forward and backward, its chunk length calibrated, each beside its raw-MPI ceiling (the
+// same bytes as MPI_Isend/MPI_Irecv polled by the same compute): E of the library against E of raw MPI.
 //
 //   mpirun -n 2 mlacp-perf-overlap [--quick] [--json FILE] [--repeats N] [--transport-label STR] [--rate-label STR]
 //                                  [--rows N] [--progress-thread] [--no-sweep] [--no-uneven] [--no-ring]
@@ -156,23 +156,22 @@ void scaled_copy(const ExecSpace& space, const Src& src, const Dst& dst, double 
       });
 }
 
-// The attention core of the dQ pair (LatentSchedule's Core parameter, the interface of attention_core.hpp without a
-// DocumentLayout: one document): deterministic outputs of the right shapes in O(n) per call, o = v, lse = 0,
-// dq = q / 2, dk = k / 2, dv = dO. Synthetic on purpose: the pair measures the dQ all-to-all against the KV path's
-// backward, and the core runs only in its untimed prepare (the schedule's forward and attention() step), where the
-// causal core's O(S^2) at S = 8192 would cost more than every timed body of the pair together.
+// The attention core of the dQ pair (LatentSchedule's Core parameter, the interface of attention_problem.hpp with no
+// capabilities: square problems of one document): deterministic outputs of the right shapes in O(n) per call, o = v,
+// lse = 0, dq = q / 2, dk = k / 2, dv = dO. Synthetic on purpose: the pair measures the dQ all-to-all against the KV
+// path's backward, and the core runs only in its untimed prepare (the schedule's forward and attention() step), where
+// the causal core's O(S^2) at S = 8192 would cost more than every timed body of the pair together.
 struct SyntheticCore {
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-  void forward(const ExecSpace& space, const Q&, const K&, const V& v, const O& o, const Lse& lse) const {
-    scaled_copy(space, v, o, 1.0, "mlacp-perf-overlap: synthetic o");
-    if (lse.data() != nullptr) Kokkos::deep_copy(space, lse, typename Lse::non_const_value_type(0));
+  template <class ExecSpace, class Problem>
+  void forward(const ExecSpace& space, const Problem& pb) const {
+    scaled_copy(space, pb.v, pb.o, 1.0, "mlacp-perf-overlap: synthetic o");
+    if (pb.lse.data() != nullptr) Kokkos::deep_copy(space, pb.lse, typename decltype(pb.lse)::non_const_value_type(0));
   }
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
-  void backward(const ExecSpace& space, const Q& q, const K& k, const V&, const O&, const Lse&, const DO& d_o,
-                const DQ& dq, const DK& dk, const DV& dv) const {
-    scaled_copy(space, q, dq, 0.5, "mlacp-perf-overlap: synthetic dq");
-    scaled_copy(space, k, dk, 0.5, "mlacp-perf-overlap: synthetic dk");
-    scaled_copy(space, d_o, dv, 1.0, "mlacp-perf-overlap: synthetic dv");
+  template <class ExecSpace, class Problem>
+  void backward(const ExecSpace& space, const Problem& pb) const {
+    scaled_copy(space, pb.q, pb.dq, 0.5, "mlacp-perf-overlap: synthetic dq");
+    scaled_copy(space, pb.k, pb.dk, 0.5, "mlacp-perf-overlap: synthetic dk");
+    scaled_copy(space, pb.d_o, pb.dv, 1.0, "mlacp-perf-overlap: synthetic dv");
   }
 };
 
@@ -712,11 +711,11 @@ PairSpec pair_rs(const mlacp::Mesh& mesh, int rows, bool uneven) {
 
 // (4) The ring step of ring attention (ring_attention.hpp) at P >= 2 (a ring of the P ranks; the figures of record are
 // P = 2: each rank's chunk against the other's): the attention of this rank's query chunk on the key chunk it holds
-// while the next chunk travels, the pieces run as RingAttention runs them. Compute: FlashAttentionCore::forward_block
-// (merged into a running o, lse: a step after the first) or backward_block (accumulating dq, dk, dv) of the n queries
-// at positions [n, 2n) against n keys at [0, n) (fully visible: every tile pair computed, no mask), h heads of
-// dqk = 192, dv = 128 (DeepSeek-V3's head dims), the BLAS path at its default tiles (mlacp::progress() once per
-// (head, query tile) in the forward, per (head, key tile) in the backward). Comm: launch_send_recv of the next
+// while the next chunk travels, the pieces run as RingAttention runs them. Compute: FlashAttentionCore::forward
+// of a positioned problem (merged into a running o, lse: a step after the first) or backward (accumulating dq, dk, dv)
+// of the n queries at positions [n, 2n) against n keys at [0, n) (fully visible: every tile pair computed, no mask), h
+// heads of dqk = 192, dv = 128 (DeepSeek-V3's head dims), the BLAS path at its default tiles (mlacp::progress() once
+// per (head, query tile) in the forward, per (head, key tile) in the backward). Comm: launch_send_recv of the next
 // chunk's data to the successor and from the predecessor, into a buffer apart from the one computed on: the latent
 // payload [1, n, R+dr] (R + dr = 576, DeepSeek-V3's), or with the expanded strategy K [1, n, h, dqk] and V
 // [1, n, h, dv] as two exchanges; the backward adds the gradient accumulator of the previous step (the payload's
@@ -777,114 +776,116 @@ PairSpec pair_ring(const mlacp::Mesh& mesh, bool backward, bool expanded, int he
   }
   const std::string name = std::string("ring step ") + (backward ? "backward" : "forward") +
                            (expanded ? " (K+V chunk)" : " (latent payload)");
-  return {name, quick ? 256 : 512, [&mesh, backward, expanded, h, dqk, dv, R, dr, streams](int n) {
-            const Space space;
-            const int P = mesh.size(), g = mesh.rank(), succ = (g + 1) % P, pred = (g + P - 1) % P;
-            struct State {
-              mlacp::FlashAttentionCore core;
-              Tensor4 q, k, v, o, d_o, dq, dk, dv;
-              Tensor3 lse;
-              std::vector<Vector> send, recv;  // per stream
-              std::vector<mlacp::AsyncCollective<Vector>> pending;
-            };
-            auto st = std::make_shared<State>();
-            st->core.resolve<Space>();
-            st->q = Tensor4("ring q", 1, n, h, dqk);
-            st->k = Tensor4("ring k", 1, n, h, dqk);
-            st->v = Tensor4("ring v", 1, n, h, dv);
-            st->o = Tensor4("ring o", 1, n, h, dv);
-            st->lse = Tensor3("ring lse", 1, h, n);
-            mlacp::testing::synthetic::fill(st->q, 41, 1.0);
-            mlacp::testing::synthetic::fill(st->k, 42, 1.0);
-            mlacp::testing::synthetic::fill(st->v, 43, 1.0);
-            const auto q_rows = mlacp::TokenSegments::contiguous(n, n), k_rows = mlacp::TokenSegments::contiguous(0, n);
-            const std::int64_t seq = 2 * static_cast<std::int64_t>(n);
-            // The running o, lse of the first step (the forward merges into it; the backward's o, lse).
-            st->core.forward_block(space, st->q, st->k, st->v, st->o, st->lse, q_rows, k_rows, mlacp::DocumentLayout(),
-                                   seq, true);
-            if (backward) {
-              st->d_o = Tensor4("ring d_o", 1, n, h, dv);
-              st->dq = Tensor4("ring dq", 1, n, h, dqk);
-              st->dk = Tensor4("ring dk", 1, n, h, dqk);
-              st->dv = Tensor4("ring dv", 1, n, h, dv);
-              mlacp::testing::synthetic::fill(st->d_o, 44, 1.0);
-            }
-            std::size_t values = 0;
-            for (const RingStream& s : streams) {
-              const std::size_t count = static_cast<std::size_t>(n) * static_cast<std::size_t>(s.width);
-              st->send.emplace_back(std::string(s.name) + " send", count);
-              st->recv.emplace_back(std::string(s.name) + " recv", count);
-              Kokkos::deep_copy(st->send.back(), 1.0);
-              values += count;
-            }
-            Kokkos::fence();
-            Pair p;
-            p.compute_name = backward ? mlacp::names::attention_bprop : mlacp::names::attention_fprop;
-            p.comm_name = streams.front().name;
-            p.panel_rows = n;
-            p.comm_values = values;
-            p.compute = [space, st, backward, q_rows, k_rows, seq]() {
-              if (backward)
-                st->core.backward_block(space, st->q, st->k, st->v, st->o, st->lse, st->d_o, st->dq, st->dk, st->dv,
-                                        q_rows, k_rows, mlacp::DocumentLayout(), seq);
-              else
-                st->core.forward_block(space, st->q, st->k, st->v, st->o, st->lse, q_rows, k_rows,
-                                       mlacp::DocumentLayout(), seq, false);
-            };
-            auto launch = [space, st, &mesh, streams, succ, pred]() {
-              st->pending.clear();
-              for (std::size_t i = 0; i < streams.size(); ++i)
-                st->pending.push_back(mlacp::launch_send_recv(space, st->send[i], succ, st->recv[i], pred, mesh,
-                                                              streams[i].name, streams[i].tag));
-            };
-            auto wait = [st]() {
-              for (auto& handle : st->pending) handle.wait();
-              st->pending.clear();
-            };
-            p.collective = [launch, wait]() {
-              launch();
-              wait();
-            };
-            p.piece = [launch, wait, compute = p.compute](bool overlap) {
-              launch();
-              if (!overlap) wait();
-              compute();
-              if (overlap) wait();
-            };
-            p.launch_raw = [st, &mesh, streams, succ, pred]() -> Waiter {
-              std::vector<MPI_Request> requests(2 * streams.size(), MPI_REQUEST_NULL);
-              for (std::size_t i = 0; i < streams.size(); ++i) {
-                const int count = static_cast<int>(st->recv[i].size());
-                MPI_Irecv(st->recv[i].data(), count, MPI_DOUBLE, pred, streams[i].tag, mesh.comm(),
-                          &requests[2 * i + 1]);
-                MPI_Isend(st->send[i].data(), count, MPI_DOUBLE, succ, streams[i].tag, mesh.comm(), &requests[2 * i]);
-              }
-              auto held = std::make_shared<RawRequests>(std::move(requests));
-              return [held]() { held->wait(); };
-            };
-            p.sizes = [=]() {
-              std::string list;
-              for (const RingStream& s : streams) list += (list.empty() ? "" : ", ") + std::string(s.name);
-              const auto [tq, tk] = mlacp::detail::flash_tiles(mlacp::FlashAttentionOptions(), true);
-              const double pairs = static_cast<double>(n) * n * h;
-              return JsonObject()
-                  .num("P", P)
-                  .num("n_chunk", n)
-                  .num("h", h)
-                  .num("dqk", dqk)
-                  .num("dv", dv)
-                  .num("R_plus_dr", R + dr)
-                  .str("strategy", expanded ? "expanded (K and V travel)" : "latent (the payload travels)")
-                  .str("streams", list)
-                  .num("comm_bytes_per_rank", 8.0 * static_cast<double>(values))
-                  .num("query_tile", tq)
-                  .num("key_tile", tk)
-                  .num("progress_points_per_compute",
-                       static_cast<double>(h) * ((n + (backward ? tk : tq) - 1) / (backward ? tk : tq)))
-                  .num("attention_flops", (backward ? 2.0 * (3 * dqk + 2 * dv) : 2.0 * (dqk + dv)) * pairs);
-            };
-            return p;
-          }};
+  return {
+      name, quick ? 256 : 512, [&mesh, backward, expanded, h, dqk, dv, R, dr, streams](int n) {
+        const Space space;
+        const int P = mesh.size(), g = mesh.rank(), succ = (g + 1) % P, pred = (g + P - 1) % P;
+        struct State {
+          mlacp::FlashAttentionCore core;
+          Tensor4 q, k, v, o, d_o, dq, dk, dv;
+          Tensor3 lse;
+          std::vector<Vector> send, recv;  // per stream
+          std::vector<mlacp::AsyncCollective<Vector>> pending;
+        };
+        auto st = std::make_shared<State>();
+        st->core.resolve<Space>();
+        st->q = Tensor4("ring q", 1, n, h, dqk);
+        st->k = Tensor4("ring k", 1, n, h, dqk);
+        st->v = Tensor4("ring v", 1, n, h, dv);
+        st->o = Tensor4("ring o", 1, n, h, dv);
+        st->lse = Tensor3("ring lse", 1, h, n);
+        mlacp::testing::synthetic::fill(st->q, 41, 1.0);
+        mlacp::testing::synthetic::fill(st->k, 42, 1.0);
+        mlacp::testing::synthetic::fill(st->v, 43, 1.0);
+        const auto q_rows = mlacp::TokenSegments::contiguous(n, n), k_rows = mlacp::TokenSegments::contiguous(0, n);
+        const std::int64_t seq = 2 * static_cast<std::int64_t>(n);
+        // The running o, lse of the first step (the forward merges into it; the backward's o, lse).
+        st->core.forward(
+            space, mlacp::attention_problem(st->q, st->k, st->v, st->o, st->lse).positioned(q_rows, k_rows, seq, true));
+        if (backward) {
+          st->d_o = Tensor4("ring d_o", 1, n, h, dv);
+          st->dq = Tensor4("ring dq", 1, n, h, dqk);
+          st->dk = Tensor4("ring dk", 1, n, h, dqk);
+          st->dv = Tensor4("ring dv", 1, n, h, dv);
+          mlacp::testing::synthetic::fill(st->d_o, 44, 1.0);
+        }
+        std::size_t values = 0;
+        for (const RingStream& s : streams) {
+          const std::size_t count = static_cast<std::size_t>(n) * static_cast<std::size_t>(s.width);
+          st->send.emplace_back(std::string(s.name) + " send", count);
+          st->recv.emplace_back(std::string(s.name) + " recv", count);
+          Kokkos::deep_copy(st->send.back(), 1.0);
+          values += count;
+        }
+        Kokkos::fence();
+        Pair p;
+        p.compute_name = backward ? mlacp::names::attention_bprop : mlacp::names::attention_fprop;
+        p.comm_name = streams.front().name;
+        p.panel_rows = n;
+        p.comm_values = values;
+        p.compute = [space, st, backward, q_rows, k_rows, seq]() {
+          if (backward)
+            st->core.backward(
+                space, mlacp::attention_problem(st->q, st->k, st->v, st->o, st->lse, st->d_o, st->dq, st->dk, st->dv)
+                           .positioned(q_rows, k_rows, seq, false));
+          else
+            st->core.forward(
+                space,
+                mlacp::attention_problem(st->q, st->k, st->v, st->o, st->lse).positioned(q_rows, k_rows, seq, false));
+        };
+        auto launch = [space, st, &mesh, streams, succ, pred]() {
+          st->pending.clear();
+          for (std::size_t i = 0; i < streams.size(); ++i)
+            st->pending.push_back(mlacp::launch_send_recv(space, st->send[i], succ, st->recv[i], pred, mesh,
+                                                          streams[i].name, streams[i].tag));
+        };
+        auto wait = [st]() {
+          for (auto& handle : st->pending) handle.wait();
+          st->pending.clear();
+        };
+        p.collective = [launch, wait]() {
+          launch();
+          wait();
+        };
+        p.piece = [launch, wait, compute = p.compute](bool overlap) {
+          launch();
+          if (!overlap) wait();
+          compute();
+          if (overlap) wait();
+        };
+        p.launch_raw = [st, &mesh, streams, succ, pred]() -> Waiter {
+          std::vector<MPI_Request> requests(2 * streams.size(), MPI_REQUEST_NULL);
+          for (std::size_t i = 0; i < streams.size(); ++i) {
+            const int count = static_cast<int>(st->recv[i].size());
+            MPI_Irecv(st->recv[i].data(), count, MPI_DOUBLE, pred, streams[i].tag, mesh.comm(), &requests[2 * i + 1]);
+            MPI_Isend(st->send[i].data(), count, MPI_DOUBLE, succ, streams[i].tag, mesh.comm(), &requests[2 * i]);
+          }
+          auto held = std::make_shared<RawRequests>(std::move(requests));
+          return [held]() { held->wait(); };
+        };
+        p.sizes = [=]() {
+          std::string list;
+          for (const RingStream& s : streams) list += (list.empty() ? "" : ", ") + std::string(s.name);
+          const auto [tq, tk] = mlacp::detail::flash_tiles(mlacp::FlashAttentionOptions(), true);
+          const double pairs = static_cast<double>(n) * n * h;
+          return JsonObject()
+              .num("P", P)
+              .num("n_chunk", n)
+              .num("h", h)
+              .num("dqk", dqk)
+              .num("dv", dv)
+              .num("R_plus_dr", R + dr)
+              .str("strategy", expanded ? "expanded (K and V travel)" : "latent (the payload travels)")
+              .str("streams", list)
+              .num("comm_bytes_per_rank", 8.0 * static_cast<double>(values))
+              .num("query_tile", tq)
+              .num("key_tile", tk)
+              .num("progress_points_per_compute",
+                   static_cast<double>(h) * ((n + (backward ? tk : tq) - 1) / (backward ? tk : tq)))
+              .num("attention_flops", (backward ? 2.0 * (3 * dqk + 2 * dv) : 2.0 * (dqk + dv)) * pairs);
+        };
+        return p;
+      }};
 }
 
 // ---- the run ----------------------------------------------------------------------------------------------------

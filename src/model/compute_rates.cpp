@@ -116,8 +116,10 @@ AttentionTimes time_attention_t(const AttentionProblem& p, int repeats, double m
   const ScopedBf16GemmPlan<Space> installed(plan);
   const Space space;
   AttentionTimes t;
-  t.forward_s = median_time(repeats, min_run_s, sync, [&] { core.forward(space, q, k, v, o, lse); });
-  t.backward_s = median_time(repeats, min_run_s, sync, [&] { core.backward(space, q, k, v, o, lse, d_o, dq, dk, dv); });
+  t.forward_s =
+      median_time(repeats, min_run_s, sync, [&] { core.forward(space, mlacp::attention_problem(q, k, v, o, lse)); });
+  t.backward_s = median_time(repeats, min_run_s, sync,
+                             [&] { core.backward(space, mlacp::attention_problem(q, k, v, o, lse, d_o, dq, dk, dv)); });
   return t;
 }
 

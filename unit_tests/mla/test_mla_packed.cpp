@@ -313,18 +313,17 @@ TEST(MlaPackedPerCall, BadOrDifferingPackingRaisesOnEveryRank) {
       "mlacp::MlaConfig: max_documents = 0; expected a positive count of documents");
 }
 
-// A core written before packed documents (no trailing DocumentLayout): it runs one document, and the layer refuses
-// more than one at construction, on every rank, instead of silently attending across documents.
+// A core without the documents capability (no capabilities member: the defaults): it runs one document, and the layer
+// refuses more than one at construction, on every rank, instead of silently attending across documents.
 struct CoreWithoutDocuments {
   mlacp::CausalAttentionCore inner;
-  template <class Q, class K, class V, class O, class L>
-  void forward(const Space& space, const Q& q, const K& k, const V& v, const O& o, const L& lse) const {
-    inner.forward(space, q, k, v, o, lse);
+  template <class Problem>
+  void forward(const Space& space, const Problem& problem) const {
+    inner.forward(space, problem);
   }
-  template <class Q, class K, class V, class O, class L, class DO, class DQ, class DK, class DV>
-  void backward(const Space& space, const Q& q, const K& k, const V& v, const O& o, const L& lse, const DO& d_o,
-                const DQ& dq, const DK& dk, const DV& dv) const {
-    inner.backward(space, q, k, v, o, lse, d_o, dq, dk, dv);
+  template <class Problem>
+  void backward(const Space& space, const Problem& problem) const {
+    inner.backward(space, problem);
   }
 };
 

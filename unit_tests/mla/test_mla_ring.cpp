@@ -268,17 +268,16 @@ TEST(MlaRingSchedule, RecordedOrderOfTheRingSteps) {
   }
 }
 
-// A core without positioned blocks (the ring's forward_block / backward_block), and a bf16 layer whose core does not
-// compute on bf16 (the team path), are refused on every rank at construction, before anything is sent.
+// A core without positioned blocks (no capabilities: the defaults, square problems only), and a bf16 layer whose core
+// does not compute on bf16 (the team path), are refused on every rank at construction, before anything is sent.
 struct SquareOnlyCore {
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse>
-  void forward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse) const {
-    mlacp::attention_forward(space, q, k, v, o, lse);
+  template <class ExecSpace, class Problem>
+  void forward(const ExecSpace& space, const Problem& problem) const {
+    mlacp::attention_forward(space, problem);
   }
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
-  void backward(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse, const DO& d_o,
-                const DQ& dq, const DK& dk, const DV& dv) const {
-    mlacp::attention_backward(space, q, k, v, o, lse, d_o, dq, dk, dv);
+  template <class ExecSpace, class Problem>
+  void backward(const ExecSpace& space, const Problem& problem) const {
+    mlacp::attention_backward(space, problem);
   }
 };
 

@@ -45,8 +45,8 @@ namespace mlacp {
 /// (MLA_SPEC); sum them over the ranks as a data-parallel reduction would.
 ///
 /// Core: the attention core on head-local q [B,S,h,dqk], k [B,S,h,dqk], v [B,S,h,dv] -> o [B,S,h,dv] with a saved
-/// lse [B,h,S]; the default is the tiled FlashAttentionCore; see attention_core.hpp for the interface a user-supplied
-/// core provides (CausalAttentionCore there is the simple reference core).
+/// lse [B,h,S]; the default is the tiled FlashAttentionCore; see attention_problem.hpp for the interface a
+/// user-supplied core provides (CausalAttentionCore in attention_core.hpp is the simple reference core).
 ///
 /// Memory: the layer's schedule owns its activations and scratch per configuration (detail/forward_workspace.hpp). A
 /// Forward borrows a per-forward workspace from the layer's pool and gives it back when backward consumes it or when it
@@ -166,7 +166,7 @@ class MlaAttention {
       }
       fields.push_back({std::string("the bf16 GEMM backend asked for (") + bf16_gemm_env_var + ")", requested});
     }
-    if constexpr (detail::core_resolves_settings_v<Core, ExecSpace>) {
+    if constexpr (core_capabilities_v<Core>.resolves_settings) {
       const std::string core_error = core_.template resolve<ExecSpace>();
       if (error.empty()) error = core_error;
       for (auto& field : core_.settings()) fields.push_back(std::move(field));
@@ -388,24 +388,22 @@ class MlaAttention {
 
   // Packed documents for a core that takes no DocumentLayout ("" when the core takes one, or for one document).
   static std::string documents_error(const std::vector<std::int64_t>& cu_seqlens) {
-    if (cu_seqlens.size() <= 2 || detail::core_takes_documents_v<Core, ExecSpace, typename context_type::core_tensor4,
-                                                                 typename context_type::core_tensor3>)
-      return "";
+    if (cu_seqlens.size() <= 2 || core_capabilities_v<Core>.documents) return "";
     return "mlacp::MlaAttention: cu_seqlens has " + std::to_string(cu_seqlens.size() - 1) +
-           " documents but the attention core takes no DocumentLayout; expected a core with a trailing "
-           "`const DocumentLayout&` in forward and backward (attention_core.hpp) or one document";
+           " documents but the attention core takes no DocumentLayout; expected a core whose capabilities "
+           "include documents (attention_problem.hpp) or one document";
   }
 
   // A two-level mesh whose ring this layer cannot run ("" when it can): the core must compute positioned blocks
-  // (forward_block / backward_block, attention_core.hpp), on bf16 Views itself for a bf16 layer.
+  // (the blocks capability, attention_problem.hpp), on bf16 Views itself for a bf16 layer.
   std::string ring_error(const Mesh& mesh) const {
     const std::string where = "mlacp::MlaAttention: the mesh has ring = " + std::to_string(mesh.ring_size()) + " (" +
                               std::to_string(mesh.ulysses_size()) + " x " + std::to_string(mesh.ring_size()) + ")";
     if (!detail::core_computes_blocks<Core, ExecSpace>(core_))
       return where +
              " but the attention core computes no positioned blocks on this execution space; expected a core "
-             "with forward_block and backward_block (FlashAttentionCore's BLAS path, CausalAttentionCore; "
-             "attention_core.hpp) or ring = 1";
+             "whose capabilities include blocks (FlashAttentionCore, CausalAttentionCore; attention_problem.hpp) "
+             "or ring = 1";
     if constexpr (is_bf16) {
       if (!detail::core_computes_bf16<Core, ExecSpace>(core_))
         return where +

@@ -135,7 +135,7 @@ struct AttnRun {
     from_vec(k, k0);
     from_vec(v, v0);
     ExecSpace space;
-    mlacp::CausalAttentionCore{}.forward(space, q, k, v, o, lse, documents);
+    mlacp::CausalAttentionCore{}.forward(space, mlacp::attention_problem(q, k, v, o, lse, documents));
     space.fence();
   }
 };

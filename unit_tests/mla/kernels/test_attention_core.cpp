@@ -97,8 +97,8 @@ struct Problem {
     for (const auto& out : {o, dq, dk, dv}) Kokkos::deep_copy(out, T(42));
     Kokkos::deep_copy(lse, T(42));
     ExecSpace space;
-    core.forward(space, q, k, v, o, lse, documents);
-    core.backward(space, q, k, v, o, lse, d_o, dq, dk, dv, documents);
+    core.forward(space, mlacp::attention_problem(q, k, v, o, lse, documents));
+    core.backward(space, mlacp::attention_problem(q, k, v, o, lse, d_o, dq, dk, dv, documents));
     space.fence();
   }
 };
@@ -326,11 +326,11 @@ TEST(DocumentLayout, RejectsInvalidOffsetsNamingTheEntryAndTheRule) {
   View4<double> q("q", 1, 8, 1, 3), v("v", 1, 8, 1, 3), o("o", 1, 8, 1, 3);
   View3<double> lse("lse", 1, 1, 8);
   const mlacp::DocumentLayout nine({0, 4, 9}, 9);
-  const std::string msg =
-      invalid_argument_message([&] { mlacp::FlashAttentionCore{}.forward(space, q, q, v, o, lse, nine); });
+  const std::string msg = invalid_argument_message(
+      [&] { mlacp::FlashAttentionCore{}.forward(space, mlacp::attention_problem(q, q, v, o, lse, nine)); });
   EXPECT_NE(msg.find("covers S = 9 tokens, the sequence has 8"), std::string::npos) << msg;
   EXPECT_NE(invalid_argument_message([&] {
-              mlacp::CausalAttentionCore{}.forward(space, q, q, v, o, lse, nine);
+              mlacp::CausalAttentionCore{}.forward(space, mlacp::attention_problem(q, q, v, o, lse, nine));
             }).find("covers S = 9 tokens"),
             std::string::npos);
 }
@@ -421,9 +421,9 @@ TYPED_TEST(FlashAttention, SkipsGradientsThatAreNotNeeded) {
     for (int mask = 0; mask < 8; ++mask) {
       Problem<T> p(sh, 1.0, false);
       ExecSpace space;
-      core.forward(space, p.q, p.k, p.v, p.o, p.lse);
+      core.forward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse));
       View4<T> dq = mask & 1 ? p.dq : View4<T>(), dk = mask & 2 ? p.dk : View4<T>(), dv = mask & 4 ? p.dv : View4<T>();
-      core.backward(space, p.q, p.k, p.v, p.o, p.lse, p.d_o, dq, dk, dv);
+      core.backward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse, p.d_o, dq, dk, dv));
       space.fence();
       if (mask & 1) {
         EXPECT_EQ(to_vec(dq), to_vec(all.dq)) << "mask " << mask;
@@ -548,8 +548,8 @@ TEST(FlashAttentionOptions, RejectsMismatchedShapes) {
   ExecSpace space;
   View4<double> q("q", 1, 4, 2, 3), k("k", 1, 4, 2, 3), v("v", 1, 4, 2, 5), o("o", 1, 4, 2, 4);
   View3<double> lse("lse", 1, 2, 4);
-  const std::string msg =
-      invalid_argument_message([&] { mlacp::FlashAttentionCore{}.forward(space, q, k, v, o, lse); });
+  const std::string msg = invalid_argument_message(
+      [&] { mlacp::FlashAttentionCore{}.forward(space, mlacp::attention_problem(q, k, v, o, lse)); });
   EXPECT_NE(msg.find("o is [1, 4, 2, 4], expected [1, 4, 2, 5]"), std::string::npos) << msg;
 }
 

@@ -106,7 +106,8 @@ AttnGrads attention_grads(const AttnShape& sh, const Vec& q0, const Vec& k0, con
     if (g->size() != 0) Kokkos::deep_copy(*g, U(42));
   }
   ExecSpace space;
-  mlacp::CausalAttentionCore{}.backward(space, run.q, run.k, run.v, run.o, run.lse, d_o, dq, dk, dv, documents);
+  mlacp::CausalAttentionCore{}.backward(
+      space, mlacp::attention_problem(run.q, run.k, run.v, run.o, run.lse, d_o, dq, dk, dv, documents));
   space.fence();
   return {want_dq ? to_vec(dq) : Vec(), want_dk ? to_vec(dk) : Vec(), want_dv ? to_vec(dv) : Vec()};
 }

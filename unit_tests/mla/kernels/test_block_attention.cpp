@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// Tests of the block interface of the attention cores (ring attention, issue 21; attention_core.hpp): the S tokens
-// split into C ring chunks (contiguous, or zigzag: chunk g = parts g and 2C-1-g of 2C), each query chunk's
-// forward_block over every key chunk in ring order (its own first, first = true, then the others merged) and
-// backward_block over every (query chunk, key chunk) pair, against the square forward and backward of the whole
+// Tests of the positioned problems of the attention cores (ring attention, issue 21; attention_problem.hpp): the S
+// tokens split into C ring chunks (contiguous, or zigzag: chunk g = parts g and 2C-1-g of 2C), each query chunk's
+// forward over every key chunk in ring order (its own first, first = true, then the others merged) and backward
+// over every (query chunk, key chunk) pair (accumulated), against the square forward and backward of the whole
 // sequence: with and without packed documents crossing chunk boundaries (and a document of one token), S not divisible
 // by the chunk counts, an empty chunk, float, double and bf16 inputs (against double), for FlashAttentionCore's two
 // paths (BLAS and team) and CausalAttentionCore. Also TokenSegments, the trait and the checks.
@@ -38,6 +38,22 @@ using mlacp::test::kernels::View3;
 using mlacp::test::kernels::View4;
 
 constexpr int n_b = 2, n_h = 2, d_qk = 12, d_v = 8;
+
+/// The forward of the positioned problem: the queries at q_rows against the keys at k_rows.
+template <class Core, class Q, class K, class V, class O, class L>
+void forward_block(const Core& core, const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                   const L& lse, const TokenSegments& q_rows, const TokenSegments& k_rows,
+                   const mlacp::DocumentLayout& docs, std::int64_t s, bool first) {
+  core.forward(space, mlacp::attention_problem(q, k, v, o, lse, docs).positioned(q_rows, k_rows, s, first));
+}
+/// The backward of the positioned problem, accumulated into dq, dk, dv.
+template <class Core, class Q, class K, class V, class O, class L, class DO, class DQ, class DK, class DV>
+void backward_block(const Core& core, const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o,
+                    const L& lse, const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, const TokenSegments& q_rows,
+                    const TokenSegments& k_rows, const mlacp::DocumentLayout& docs, std::int64_t s) {
+  core.backward(space,
+                mlacp::attention_problem(q, k, v, o, lse, d_o, dq, dk, dv, docs).positioned(q_rows, k_rows, s, false));
+}
 
 /// ||a - ref|| / max(||ref||, 1).
 double error(const Vec& a, const Vec& ref) {
@@ -131,14 +147,14 @@ Square square(const Core& core, const Inputs& in, const mlacp::DocumentLayout& d
   from_vec(v, in.v);
   from_vec(d_o, in.d_o);
   ExecSpace space;
-  core.forward(space, q, k, v, o, lse, docs);
-  core.backward(space, q, k, v, o, lse, d_o, dq, dk, dv, docs);
+  core.forward(space, mlacp::attention_problem(q, k, v, o, lse, docs));
+  core.backward(space, mlacp::attention_problem(q, k, v, o, lse, d_o, dq, dk, dv, docs));
   space.fence();
   return {to_vec(o), to_vec(lse), to_vec(dq), to_vec(dk), to_vec(dv)};
 }
 
-/// Every query chunk's forward_block over the key chunks in ring order (its own first; `empty_first`: empty chunks
-/// before it, so that first = true meets a block that sees nothing), then backward_block over every pair.
+/// Every query chunk's positioned forward over the key chunks in ring order (its own first; `empty_first`: empty chunks
+/// before it, so that first = true meets a block that sees nothing), then the backward over every pair.
 template <class T, class Core>
 Square ring(const Core& core, const Inputs& in, const mlacp::DocumentLayout& docs,
             const std::vector<TokenSegments>& parts, bool empty_first = false) {
@@ -178,8 +194,8 @@ Square ring(const Core& core, const Inputs& in, const mlacp::DocumentLayout& doc
     const auto& x = ch[static_cast<std::size_t>(g)];
     for (std::size_t i = 0; i < order.size(); ++i) {
       const auto& y = ch[static_cast<std::size_t>(order[i])];
-      core.forward_block(space, x.q, y.k, y.v, x.o_acc, x.lse, parts[static_cast<std::size_t>(g)],
-                         parts[static_cast<std::size_t>(order[i])], docs, s, i == 0);
+      forward_block(core, space, x.q, y.k, y.v, x.o_acc, x.lse, parts[static_cast<std::size_t>(g)],
+                    parts[static_cast<std::size_t>(order[i])], docs, s, i == 0);
     }
     space.fence();
     from_vec(x.o, to_vec(x.o_acc));  // the stored type, as the ring driver keeps it
@@ -190,8 +206,8 @@ Square ring(const Core& core, const Inputs& in, const mlacp::DocumentLayout& doc
     for (std::int64_t h = 0; h < c; ++h) {
       const auto& x = ch[static_cast<std::size_t>(g)];
       const auto& y = ch[static_cast<std::size_t>(h)];
-      core.backward_block(space, x.q, y.k, y.v, x.o, x.lse, x.d_o, x.dq, y.dk, y.dv, parts[static_cast<std::size_t>(g)],
-                          parts[static_cast<std::size_t>(h)], docs, s);
+      backward_block(core, space, x.q, y.k, y.v, x.o, x.lse, x.d_o, x.dq, y.dk, y.dv,
+                     parts[static_cast<std::size_t>(g)], parts[static_cast<std::size_t>(h)], docs, s);
     }
   space.fence();
   for (std::int64_t g = 0; g < c; ++g) {
@@ -340,13 +356,13 @@ void check_no_visible_key(const Core& core) {
   from_vec(v, random_vec(v.span(), 3));
   from_vec(o, Vec(o.span(), 5.0));
   ExecSpace space;
-  core.forward_block(space, q, k, v, o, lse, TokenSegments::contiguous(0, 8), TokenSegments::contiguous(8, 12),
-                     mlacp::DocumentLayout(), s, true);
+  forward_block(core, space, q, k, v, o, lse, TokenSegments::contiguous(0, 8), TokenSegments::contiguous(8, 12),
+                mlacp::DocumentLayout(), s, true);
   space.fence();
   for (const double x : to_vec(o)) EXPECT_EQ(x, 0.0);
   for (const double x : to_vec(lse)) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
-  core.forward_block(space, q, k, v, o, lse, TokenSegments::contiguous(0, 8), TokenSegments::contiguous(8, 12),
-                     mlacp::DocumentLayout(), s, false);
+  forward_block(core, space, q, k, v, o, lse, TokenSegments::contiguous(0, 8), TokenSegments::contiguous(8, 12),
+                mlacp::DocumentLayout(), s, false);
   space.fence();
   for (const double x : to_vec(o)) EXPECT_EQ(x, 0.0);
   for (const double x : to_vec(lse)) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
@@ -372,18 +388,18 @@ TEST(BlockAttention, ComputesBlocksTraitAndChecks) {
   View4<float> of("of", 1, 4, 1, 4);
   View3<float> lf("lf", 1, 1, 4);
   EXPECT_NE(invalid_argument_message([&] {
-              team(4, 4).forward_block(ExecSpace(), qb, qb, qb, of, lf, rows, rows, mlacp::DocumentLayout(), 4, true);
+              forward_block(team(4, 4), ExecSpace(), qb, qb, qb, of, lf, rows, rows, mlacp::DocumentLayout(), 4, true);
             }).find("team path takes float and double"),
             std::string::npos);
   // Positions past the sequence and mismatched rows are refused, naming them.
   EXPECT_NE(invalid_argument_message([&] {
-              flash(4, 4).forward_block(ExecSpace(), q, q, v, v, lse, rows, TokenSegments::contiguous(2, 4),
-                                        mlacp::DocumentLayout(), 4, true);
+              forward_block(flash(4, 4), ExecSpace(), q, q, v, v, lse, rows, TokenSegments::contiguous(2, 4),
+                            mlacp::DocumentLayout(), 4, true);
             }).find("seq = 4"),
             std::string::npos);
   EXPECT_NE(invalid_argument_message([&] {
-              flash(4, 4).forward_block(ExecSpace(), q, q, v, v, lse, rows, TokenSegments::contiguous(0, 3),
-                                        mlacp::DocumentLayout(), 4, true);
+              forward_block(flash(4, 4), ExecSpace(), q, q, v, v, lse, rows, TokenSegments::contiguous(0, 3),
+                            mlacp::DocumentLayout(), 4, true);
             }).find("k (rows: k_rows.rows())"),
             std::string::npos);
 }
@@ -413,20 +429,20 @@ TEST(BlockAttention, ProgressesPendingCollectivesPerTile) {
   ExecSpace space;
   CountingTransport pending;
   mlacp::detail::register_pending(&pending);
-  core.forward_block(space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
+  forward_block(core, space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
   space.fence();
   EXPECT_EQ(pending.progressed, n_b * n_h * 3);
-  core.backward_block(space, q, k, v, o, lse, o, dq, dk, dv, q_rows, k_rows, mlacp::DocumentLayout(), s);
+  backward_block(core, space, q, k, v, o, lse, o, dq, dk, dv, q_rows, k_rows, mlacp::DocumentLayout(), s);
   space.fence();
   EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
   // A block whose keys all follow its queries is skipped without any tile work: no tile loop, so no progress call.
-  core.forward_block(space, q, k, v, o, lse, k_rows, q_rows, mlacp::DocumentLayout(), s, true);
-  core.backward_block(space, q, k, v, o, lse, o, dq, dk, dv, k_rows, q_rows, mlacp::DocumentLayout(), s);
+  forward_block(core, space, q, k, v, o, lse, k_rows, q_rows, mlacp::DocumentLayout(), s, true);
+  backward_block(core, space, q, k, v, o, lse, o, dq, dk, dv, k_rows, q_rows, mlacp::DocumentLayout(), s);
   space.fence();
   EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
   for (const double x : to_vec(lse)) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
   mlacp::detail::unregister_pending(&pending);
-  core.forward_block(space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
+  forward_block(core, space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
   space.fence();
   EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
 }

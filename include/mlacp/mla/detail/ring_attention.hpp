@@ -2,9 +2,9 @@
 // Ring attention across the rings of a two-level mesh (issue 21, Mesh(comm, ring) with C > 1). Each rank holds the
 // queries of its ring chunk (its Ulysses group's tokens, token_map.hpp) for its heads; chunk by chunk, over C steps,
 // it receives the keys of the other chunks from its ring predecessor, passes the chunk it holds to its successor, and
-// merges the attention of its queries over each chunk by log-sum-exp (the core's forward_block). Every step's
-// exchange is launched before the compute on the current chunk and waited after it (launch_send_recv, two buffers per
-// stream), so the next chunk travels while this one is computed.
+// merges the attention of its queries over each chunk by log-sum-exp (the core's forward of a positioned problem).
+// Every step's exchange is launched before the compute on the current chunk and waited after it (launch_send_recv, two
+// buffers per stream), so the next chunk travels while this one is computed.
 //
 // What travels depends on the strategy: the latent strategy passes the latent payload [RMSNorm(c), RoPE(k_pe)]
 // (R + dr numbers per token, whatever the head count) and expands each chunk for the rank's heads on arrival (its rows
@@ -420,8 +420,8 @@ class RingAttention {
           if constexpr (core_has_blocks<Core, ExecSpace>::value) {
             const auto [k_j, v_j] = source.keys(chunk, current);
             ComputePhase<ExecSpace> phase(space, names::attention_fprop);
-            ctx.core().forward_block(space, q, k_j, v_j, o_acc, lse, q_rows, segments_of(map.chunk(chunk)),
-                                     p.w.documents.layout, static_cast<std::int64_t>(c.seq), t == 0);
+            ctx.core().forward(space, attention_problem(q, k_j, v_j, o_acc, lse, p.w.documents.layout)
+                                          .positioned(q_rows, segments_of(map.chunk(chunk)), c.seq, t == 0));
           } else {
             // The layer refuses a two-level mesh for a core without blocks at construction (MlaAttention::ring_error).
             (void)p, (void)q_rows, (void)o_acc, (void)lse, (void)q, (void)c;
@@ -442,9 +442,9 @@ class RingAttention {
     const auto& map = ctx.token_map();
     ComputePhase<ExecSpace> phase(space, names::attention_bprop);
     if constexpr (core_has_blocks<Core, ExecSpace>::value) {
-      ctx.core().backward_block(space, q, k_j, v_j, o, lse, d_o, dq_view_, dk_j, dv_j,
-                                segments_of(map.chunk(ctx.ring_rank())), segments_of(map.chunk(chunk)),
-                                p.w.documents.layout, static_cast<std::int64_t>(ctx.config().seq));
+      ctx.core().backward(space, attention_problem(q, k_j, v_j, o, lse, d_o, dq_view_, dk_j, dv_j, p.w.documents.layout)
+                                     .positioned(segments_of(map.chunk(ctx.ring_rank())), segments_of(map.chunk(chunk)),
+                                                 ctx.config().seq, false));
     } else {
       (void)q, (void)k_j, (void)v_j, (void)o, (void)lse, (void)d_o, (void)dk_j, (void)dv_j, (void)p, (void)map;
       throw UsageError("mlacp: ring attention with a core that computes no positioned blocks");

@@ -12,6 +12,7 @@
 #include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/document_layout.hpp>
+#include <mlacp/mla/kernels/attention_problem.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
 #include <mlacp/mla/weights.hpp>
 #include <mlacp/partition.hpp>
@@ -24,34 +25,6 @@
 
 namespace mlacp::detail {
 
-/// Whether Core's forward takes a trailing DocumentLayout (packed documents) after (space, q, k, v, o, lse).
-template <class Core, class ExecSpace, class Tensor4View, class Tensor3View, class = void>
-struct core_takes_documents : std::false_type {};
-template <class Core, class ExecSpace, class Tensor4View, class Tensor3View>
-struct core_takes_documents<
-    Core, ExecSpace, Tensor4View, Tensor3View,
-    std::void_t<decltype(std::declval<const Core&>().forward(
-        std::declval<const ExecSpace&>(), std::declval<const Tensor4View&>(), std::declval<const Tensor4View&>(),
-        std::declval<const Tensor4View&>(), std::declval<const Tensor4View&>(), std::declval<const Tensor3View&>(),
-        std::declval<const DocumentLayout&>()))>> : std::true_type {};
-template <class Core, class ExecSpace, class Tensor4View, class Tensor3View>
-inline constexpr bool core_takes_documents_v = core_takes_documents<Core, ExecSpace, Tensor4View, Tensor3View>::value;
-
-/// Whether Core computes on bf16 Views itself on ExecSpace (a `computes_bf16<ExecSpace>()` member that says so at run
-/// time, as FlashAttentionCore's BLAS path does); other cores get float copies (ScheduleContext::core_forward).
-template <class Core, class ExecSpace, class = void>
-struct core_reports_bf16 : std::false_type {};
-template <class Core, class ExecSpace>
-struct core_reports_bf16<Core, ExecSpace,
-                         std::void_t<decltype(std::declval<const Core&>().template computes_bf16<ExecSpace>())>>
-    : std::true_type {};
-template <class Core, class ExecSpace>
-bool core_computes_bf16(const Core& core) {
-  if constexpr (core_reports_bf16<Core, ExecSpace>::value)
-    return core.template computes_bf16<ExecSpace>();
-  else
-    return false;
-}
 
 /// The layer's settings as its schedules read them. It refers to what the layer owns (the layer is not movable, so
 /// the references stay valid); the one-document RoPE table is a cache of this configuration, built on first use.
@@ -219,8 +192,9 @@ class ScheduleContext {
     return rope_table(space, p.w.documents);
   }
 
-  /// The attention core with the pass's document layout; a core that takes no layout (see attention_core.hpp) is only
-  /// called with one document (the layer refuses packed documents for it, at construction and per call). For bf16:
+  /// The attention core on the pass's square problem (attention_problem.hpp) with its document layout; a core without
+  /// the documents capability is only called with one document (the layer refuses packed documents for it, at
+  /// construction and per call). For bf16:
   /// a core that computes on bf16 itself (core_computes_bf16: FlashAttentionCore's BLAS path, bf16 tile products with
   /// float accumulation) gets the bf16 Views and the float lse; any other core computes in float: q, k, v (and o, dO)
   /// are widened into the context's float scratch, the core runs on it, and o (dq, dk, dv) are rounded back once. The
@@ -287,19 +261,18 @@ class ScheduleContext {
   const Mesh* whole_;
   const Mesh* mesh_;
   const Mesh* ring_;
+  // The core's call on the pass's square problem; a core without the documents capability (attention_problem.hpp)
+  // is only called with one document and gets none.
+  const DocumentLayout* core_documents(const pass_type& p) const {
+    return core_capabilities_v<Core>.documents ? &p.w.documents.layout : nullptr;
+  }
   template <class... Args>
   void call_core_forward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
-    if constexpr (core_takes_documents_v<Core, ExecSpace, core_tensor4, core_tensor3>)
-      core_->forward(space, args..., p.w.documents.layout);
-    else
-      core_->forward(space, args...);
+    core_->forward(space, attention_problem(args..., core_documents(p)));
   }
   template <class... Args>
   void call_core_backward(const ExecSpace& space, const pass_type& p, const Args&... args) const {
-    if constexpr (core_takes_documents_v<Core, ExecSpace, core_tensor4, core_tensor3>)
-      core_->backward(space, args..., p.w.documents.layout);
-    else
-      core_->backward(space, args...);
+    core_->backward(space, attention_problem(args..., core_documents(p)));
   }
 
   // The float scratch of a bf16 core call: `slot` with src's extents, src widened into it.

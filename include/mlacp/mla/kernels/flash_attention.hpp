@@ -11,7 +11,7 @@
 // (KokkosBatched team GEMMs with tiles in team scratch: flash_attention_team.hpp). Both compute the same numbers to
 // rounding.
 //
-// Packed sequences: forward and backward take an optional DocumentLayout (document_layout.hpp, `cu_seqlens`), the same
+// Packed sequences: a problem may carry a DocumentLayout (document_layout.hpp, `cu_seqlens`), the same
 // for every batch row; attention is then causal within each document and never crosses one (query t sees keys
 // [start_of(t), t]). Tiles that hold no visible pair are skipped, those crossing a document boundary masked per row.
 // Without a layout (or with one document) the work and the numbers are those of plain causal attention.
@@ -20,11 +20,11 @@
 // object must be ordered: one execution-space instance, or fences between instances. Copies of a core do not share
 // scratch.
 //
-// Ring attention's blocks (forward_block, backward_block; the interface at the top of attention_core.hpp) run the same
-// kernels on positioned ranges (detail::FlashRange: query rows at global positions q_pos.., key rows at k_pos..): one
-// call per (query segment, key segment) pair that holds a visible (query, key) pair, the forward merged into o_acc and
-// lse_acc by log-sum-exp, the backward accumulated into dq, dk, dv. The square forward and backward are the range
-// q_pos = k_pos = 0, n_q = n_k = S. The block calls use the core's scratch too: the same ordering rule holds.
+// forward and backward take a problem (attention_problem.hpp) and run one code path: the range kernels on positioned
+// ranges (detail::FlashRange: query rows at global positions q_pos.., key rows at k_pos..), one call per (query
+// segment, key segment) pair that holds a visible (query, key) pair; the forward overwrites (first) or merges into o
+// and lse by log-sum-exp, the backward overwrites or accumulates into dq, dk, dv. The square problem is the one range
+// q_pos = k_pos = 0, n_q = n_k = S; ring attention's blocks are the others.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -49,6 +49,10 @@ namespace mlacp {
 
 class FlashAttentionCore {
  public:
+  /// Every capability (attention_problem.hpp): positioned problems, packed documents, computes_bf16(), resolve() and
+  /// settings(), computes_blocks().
+  static constexpr AttentionCoreCapabilities capabilities{true, true, true, true, true};
+
   FlashAttentionCore() = default;
   explicit FlashAttentionCore(const FlashAttentionOptions& options) : options_(options) {}
   FlashAttentionCore(const FlashAttentionCore& other) : options_(other.options_), resolved_(other.resolved_) {}
@@ -106,197 +110,132 @@ class FlashAttentionCore {
     return host && path != FlashAttentionPath::team;
   }
 
-  /// o [B, S, h, dv] and lse [B, h, S] from q, k [B, S, h, dqk] and v [B, S, h, dv]. Asynchronous on `space`.
-  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
-  void forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-               const LseView& lse) const {
-    forward(space, q, k, v, o, lse, DocumentLayout());
-  }
-
-  /// forward of packed documents: causal within each document of `documents` (empty: one document), which must cover
-  /// S tokens.
-  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView>
-  void forward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-               const LseView& lse, const DocumentLayout& documents) const {
-    check_common<ExecSpace, QView, KView, VView, OView, LseView>();
-    const char* who = "FlashAttentionCore::forward";
-    detail::attention_check(who, q, k, v, o, lse);
-    const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(q.extent(1)), who);
-    if (q.extent(0) * q.extent(1) * q.extent(2) == 0) return;
-    using T = compat::accumulation_t<typename OView::non_const_value_type>;
-    using Mem = typename ExecSpace::memory_space;
-    const bool blas = use_blas<ExecSpace>();
-    const auto [tq, tk] = tiles(blas);
-    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
-      if (blas) {
-        detail::flash_forward_blas(space, q, k, v, o, lse, docs, tq, tk, scratch<T, Mem>());
-        return;
-      }
-    }
-    if constexpr (stored_narrower<OView>) {
-      throw InvalidArgument(no_bf16_team);
-    } else {
-      detail::flash_forward_team(space, q, k, v, o, lse, docs, tq, tk);
-    }
-  }
-
-  /// dq, dk, dv (each may be empty: not needed) from the forward's q, k, v, o, lse and d_o [B, S, h, dv]; overwritten.
-  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
-            class DqView, class DkView, class DvView>
-  void backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-                const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv) const {
-    backward(space, q, k, v, o, lse, d_o, dq, dk, dv, DocumentLayout());
-  }
-
-  /// backward of packed documents (the layout of the forward).
-  template <class ExecSpace, class QView, class KView, class VView, class OView, class LseView, class DoView,
-            class DqView, class DkView, class DvView>
-  void backward(const ExecSpace& space, const QView& q, const KView& k, const VView& v, const OView& o,
-                const LseView& lse, const DoView& d_o, const DqView& dq, const DkView& dk, const DvView& dv,
-                const DocumentLayout& documents) const {
-    check_common<ExecSpace, QView, KView, VView, OView, LseView>();
-    static_assert_accessible<ExecSpace, DoView>();
-    static_assert_accessible<ExecSpace, DqView>();
-    static_assert_accessible<ExecSpace, DkView>();
-    static_assert_accessible<ExecSpace, DvView>();
-    const char* who = "FlashAttentionCore::backward";
-    detail::attention_check(who, q, k, v, o, lse);
-    const std::size_t nb = q.extent(0), ns = q.extent(1), nh = q.extent(2), nqk = q.extent(3), nv = v.extent(3);
-    detail::check_extents<DoView, 4>(who, "d_o", d_o, {nb, ns, nh, nv});
-    const bool do_dq = !view_is_empty(dq), do_dk = !view_is_empty(dk), do_dv = !view_is_empty(dv);
-    if (do_dq) detail::check_extents<DqView, 4>(who, "dq", dq, {nb, ns, nh, nqk});
-    if (do_dk) detail::check_extents<DkView, 4>(who, "dk", dk, {nb, ns, nh, nqk});
-    if (do_dv) detail::check_extents<DvView, 4>(who, "dv", dv, {nb, ns, nh, nv});
-    const auto docs = documents.offsets_for<ExecSpace>(static_cast<std::int64_t>(ns), who);
-    if (nb * ns * nh == 0 || !(do_dq || do_dk || do_dv)) return;
-    using T = compat::accumulation_t<typename DoView::non_const_value_type>;
-    using Mem = typename ExecSpace::memory_space;
-    const bool blas = use_blas<ExecSpace>();
-    const auto [tq, tk] = tiles(blas);
-    auto& ws = scratch<T, Mem>();
-    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
-      if (blas) {
-        detail::flash_backward_blas(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs, tq, tk, ws);
-        return;
-      }
-    }
-    if constexpr (stored_narrower<DoView>) {
-      throw InvalidArgument(no_bf16_team);
-    } else {
-      if (do_dq || do_dk) ws.reserve_row_term(static_cast<std::int64_t>(nb * nh * ns));
-      detail::flash_backward_team(space, q, k, v, o, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs, tq, tk,
-                                  ws.row_term);
-    }
-  }
-
-  /// Ring attention's blocks (the block interface at the top of attention_core.hpp): the queries of q at the global
-  /// positions q_rows against the keys of k, v at k_rows, over a global sequence of `seq` tokens packed as `documents`
-  /// (empty: one document). o_acc [B, nq, h, dv] is in the accumulation type (float for bf16 inputs), lse_acc
-  /// [B, h, nq]. first: both are overwritten with this block's attention (a row that sees no key: o 0, lse -inf); else
-  /// merged by log-sum-exp with what they hold. Each (query segment, key segment) pair that holds a visible (query,
-  /// key) pair is one call of the generalised kernel; the others are skipped. Both paths (bf16: the BLAS path only).
-  template <class ExecSpace, class Q, class K, class V, class OAcc, class LseAcc>
-  void forward_block(const ExecSpace& space, const Q& q, const K& k, const V& v, const OAcc& o_acc,
-                     const LseAcc& lse_acc, const TokenSegments& q_rows, const TokenSegments& k_rows,
-                     const DocumentLayout& documents, std::int64_t seq, bool first) const {
-    check_common<ExecSpace, Q, K, V, OAcc, LseAcc>();
+  /// The forward of a problem (attention_problem.hpp): o and lse of the queries at q_rows against the keys at k_rows,
+  /// overwritten (first) or merged by log-sum-exp into what they hold. Each (query segment, key segment) pair that
+  /// holds a visible (query, key) pair is one call of the range kernel of the path (BLAS or team); the others are
+  /// skipped. The square problem is the one range q_pos = k_pos = 0, n_q = n_k = S. bf16: the BLAS path only.
+  template <class ExecSpace, class Problem>
+  void forward(const ExecSpace& space, const Problem& pb) const {
+    using Q = std::decay_t<decltype(pb.q)>;
+    using O = std::decay_t<decltype(pb.o)>;
+    check_common<ExecSpace, Q, std::decay_t<decltype(pb.k)>, std::decay_t<decltype(pb.v)>, O,
+                 std::decay_t<decltype(pb.lse)>>();
     using T = compat::accumulation_t<typename Q::non_const_value_type>;
-    static_assert(std::is_same_v<typename OAcc::non_const_value_type, T>,
-                  "mlacp::FlashAttentionCore::forward_block: o_acc must be in the accumulation type of q");
-    const char* who = "FlashAttentionCore::forward_block";
-    detail::block_check(who, q, k, v, o_acc, lse_acc, q_rows, k_rows, seq);
-    const auto docs = documents.offsets_for<ExecSpace>(seq, who);
+    static_assert(std::is_same_v<typename O::non_const_value_type, T> ||
+                      std::is_same_v<typename O::non_const_value_type, typename Q::non_const_value_type>,
+                  "mlacp::FlashAttentionCore::forward: o must be in q's value type or its accumulation type");
+    const char* who = "FlashAttentionCore::forward";
+    const auto& q = pb.q;
+    const auto& k = pb.k;
+    const auto& v = pb.v;
+    const auto& o = pb.o;
+    const auto& lse = pb.lse;
+    detail::problem_check(who, q, k, v, o, lse, pb);
+    const auto docs = pb.documents().template offsets_for<ExecSpace>(pb.seq, who);
     const bool blas = use_blas<ExecSpace>();
-    if constexpr (stored_narrower<Q>) {
+    if constexpr (stored_narrower<Q> || stored_narrower<O>) {
       if (!blas) throw InvalidArgument(no_bf16_team);
     }
-    if (q.extent(0) * q.extent(2) * q_rows.rows() == 0) return;
+    if (q.extent(0) * q.extent(2) * pb.q_rows.rows() == 0) return;
     const auto [tq, tk] = tiles(blas);
     using Mem = typename ExecSpace::memory_space;
-    const auto host_docs = documents.host(seq);
-    for (int s = 0; s < q_rows.segments(); ++s) {
-      bool merge = !first;
-      for (int t = 0; t < k_rows.segments(); ++t) {
-        const detail::FlashRange rg{q_rows.begin(s), q_rows.row_of_segment(s), q_rows.count(s),
-                                    k_rows.begin(t), k_rows.row_of_segment(t), k_rows.count(t)};
+    const auto host_docs = pb.documents().host(pb.seq);
+    for (int s = 0; s < pb.q_rows.segments(); ++s) {
+      bool merge = !pb.first;
+      for (int t = 0; t < pb.k_rows.segments(); ++t) {
+        const detail::FlashRange rg = range(pb, s, t);
         if (!detail::flash_range_visible(host_docs, rg)) continue;
+        const std::int64_t rq = std::min<std::int64_t>(tq, rg.n_q), rk = std::min<std::int64_t>(tk, rg.n_k);
         run_path(
             blas,
             [&] {
               if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible)
-                detail::flash_forward_blas_range(space, q, k, v, o_acc, lse_acc, docs, rg, merge, tq, tk,
-                                                 scratch<T, Mem>());
+                detail::flash_forward_blas_range(space, q, k, v, o, lse, docs, rg, merge, rq, rk, scratch<T, Mem>());
             },
             [&] {
-              if constexpr (!stored_narrower<Q>)
-                detail::flash_forward_team_range(space, q, k, v, o_acc, lse_acc, docs, rg, merge, tq, tk);
+              if constexpr (!stored_narrower<Q> && !stored_narrower<O>)
+                detail::flash_forward_team_range(space, q, k, v, o, lse, docs, rg, merge, rq, rk);
             });
         merge = true;
       }
-      // First, and no key of the block visible to the segment: no attention.
-      if (!merge) detail::block_no_attention(space, o_acc, lse_acc, q_rows.row_of_segment(s), q_rows.count(s));
+      // First, and no key of the problem visible to the segment: no attention.
+      if (!merge) detail::block_no_attention(space, o, lse, pb.q_rows.row_of_segment(s), pb.q_rows.count(s));
     }
   }
 
-  /// The backward of a block: o and lse are the final (merged over every key) forward of the queries, d_o its
-  /// gradient; dq_acc [B, nq, h, dqk], dk_acc [B, nk, h, dqk], dv_acc [B, nk, h, dv] in the accumulation type are
-  /// accumulated (+=) with this block's contribution (each may be empty: not needed). Both paths (bf16: BLAS only).
-  template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV>
-  void backward_block(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                      const DO& d_o, const DQ& dq_acc, const DK& dk_acc, const DV& dv_acc, const TokenSegments& q_rows,
-                      const TokenSegments& k_rows, const DocumentLayout& documents, std::int64_t seq) const {
-    check_common<ExecSpace, Q, K, V, O, Lse>();
+  /// The backward of a problem: o and lse are the final (merged over every key) forward of the queries, d_o its
+  /// gradient; dq [B, nq, h, dqk], dk [B, nk, h, dqk], dv [B, nk, h, dv] (each may be empty: not needed) are
+  /// overwritten (first) or accumulated (+=, in the accumulation type) with this problem's contribution. The square
+  /// problem with first overwrites through the range kernel itself (outputs in q's value type: bf16 rounded once); any
+  /// other problem with first zeroes the outputs and accumulates. bf16: the BLAS path only.
+  template <class ExecSpace, class Problem>
+  void backward(const ExecSpace& space, const Problem& pb) const {
+    using Q = std::decay_t<decltype(pb.q)>;
+    using DO = std::decay_t<decltype(pb.d_o)>;
+    using DQ = std::decay_t<decltype(pb.dq)>;
+    using DK = std::decay_t<decltype(pb.dk)>;
+    using DV = std::decay_t<decltype(pb.dv)>;
+    check_common<ExecSpace, Q, std::decay_t<decltype(pb.k)>, std::decay_t<decltype(pb.v)>, std::decay_t<decltype(pb.o)>,
+                 std::decay_t<decltype(pb.lse)>>();
     static_assert_accessible<ExecSpace, DO>();
     static_assert_accessible<ExecSpace, DQ>();
     static_assert_accessible<ExecSpace, DK>();
     static_assert_accessible<ExecSpace, DV>();
     using T = compat::accumulation_t<typename Q::non_const_value_type>;
-    static_assert(std::is_same_v<typename DQ::non_const_value_type, T> &&
-                      std::is_same_v<typename DK::non_const_value_type, T> &&
-                      std::is_same_v<typename DV::non_const_value_type, T>,
-                  "mlacp::FlashAttentionCore::backward_block: dq_acc, dk_acc, dv_acc must be in the accumulation type");
-    const char* who = "FlashAttentionCore::backward_block";
-    detail::block_check(who, q, k, v, o, lse, q_rows, k_rows, seq);
-    const bool do_dq = !view_is_empty(dq_acc), do_dk = !view_is_empty(dk_acc), do_dv = !view_is_empty(dv_acc);
-    detail::block_gradient_check(who, q, k, v, d_o, dq_acc, dk_acc, dv_acc, do_dq, do_dk, do_dv);
-    const auto docs = documents.offsets_for<ExecSpace>(seq, who);
+    const char* who = "FlashAttentionCore::backward";
+    const auto& q = pb.q;
+    const auto& k = pb.k;
+    const auto& v = pb.v;
+    const auto& lse = pb.lse;
+    const auto& d_o = pb.d_o;
+    detail::problem_check(who, q, k, v, pb.o, lse, pb);
+    const bool do_dq = pb.needs_dq(), do_dk = pb.needs_dk(), do_dv = pb.needs_dv();
+    detail::block_gradient_check(who, q, k, v, d_o, pb.dq, pb.dk, pb.dv, do_dq, do_dk, do_dv);
+    const auto docs = pb.documents().template offsets_for<ExecSpace>(pb.seq, who);
     const bool blas = use_blas<ExecSpace>();
     if constexpr (stored_narrower<Q>) {
       if (!blas) throw InvalidArgument(no_bf16_team);
     }
-    if (q.extent(0) * q.extent(2) * q_rows.rows() * k_rows.rows() == 0 || !(do_dq || do_dk || do_dv)) return;
+    if (q.extent(0) * q.extent(2) * pb.q_rows.rows() * pb.k_rows.rows() == 0 || !(do_dq || do_dk || do_dv)) return;
+    // The square problem overwrites in its one range; any other problem that overwrites starts from zero.
+    const bool overwrite = pb.first && pb.square();
+    if (pb.first && !overwrite) {
+      if (do_dq) detail::zero_view(space, pb.dq);
+      if (do_dk) detail::zero_view(space, pb.dk);
+      if (do_dv) detail::zero_view(space, pb.dv);
+    }
     const auto [tq, tk] = tiles(blas);
     using Mem = typename ExecSpace::memory_space;
     auto& ws = scratch<T, Mem>();
-    const auto host_docs = documents.host(seq);
+    const auto host_docs = pb.documents().host(pb.seq);
     bool row_term = false;
-    for (int s = 0; s < q_rows.segments(); ++s) {
-      for (int t = 0; t < k_rows.segments(); ++t) {
-        const detail::FlashRange rg{q_rows.begin(s), q_rows.row_of_segment(s), q_rows.count(s),
-                                    k_rows.begin(t), k_rows.row_of_segment(t), k_rows.count(t)};
+    for (int s = 0; s < pb.q_rows.segments(); ++s) {
+      for (int t = 0; t < pb.k_rows.segments(); ++t) {
+        const detail::FlashRange rg = range(pb, s, t);
         if (!detail::flash_range_visible(host_docs, rg)) continue;
         if (!row_term && (do_dq || do_dk)) {  // D of every query row, once per call
           ws.reserve_row_term(static_cast<std::int64_t>(q.extent(0) * q.extent(1) * q.extent(2)));
-          detail::flash_row_term(space, o, d_o, ws.row_term);
+          detail::flash_row_term(space, pb.o, d_o, ws.row_term);
           row_term = true;
         }
+        const std::int64_t rq = std::min<std::int64_t>(tq, rg.n_q), rk = std::min<std::int64_t>(tk, rg.n_k);
         run_path(
             blas,
             [&] {
               if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible)
-                detail::flash_backward_blas_range(space, q, k, v, lse, d_o, dq_acc, dk_acc, dv_acc, do_dq, do_dk, do_dv,
-                                                  docs, rg, true, tq, tk, ws, ws.row_term);
+                detail::flash_backward_blas_range(space, q, k, v, lse, d_o, pb.dq, pb.dk, pb.dv, do_dq, do_dk, do_dv,
+                                                  docs, rg, !overwrite, rq, rk, ws, ws.row_term);
             },
             [&] {
               if constexpr (!stored_narrower<Q>)
-                detail::flash_backward_team_range(space, q, k, v, lse, d_o, dq_acc, dk_acc, dv_acc, do_dq, do_dk, do_dv,
-                                                  docs, rg, true, tq, tk, ws.row_term);
+                detail::flash_backward_team_range(space, q, k, v, lse, d_o, pb.dq, pb.dk, pb.dv, do_dq, do_dk, do_dv,
+                                                  docs, rg, !overwrite, rq, rk, ws.row_term);
             });
       }
     }
   }
 
-  /// Whether forward_block and backward_block run on ExecSpace: both paths compute them (the team path on float and
+  /// Whether positioned problems run on ExecSpace: both paths compute them (the team path on float and
   /// double Views; a ring driver widens bf16 to float around a team-path core as the MLA layer does).
   template <class ExecSpace>
   bool computes_blocks() const {
@@ -338,6 +277,13 @@ class FlashAttentionCore {
       blas_fn();
     else
       team_fn();
+  }
+
+  // The range of query segment s and key segment t of a problem.
+  template <class Problem>
+  static detail::FlashRange range(const Problem& pb, int s, int t) {
+    return {pb.q_rows.begin(s), pb.q_rows.row_of_segment(s), pb.q_rows.count(s),
+            pb.k_rows.begin(t), pb.k_rows.row_of_segment(t), pb.k_rows.count(t)};
   }
 
   // The resolved tiles when resolve() ran for this path, else read now (a core used on its own).

@@ -222,19 +222,11 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
             Kokkos::parallel_for(
                 "mlacp::flash_forward_merge", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
                   if (l(r) == 0.0) return;  // no key seen: the earlier result stands
-                  const double lse_new = m(r) + compat::math::log(l(r));
-                  const double lse_old = static_cast<double>(lse(b, hd, r0 + r));
-                  const double hi = lse_old > lse_new ? lse_old : lse_new;
-                  const double lse_all =
-                      lse_old == neg_inf
-                          ? lse_new
-                          : hi + compat::math::log(compat::math::exp(lse_old - hi) + compat::math::exp(lse_new - hi));
-                  const double w_old = lse_old == neg_inf ? 0.0 : compat::math::exp(lse_old - lse_all);
-                  const double w_new = compat::math::exp(lse_new - lse_all) / l(r);
+                  const LseMerge mg = lse_merge(static_cast<double>(lse(b, hd, r0 + r)), m(r), l(r));
                   for (std::int64_t c = 0; c < d_v; ++c)
-                    o_i(r, c) = static_cast<o_type>(w_old * static_cast<double>(o_i(r, c)) +
-                                                    w_new * static_cast<double>(acc_i(r, c)));
-                  lse(b, hd, r0 + r) = static_cast<lse_type>(lse_all);
+                    o_i(r, c) = static_cast<o_type>(mg.w_old * static_cast<double>(o_i(r, c)) +
+                                                    mg.w_new * static_cast<double>(acc_i(r, c)));
+                  lse(b, hd, r0 + r) = static_cast<lse_type>(mg.lse);
                 });
           }
         };
@@ -248,15 +240,6 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
       }
     }
   }
-}
-
-/// The square forward: o [B, S, h, dv] and lse [B, h, S] of every query against every key it sees.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Docs, class T, class Mem>
-void flash_forward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                        const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
-  const auto n_s = static_cast<std::int64_t>(q.extent(1));
-  flash_forward_blas_range(space, q, k, v, o, lse, docs, FlashRange{0, 0, n_s, 0, 0, n_s}, false, std::min(tile_q, n_s),
-                           std::min(tile_k, n_s), ws);
 }
 
 /// Sets rows [row0, row0 + n) of head `hd` of batch `b` of a [B, S, h, d] View to zero.
@@ -448,23 +431,6 @@ void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, c
       }
     }
   }
-}
-
-/// The square backward: dq, dk, dv [B, S, h, d] (overwritten) of every query against every key it sees.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV,
-          class Docs, class T, class Mem>
-void flash_backward_blas(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                         const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
-                         const Docs& docs, std::int64_t tile_q, std::int64_t tile_k, FlashScratch<T, Mem>& ws) {
-  const auto n_s = static_cast<std::int64_t>(q.extent(1));
-  const bool need_ds = do_dq || do_dk;
-  if (need_ds) {
-    ws.reserve_row_term(static_cast<std::int64_t>(q.extent(0) * q.extent(2)) * n_s);
-    flash_row_term(space, o, d_o, ws.row_term);
-  }
-  flash_backward_blas_range(space, q, k, v, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs,
-                            FlashRange{0, 0, n_s, 0, 0, n_s}, false, std::min(tile_q, n_s), std::min(tile_k, n_s), ws,
-                            ws.row_term);
 }
 
 }  // namespace mlacp::detail

@@ -11,6 +11,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/kernels/detail/softmax_exp.hpp>
 
+#include <cfloat>
 #include <cstdint>
 #include <utility>
 
@@ -121,6 +122,24 @@ KOKKOS_INLINE_FUNCTION double online_softmax_row(T* s, std::int64_t nk, std::int
   l = start ? sum : l * alpha + sum;
   m = m_new;
   return alpha;
+}
+
+/// The log-sum-exp merge of an earlier partial result (o_old normalised, lse_old its log-sum-exp; -inf: none) with a
+/// new one held as online-softmax statistics (max m, sum l > 0 of exp(score - m), and an unnormalised accumulator
+/// acc): the merged row is o = w_old * o_old + w_new * acc with log-sum-exp lse. Both paths of the tiled core merge
+/// through it (flash_forward_blas_range, flash_forward_team_range).
+struct LseMerge {
+  double lse, w_old, w_new;
+};
+KOKKOS_INLINE_FUNCTION LseMerge lse_merge(double lse_old, double m, double l) {
+  const bool none = lse_old < -DBL_MAX;  // -inf: no earlier result
+  const double lse_new = m + compat::math::log(l);
+  const double hi = lse_old > lse_new ? lse_old : lse_new;
+  const double lse_all =
+      none ? lse_new : hi + compat::math::log(compat::math::exp(lse_old - hi) + compat::math::exp(lse_new - hi));
+  const double w_old = none ? 0.0 : compat::math::exp(lse_old - lse_all);
+  const double w_new = compat::math::exp(lse_new - lse_all) / l;
+  return {lse_all, w_old, w_new};
 }
 
 /// One row of the backward's probabilities: p[c] = exp(scale*p[c] - lse) for first <= c <= last, 0 elsewhere.

@@ -140,30 +140,13 @@ void flash_forward_team_range(const ExecSpace& space, const Q& q, const K& k, co
             return;
           }
           if (l(r) == 0.0) return;  // no key seen: the earlier result stands
-          const double lse_new = m(r) + compat::math::log(l(r));
-          const double lse_old = static_cast<double>(lse(b, hd, r0 + r));
-          const double hi = lse_old > lse_new ? lse_old : lse_new;
-          const double lse_all =
-              lse_old == neg_inf
-                  ? lse_new
-                  : hi + compat::math::log(compat::math::exp(lse_old - hi) + compat::math::exp(lse_new - hi));
-          const double w_old = lse_old == neg_inf ? 0.0 : compat::math::exp(lse_old - lse_all);
-          const double w_new = compat::math::exp(lse_new - lse_all) / l(r);
+          const LseMerge mg = lse_merge(static_cast<double>(lse(b, hd, r0 + r)), m(r), l(r));
           for (std::int64_t c = 0; c < d_v; ++c)
-            o(b, r0 + r, hd, c) = static_cast<T>(w_old * static_cast<double>(o(b, r0 + r, hd, c)) +
-                                                 w_new * static_cast<double>(acc(r, c)));
-          lse(b, hd, r0 + r) = static_cast<lse_type>(lse_all);
+            o(b, r0 + r, hd, c) = static_cast<T>(mg.w_old * static_cast<double>(o(b, r0 + r, hd, c)) +
+                                                 mg.w_new * static_cast<double>(acc(r, c)));
+          lse(b, hd, r0 + r) = static_cast<lse_type>(mg.lse);
         });
       });
-}
-
-/// The square forward of the team path.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class Docs>
-void flash_forward_team(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                        const Docs& docs, std::int64_t tile_q, std::int64_t tile_k) {
-  const auto n_s = static_cast<std::int64_t>(q.extent(1));
-  flash_forward_team_range(space, q, k, v, o, lse, docs, FlashRange{0, 0, n_s, 0, 0, n_s}, false, std::min(tile_q, n_s),
-                           std::min(tile_k, n_s));
 }
 
 /// In scratch `p` [nq, nk]: P = exp(scale * Q_i K_j^T - lse_i) for the queries at positions [i0, i0 + nq) (rows
@@ -300,20 +283,6 @@ void flash_backward_team_range(const ExecSpace& space, const Q& q, const K& k, c
           });
         });
   }
-}
-
-/// The square backward of the team path: computes the row term D into row_term, then the range of the whole sequence.
-template <class ExecSpace, class Q, class K, class V, class O, class Lse, class DO, class DQ, class DK, class DV,
-          class Docs>
-void flash_backward_team(const ExecSpace& space, const Q& q, const K& k, const V& v, const O& o, const Lse& lse,
-                         const DO& d_o, const DQ& dq, const DK& dk, const DV& dv, bool do_dq, bool do_dk, bool do_dv,
-                         const Docs& docs, std::int64_t tile_q, std::int64_t tile_k,
-                         const detail::Vector<double, typename ExecSpace::memory_space>& row_term) {
-  const auto n_s = static_cast<std::int64_t>(q.extent(1));
-  if (do_dq || do_dk) flash_row_term(space, o, d_o, row_term);
-  flash_backward_team_range(space, q, k, v, lse, d_o, dq, dk, dv, do_dq, do_dk, do_dv, docs,
-                            FlashRange{0, 0, n_s, 0, 0, n_s}, false, std::min(tile_q, n_s), std::min(tile_k, n_s),
-                            row_term);
 }
 
 }  // namespace mlacp::detail
