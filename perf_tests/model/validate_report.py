@@ -5,6 +5,7 @@
     environment.txt                                  the CPU (lscpu), the load at the start and the end, the settings
     loads.txt                                        the 1-minute load average before each round
     machine_<link>_r<round>.json                     the round's calibration on that testbed (mlacp-plan --calibrate)
+    calibration_<link>_r<round>.txt                  its printed report (the ping-pong rate between the nodes)
     run_<link>_r<round>_<shape>_<dtype>_<wire>_q<Rq>_<strategy>_C<ring>_<layout>.json
                                                      a measured run with the model's prediction from that round's
                                                      calibration (mlacp-mla-block --machine ... --json)
@@ -30,6 +31,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 
 TARGET_MEDIAN, TARGET_WORST, TARGET_HIT, WITHIN = 0.10, 0.25, 0.80, 0.05
 RUN = re.compile(r"run_(?P<link>[^_]+)_r(?P<round>\d+)_(?P<shape>[^_]+)_(?P<dtype>[^_]+)_(?P<wire>[^_]+)_q(?P<q>\d+)_"
@@ -70,6 +72,33 @@ def kendall_tau(xs, ys):
     return (concordant - discordant) / denominator if denominator > 0 else float("nan")
 
 
+def predict_without_lag(plan_tool, run, machine_path, link, cache):
+    """The model's time for one run from its round's machine file with sync_s = 0 (mlacp-plan restricted to the run's
+    strategy, ring and layout; the model's time does not depend on the wire dtype)."""
+    if machine_path not in cache:
+        m = load(machine_path)
+        m["sync_s"] = 0.0
+        fd, path = tempfile.mkstemp(suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(m, f)
+        cache[machine_path] = path
+    c = run["config"]
+    nodes, per_node = (1, 2) if link == "shm" else (2, 1)
+    cmd = [plan_tool, "--batch", str(c["B"]), "--seq", str(c["S"]), "--hidden", str(c["D"]), "--heads", str(c["H"]),
+           "--nope", str(c["dn"]), "--rope", str(c["dr"]), "--vdim", str(c["dv"]), "--latent", str(c["R"]),
+           "--q-lora", str(c["Rq"]), "--dtype", run["dtype"], "--nodes", str(nodes), "--ranks-per-node",
+           str(per_node), "--strategy", run["strategy"], "--ring", str(run["ring_size"]), "--machine",
+           cache[machine_path]]
+    if run["ring_size"] > 1:
+        cmd += ["--layout", run["ring_layout"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "plan.json")
+        out = subprocess.run(cmd + ["--json", out_path], capture_output=True, text=True)
+        if out.returncode != 0 or not os.path.exists(out_path):
+            sys.exit("validate_report: %s failed (%d)\n%s%s" % (" ".join(cmd), out.returncode, out.stdout, out.stderr))
+        return load(out_path)["rows"][0]["total_s"]
+
+
 def cpu_name():
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -91,6 +120,8 @@ def main():
     ap.add_argument("runs")
     ap.add_argument("--out", default=None)
     ap.add_argument("--cpu", default=None, help="the CPU's name for the report (default: lscpu's model name)")
+    ap.add_argument("--plan", default=None, help="mlacp-plan: also predict every run from its round's machine file "
+                    "with the synchronisation lag sync_s set to 0, to show how much of the error is that term")
     ap.add_argument("--previous", default=None, help="the previous validation.json, for a one-line comparison "
                     "(default: --out's validation.json when it is an older layout)")
     a = ap.parse_args()
@@ -119,6 +150,7 @@ def main():
 
     cases = {}
     skipped = []
+    no_lag_cache = {}
     for path in sorted(glob.glob(os.path.join(a.runs, "run_*.json"))):
         m = RUN.search(os.path.basename(path))
         if not m:
@@ -135,7 +167,10 @@ def main():
         key = (m["link"], m["shape"], m["dtype"], m["wire"], int(m["q"]), m["strategy"], ring,
                m["layout"] if ring > 1 else "-")
         c = cases.setdefault(key, dict(measured=[], predicted=[], hidden=[], memory_predicted=[],
-                                       memory_measured=[], rounds=[]))
+                                       memory_measured=[], rounds=[], no_lag=[]))
+        if a.plan:
+            machine = os.path.join(a.runs, "machine_%s_r%s.json" % (m["link"], m["round"]))
+            c["no_lag"].append(predict_without_lag(a.plan, j, machine, m["link"], no_lag_cache))
         c["rounds"].append(int(m["round"]))
         c["measured"].append(j["time_median_s"])
         c["predicted"].append(j["predicted"]["total_s"])
@@ -155,7 +190,14 @@ def main():
         j = load(path)
         level = j.get("intra", {}) if m["link"] == "shm" else j.get("inter", {})
         beta, alpha = level.get("beta_s_per_byte", 0), level.get("alpha_s", 0)
-        entry = links.setdefault(m["link"], dict(gbit=[], alpha_us=[], sync_us=[], overlap=[]))
+        entry = links.setdefault(m["link"], dict(gbit=[], alpha_us=[], sync_us=[], overlap=[], pingpong_gbit=[]))
+        # The calibration's own cross-node ping-pong of 4 MiB (its printed report, calibration_<link>_r<round>.txt).
+        text_path = os.path.join(a.runs, "calibration_%s_r%s.txt" % (m["link"], m["round"]))
+        if os.path.exists(text_path):
+            for line in open(text_path):
+                pp = re.search(r"cross-node ping-pong: \d+ bytes at ([0-9.]+) GB/s", line)
+                if pp:
+                    entry["pingpong_gbit"].append(8 * float(pp.group(1)))
         if beta > 0:
             entry["gbit"].append(8 / beta / 1e9)
         entry["alpha_us"].append(alpha * 1e6)
@@ -174,7 +216,8 @@ def main():
                          spread=max(c["measured"]) / min(c["measured"]), iqr=(q3 - q1) / measured,
                          best_s=min(c["measured"]), hidden=statistics.median(c["hidden"]),
                          memory_predicted=statistics.median(c["memory_predicted"]), memory_measured=mem_m,
-                         measured_rounds_s=c["measured"]))
+                         measured_rounds_s=c["measured"],
+                         predicted_no_lag_s=statistics.median(c["no_lag"]) if c["no_lag"] else None))
     for r in rows:
         r["choice"] = choice_name(r)
         # The error is within the measurement's noise when the prediction lies inside the rounds' own range.
@@ -206,6 +249,22 @@ def main():
     regrets = [g["regret"] for g in group_rows]
 
     mem_ratio = [r["memory_predicted"] / r["memory_measured"] for r in rows if r["memory_measured"] > 0]
+
+    # The same figures with the calibrated synchronisation lag left out of every collective (--plan).
+    no_lag = None
+    if all(r["predicted_no_lag_s"] is not None for r in rows):
+        errs = [abs(r["predicted_no_lag_s"] - r["measured_s"]) / r["measured_s"] for r in rows]
+        hits, taus_nl = [], []
+        for g, members in groups.items():
+            best = min(members, key=lambda r: r["measured_s"])
+            pick = min(members, key=lambda r: r["predicted_no_lag_s"])
+            hits.append(pick["measured_s"] / best["measured_s"] - 1 <= WITHIN)
+            t = kendall_tau([r["predicted_no_lag_s"] for r in members], [r["measured_s"] for r in members])
+            if not math.isnan(t):
+                taus_nl.append(t)
+        no_lag = dict(median_abs_error=statistics.median(errs), worst_abs_error=max(errs),
+                      first_choice_hit_rate=sum(hits) / len(hits),
+                      median_tau=statistics.median(taus_nl) if taus_nl else None)
 
     def fmt_group(g):
         x = g["group"]
@@ -251,6 +310,14 @@ def main():
               "| memory predicted / peak Kokkos bytes, min / median / max | %.3f / %.3f / %.3f | >= 0.95 | %s |" % (
                   min(mem_ratio), statistics.median(mem_ratio), max(mem_ratio),
                   verdict(min(mem_ratio), 0.95, smaller=False)) if mem_ratio else "| memory | - | | |", ""]
+    if no_lag:
+        lag_us = statistics.median(v for e in links.values() for v in e["sync_us"])
+        lines += ["Without the calibrated synchronisation lag (sync_s, median %.0f us here, which the model adds to "
+                  "every collective): median |error| %.1f%%, worst %.1f%%, first choice within 5%% in %.0f%% of the "
+                  "groups, Kendall tau median %.2f (mlacp-plan on each round's machine file with sync_s = 0)." % (
+                      lag_us, 100 * no_lag["median_abs_error"], 100 * no_lag["worst_abs_error"],
+                      100 * no_lag["first_choice_hit_rate"], no_lag["median_tau"] if no_lag["median_tau"] is not None
+                      else float("nan")), ""]
     noisy = [r for r in rows if abs(r["error"]) > TARGET_WORST and r["iqr"] > TARGET_MEDIAN]
     if noisy:
         lines += ["Where noise exceeds a target: %d case(s) miss the worst-case target while their own rounds' "
@@ -260,8 +327,8 @@ def main():
                               r["link"], r["shape"], r["choice"], 100 * r["error"], 100 * r["iqr"], r["spread"])
                           for r in noisy)), ""]
     if statistics.median(iqrs) > TARGET_MEDIAN:
-        lines += ["The median case's rounds spread by %.0f%% (IQR): more than the %.0f%% median-error target itself." % (
-            100 * statistics.median(iqrs), 100 * TARGET_MEDIAN), ""]
+        lines += ["The median case's rounds spread by %.0f%% (IQR): more than the %.0f%% median-error target "
+                  "itself." % (100 * statistics.median(iqrs), 100 * TARGET_MEDIAN), ""]
     unresolved = [g for g in group_rows if not g["resolved"]]
     if unresolved:
         lines += ["%d group(s) miss the 5%% first-choice target by less than their cases' own IQR (the measurement "
@@ -269,16 +336,20 @@ def main():
                       "%s: regret %.0f%%, IQR %.0f%%" % (fmt_group(g).replace(" | ", "/"), 100 * g["regret"],
                                                          100 * g["noise_iqr"]) for g in unresolved)), ""]
 
-    lines += ["## Links", "", "The rate each testbed achieved: the calibrated beta of the level the two ranks talk over "
-              "(inter-node; intra-node for shm), over the rounds' calibrations.", "",
-              "| link | rounds | Gbit/s median (min - max) | alpha us median | sync lag us median | overlap efficiency "
-              "median |", "|---|---|---|---|---|---|"]
+    lines += ["## Links", "",
+              "The rate each testbed achieved: the calibrated beta of the level the two ranks talk over (inter-node; "
+              "intra-node for shm), over the rounds' calibrations; beside it the rate of the calibration's own 4 MiB "
+              "ping-pong between the nodes.", "",
+              "| link | rounds | Gbit/s median (min - max) | ping-pong Gbit/s median | alpha us median | sync lag us "
+              "median | overlap efficiency median |", "|---|---|---|---|---|---|---|"]
     order = {"500mbit": 0, "2gbit": 1, "10gbit": 2, "shm": 3}
     for link in sorted(links, key=lambda k: order.get(k, 9)):
         e = links[link]
         g = e["gbit"]
-        lines.append("| %s | %d | %s | %.1f | %.0f | %.2f |" % (
+        pp = e["pingpong_gbit"]
+        lines.append("| %s | %d | %s | %s | %.1f | %.0f | %.2f |" % (
             link, len(e["alpha_us"]), "%.2f (%.2f - %.2f)" % (statistics.median(g), min(g), max(g)) if g else "-",
+            "%.2f" % statistics.median(pp) if pp else "-",
             statistics.median(e["alpha_us"]), statistics.median(e["sync_us"]), statistics.median(e["overlap"])))
     lines += ["", "## Groups", "",
               "A group: the choices of strategy, U, C and layout for one (link, shape, dtype, wire, q-LoRA). Regret: "
@@ -292,15 +363,16 @@ def main():
             "yes" if g["ok"] else "no"))
     lines += ["", "## Cases", "",
               "| link | shape | dtype | wire | Rq | choice | rounds | measured ms | predicted ms | error | rounds "
-              "max/min | IQR | hidden | memory predicted / measured MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "max/min | IQR | hidden | predicted ms, sync_s = 0 | memory predicted / measured MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append("| %s | %s | %s | %s | %s | %s | %d | %.2f | %.2f | %+.1f%% | %.2f | %.1f%% | %.0f%% | "
+        lines.append("| %s | %s | %s | %s | %s | %s | %d | %.2f | %.2f | %+.1f%% | %.2f | %.1f%% | %.0f%% | %s | "
                      "%.1f / %.1f |" % (
                          r["link"], r["shape"], r["dtype"], r["wire"], r["q_lora"] or "-", r["choice"], r["rounds"],
                          r["measured_s"] * 1e3, r["predicted_s"] * 1e3, 100 * r["error"], r["spread"],
-                         100 * r["iqr"], 100 * r["hidden"], r["memory_predicted"] / 2**20,
-                         r["memory_measured"] / 2**20))
+                         100 * r["iqr"], 100 * r["hidden"],
+                         "%.2f" % (r["predicted_no_lag_s"] * 1e3) if r["predicted_no_lag_s"] is not None else "-",
+                         r["memory_predicted"] / 2**20, r["memory_measured"] / 2**20))
     if skipped:
         lines += ["", "Skipped (no measurement or no prediction): " + ", ".join(skipped)]
     text = "\n".join(lines) + "\n"
@@ -318,6 +390,7 @@ def main():
                        median_round_iqr=statistics.median(iqrs), median_round_spread=statistics.median(spreads),
                        memory_ratio=dict(min=min(mem_ratio), median=statistics.median(mem_ratio), max=max(mem_ratio))
                        if mem_ratio else None,
+                       without_sync_lag=no_lag,
                        links={k: v for k, v in links.items()}, groups=group_rows, rows=rows, skipped=skipped,
                        previous=previous), f, indent=1)
     try:
@@ -351,6 +424,8 @@ def main():
         fig.savefig(os.path.join(out, "validation.png"), dpi=120)
     except ImportError:
         print("validate_report: matplotlib not found, no plot", file=sys.stderr)
+    for path in no_lag_cache.values():
+        os.unlink(path)
     print(text)
 
 
