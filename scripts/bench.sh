@@ -32,7 +32,7 @@
 #                                       # transport at P and at RING_NP, whose machine files give every
 #                                       # mlacp-mla-block run its predicted time beside the measured one: "model ms"),
 #                                       # no short validation on the simulated two-node cluster (validate-model.sh with
-#                                       # RATES=$RATE ROUNDS=1 SHAPES=block LAYOUTS=2x2; about 3 minutes)
+#                                       # CASE_GROUPS=$RATE:block:float:same:0 ROUNDS=1; about 1 minute)
 #   PEER_MEM_GIB=10                     # per-rank address-space limit of the comparison runs (default: the smaller
 #                                       # of 10 GiB and 70% of the available memory / P)
 set -euo pipefail
@@ -301,8 +301,8 @@ fi
 # ---- the performance model against the simulated two-node cluster (short form of scripts/validate-model.sh) -------
 if [[ ${MODEL:-1} != 0 && -z ${SKIP_LINK:-} ]]; then
   echo
-  echo "==== performance model: validation on 2 nodes x 2 ranks at $rate (short form) ===="
-  RATES=$rate ROUNDS=1 SHAPES=block LAYOUTS=2x2 BUILD_DIR=$build_dir OUT_DIR=$out/model \
+  echo "==== performance model: validation on 2 nodes x 1 rank at $rate (short form) ===="
+  CASE_GROUPS="$rate:block:float:same:0" ROUNDS=1 BUILD_DIR=$build_dir OUT_DIR=$out/model \
     "$root/scripts/validate-model.sh" || echo "bench: validate-model.sh failed (rc $?)"
 fi
 echo

@@ -2,22 +2,30 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 """The performance model's validation report, from the JSON files scripts/validate-model.sh leaves:
 
-    machine_<rate>_<layout>_r<round>.json              the round's calibration (mlacp-plan --calibrate)
-    plan_<rate>_<layout>_r<round>_<shape>.json          the planner's ranking on it (mlacp-plan --json)
-    run_<rate>_<layout>_r<round>_<shape>_<strategy>_C<ring>.json   a measured run with the model's prediction
-                                                        (mlacp-mla-block --machine ... --json)
+    environment.txt                                  the CPU (lscpu), the load at the start and the end, the settings
+    loads.txt                                        the 1-minute load average before each round
+    machine_<link>_r<round>.json                     the round's calibration on that testbed (mlacp-plan --calibrate)
+    calibration_<link>_r<round>.txt                  its printed report (the ping-pong rate between the nodes)
+    run_<link>_r<round>_<shape>_<dtype>_<wire>_q<Rq>_<strategy>_C<ring>_<layout>.json
+                                                     a measured run with the model's prediction from that round's
+                                                     calibration (mlacp-mla-block --machine ... --json)
 
-For every case (rate, layout, shape, strategy, ring): the measured forward + backward time (median over rounds of each
-run's median) against the predicted one (median over rounds, each from that round's calibration), the error, and the
-predicted memory against the peak Kokkos bytes. Per group (rate, layout, shape): whether the planner's first choice is
-the measured fastest or within 5% of it. Targets (issue 22): median |error| <= 15%, worst <= 30%, first choice right
-in >= 80% of the groups. Writes validation.md, validation.json and validation.png (predicted vs measured) to --out.
+For every case: the median over the rounds of the measured forward + backward time (each run: the median of its
+iterations, max over ranks) against the median of the predictions, the error, and beside it the rounds' own spread
+(the slowest round over the fastest, and the interquartile range over the median): an error within the spread is
+the measurement's noise as much as the model's. For every group (the choices of strategy, U, C and layout for one
+(link, shape, dtype, wire, q-LoRA)): Kendall's tau between the predicted and the measured order, and the model's first
+choice against the measured best (its regret). The link rates the calibration measured on every testbed, and the
+predicted memory against the peak Kokkos bytes. Targets (issue 32): median |error| <= 10%, worst <= 25%, first choice
+within 5% of the measured best in >= 80% of the groups. Writes validation.md, validation.json and validation.png
+(predicted vs measured) to --out.
 
     perf_tests/model/validate_report.py perf_results/model/validation --out perf_results/model
 """
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -25,195 +33,399 @@ import subprocess
 import sys
 import tempfile
 
+TARGET_MEDIAN, TARGET_WORST, TARGET_HIT, WITHIN = 0.10, 0.25, 0.80, 0.05
+RUN = re.compile(r"run_(?P<link>[^_]+)_r(?P<round>\d+)_(?P<shape>[^_]+)_(?P<dtype>[^_]+)_(?P<wire>[^_]+)_q(?P<q>\d+)_"
+                 r"(?P<strategy>latent|expanded)_C(?P<ring>\d+)_(?P<layout>[a-z]+)\.json$")
+MACHINE = re.compile(r"machine_(?P<link>[^_]+)_r(?P<round>\d+)\.json$")
+
 
 def load(path):
     with open(path) as f:
         return json.load(f)
 
 
-def predict(plan_tool, run, machine, nodes, per_node):
-    """The model's prediction of one measured run: mlacp-plan restricted to the run's strategy, ring and layout, on
-    the round's machine file (so that the report follows the model as it is now, whatever predicted the run)."""
+def quartiles(xs):
+    xs = sorted(xs)
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def kendall_tau(xs, ys):
+    """Kendall's tau-b (ties in either order count for neither side)."""
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denominator = math.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
+    return (concordant - discordant) / denominator if denominator > 0 else float("nan")
+
+
+def predict_without_lag(plan_tool, run, machine_path, link, cache):
+    """The model's time for one run from its round's machine file with sync_s = 0 (mlacp-plan restricted to the run's
+    strategy, ring and layout; the model's time does not depend on the wire dtype)."""
+    if machine_path not in cache:
+        m = load(machine_path)
+        m["sync_s"] = 0.0
+        fd, path = tempfile.mkstemp(suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(m, f)
+        cache[machine_path] = path
     c = run["config"]
+    nodes, per_node = (1, 2) if link == "shm" else (2, 1)
     cmd = [plan_tool, "--batch", str(c["B"]), "--seq", str(c["S"]), "--hidden", str(c["D"]), "--heads", str(c["H"]),
            "--nope", str(c["dn"]), "--rope", str(c["dr"]), "--vdim", str(c["dv"]), "--latent", str(c["R"]),
-           "--dtype", run["dtype"], "--nodes", str(nodes), "--ranks-per-node", str(per_node), "--strategy",
-           run["strategy"], "--ring", str(run["ring_size"]), "--machine", machine]
+           "--q-lora", str(c["Rq"]), "--dtype", run["dtype"], "--nodes", str(nodes), "--ranks-per-node",
+           str(per_node), "--strategy", run["strategy"], "--ring", str(run["ring_size"]), "--machine",
+           cache[machine_path]]
     if run["ring_size"] > 1:
         cmd += ["--layout", run["ring_layout"]]
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "plan.json")
-        out = subprocess.run(cmd + ["--json", path], capture_output=True, text=True)
-        if out.returncode != 0 or not os.path.exists(path):
+        out_path = os.path.join(tmp, "plan.json")
+        out = subprocess.run(cmd + ["--json", out_path], capture_output=True, text=True)
+        if out.returncode != 0 or not os.path.exists(out_path):
             sys.exit("validate_report: %s failed (%d)\n%s%s" % (" ".join(cmd), out.returncode, out.stdout, out.stderr))
-        row = load(path)["rows"][0]
-    return dict(total_s=row["total_s"], forward_s=row["forward_s"], backward_s=row["backward_s"],
-                hidden_fraction=row["hidden_fraction"], memory_bytes=row["memory_bytes"])
+        return load(out_path)["rows"][0]["total_s"]
+
+
+def cpu_name():
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def choice_name(r):
+    return "%s U=%d C=%d%s" % (r["strategy"], 2 // r["ring"] if r["ring"] <= 2 else 1, r["ring"],
+                               " " + r["layout"] if r["ring"] > 1 else "")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--plan", default=None, help="mlacp-plan: predict every run again from its round's machine file "
-                    "(default: the prediction the run itself reported)")
-    ap.add_argument("--cpu", default=None, help="the CPU's name for the report (default: /proc/cpuinfo)")
+    ap.add_argument("--cpu", default=None, help="the CPU's name for the report (default: lscpu's model name)")
+    ap.add_argument("--plan", default=None, help="mlacp-plan: also predict every run from its round's machine file "
+                    "with the synchronisation lag sync_s set to 0, to show how much of the error is that term")
+    ap.add_argument("--previous", default=None, help="the previous validation.json, for a one-line comparison "
+                    "(default: --out's validation.json when it is an older layout)")
     a = ap.parse_args()
     out = a.out or a.runs
-    cpu = a.cpu
-    if cpu is None:
-        try:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-        except (OSError, StopIteration):
-            cpu = "unknown CPU"
+    cpu = a.cpu or cpu_name()
+    env_path = os.path.join(a.runs, "environment.txt")
+    environment = open(env_path).read().strip().splitlines() if os.path.exists(env_path) else []
+    # The 1-minute load average before each round (loads.txt): the other work on the machine while it measured.
+    loads = []
+    loads_path = os.path.join(a.runs, "loads.txt")
+    if os.path.exists(loads_path):
+        loads = [float(line.rsplit(":", 1)[1]) for line in open(loads_path) if ":" in line]
+    if loads:
+        environment.append("1-minute load average before each of the %d rounds: median %.2f, min %.2f, max %.2f "
+                           "(2 cores; the ranks take both)" % (len(loads), statistics.median(loads), min(loads),
+                                                               max(loads)))
 
-    cases = {}  # (rate, layout, shape, strategy, ring) -> lists over rounds
-    pattern = re.compile(r"run_(?P<rate>[^_]+)_(?P<layout>\d+x\d+)_r(?P<round>\d+)_(?P<shape>[^_]+)_"
-                         r"(?P<strategy>latent|expanded)_C(?P<ring>\d+)\.json$")
+    previous = None
+    prev_path = a.previous or os.path.join(out, "validation.json")
+    if os.path.exists(prev_path):
+        p = load(prev_path)
+        previous = p.get("previous") if "groups" in p else dict(
+            median_abs_error=p.get("median_abs_error"), worst_abs_error=p.get("worst_abs_error"),
+            first_choice_hit_rate=p.get("first_choice_hit_rate"), cpu=p.get("cpu"),
+            setup="4 ranks on 2 cores (2 x 2 and 4 x 1 nodes x ranks), float")
+
+    cases = {}
+    skipped = []
+    no_lag_cache = {}
     for path in sorted(glob.glob(os.path.join(a.runs, "run_*.json"))):
-        m = pattern.search(os.path.basename(path))
+        m = RUN.search(os.path.basename(path))
         if not m:
             continue
-        j = load(path)
-        nodes, per_node = (int(x) for x in m["layout"].split("x"))
-        machine = os.path.join(a.runs, "machine_%s_%s_r%s.json" % (m["rate"], m["layout"], m["round"]))
-        if j.get("status") == "ok" and a.plan and os.path.exists(machine):
-            j["predicted"] = predict(a.plan, j, machine, nodes, per_node)
-        if j.get("status") != "ok" or "predicted" not in j:
-            print("skipping %s: no measurement or no prediction" % path, file=sys.stderr)
+        try:
+            j = load(path)
+        except (OSError, ValueError):
+            skipped.append(os.path.basename(path))
             continue
-        key = (m["rate"], m["layout"], m["shape"], m["strategy"], int(m["ring"]))
-        c = cases.setdefault(key, dict(measured=[], predicted=[], forward=[], backward=[], hidden=[],
-                                       memory_predicted=[], memory_measured=[], layout_name=j.get("ring_layout")))
+        if j.get("status") != "ok" or "predicted" not in j:
+            skipped.append(os.path.basename(path))
+            continue
+        ring = int(m["ring"])
+        key = (m["link"], m["shape"], m["dtype"], m["wire"], int(m["q"]), m["strategy"], ring,
+               m["layout"] if ring > 1 else "-")
+        c = cases.setdefault(key, dict(measured=[], predicted=[], hidden=[], memory_predicted=[],
+                                       memory_measured=[], rounds=[], no_lag=[]))
+        if a.plan:
+            machine = os.path.join(a.runs, "machine_%s_r%s.json" % (m["link"], m["round"]))
+            c["no_lag"].append(predict_without_lag(a.plan, j, machine, m["link"], no_lag_cache))
+        c["rounds"].append(int(m["round"]))
         c["measured"].append(j["time_median_s"])
-        p = j["predicted"]
-        c["predicted"].append(p["total_s"])
-        c["forward"].append(p["forward_s"])
-        c["backward"].append(p["backward_s"])
-        c["hidden"].append(p["hidden_fraction"])
-        c["memory_predicted"].append(p["memory_bytes"])
-        if "peak_view_bytes" in j:
-            c["memory_measured"].append(j["peak_view_bytes"])
+        c["predicted"].append(j["predicted"]["total_s"])
+        c["hidden"].append(j["predicted"]["hidden_fraction"])
+        c["memory_predicted"].append(j["predicted"]["memory_bytes"])
+        c["memory_measured"].append(j.get("peak_view_bytes", 0))
     if not cases:
         sys.exit("validate_report: no run_*.json with a prediction in %s" % a.runs)
 
-    # The achieved link rate of each (rate, layout): the calibrated inter-node beta (bytes through a node's link).
+    # The link each testbed achieved: the calibrated beta of the level the two ranks talk over (inter-node between
+    # two simulated nodes, intra-node in shared memory), as Gbit/s; and the other calibrated figures that matter.
     links = {}
-    for path in glob.glob(os.path.join(a.runs, "machine_*.json")):
-        m = re.search(r"machine_(?P<rate>[^_]+)_(?P<layout>\d+x\d+)_r\d+\.json$", path)
+    for path in sorted(glob.glob(os.path.join(a.runs, "machine_*.json"))):
+        m = MACHINE.search(os.path.basename(path))
         if not m:
             continue
         j = load(path)
-        beta = j.get("inter", {}).get("beta_s_per_byte", 0)
+        level = j.get("intra", {}) if m["link"] == "shm" else j.get("inter", {})
+        beta, alpha = level.get("beta_s_per_byte", 0), level.get("alpha_s", 0)
+        entry = links.setdefault(m["link"], dict(gbit=[], alpha_us=[], sync_us=[], overlap=[], pingpong_gbit=[]))
+        # The calibration's own cross-node ping-pong of 4 MiB (its printed report, calibration_<link>_r<round>.txt).
+        text_path = os.path.join(a.runs, "calibration_%s_r%s.txt" % (m["link"], m["round"]))
+        if os.path.exists(text_path):
+            for line in open(text_path):
+                pp = re.search(r"cross-node ping-pong: \d+ bytes at ([0-9.]+) GB/s", line)
+                if pp:
+                    entry["pingpong_gbit"].append(8 * float(pp.group(1)))
         if beta > 0:
-            links.setdefault((m["rate"], m["layout"]), []).append(8 / beta / 1e9)
+            entry["gbit"].append(8 / beta / 1e9)
+        entry["alpha_us"].append(alpha * 1e6)
+        entry["sync_us"].append(j.get("sync_s", 0) * 1e6)
+        entry["overlap"].append(j.get("overlap_efficiency", float("nan")))
 
     rows = []
     for key in sorted(cases):
         c = cases[key]
-        measured = statistics.median(c["measured"])
-        predicted = statistics.median(c["predicted"])
-        err = (predicted - measured) / measured
-        mem_p = statistics.median(c["memory_predicted"])
-        mem_m = statistics.median(c["memory_measured"]) if c["memory_measured"] else None
-        best = min(c["measured"])
-        rows.append(dict(rate=key[0], layout=key[1], shape=key[2], strategy=key[3], ring=key[4], measured_s=measured,
-                         predicted_s=predicted, error=err, best_s=best, error_vs_best=(predicted - best) / best,
-                         spread=max(c["measured"]) / best, forward_s=statistics.median(c["forward"]),
-                         backward_s=statistics.median(c["backward"]), hidden=statistics.median(c["hidden"]),
-                         memory_predicted=mem_p, memory_measured=mem_m, rounds=len(c["measured"])))
+        measured, predicted = statistics.median(c["measured"]), statistics.median(c["predicted"])
+        q1, q3 = quartiles(c["measured"])
+        mem_m = statistics.median(c["memory_measured"])
+        rows.append(dict(link=key[0], shape=key[1], dtype=key[2], wire=key[3], q_lora=key[4], strategy=key[5],
+                         ring=key[6], layout=key[7], rounds=len(c["measured"]), measured_s=measured,
+                         predicted_s=predicted, error=(predicted - measured) / measured,
+                         spread=max(c["measured"]) / min(c["measured"]), iqr=(q3 - q1) / measured,
+                         best_s=min(c["measured"]), hidden=statistics.median(c["hidden"]),
+                         memory_predicted=statistics.median(c["memory_predicted"]), memory_measured=mem_m,
+                         measured_rounds_s=c["measured"],
+                         predicted_no_lag_s=statistics.median(c["no_lag"]) if c["no_lag"] else None))
+    for r in rows:
+        r["choice"] = choice_name(r)
+        # The error is within the measurement's noise when the prediction lies inside the rounds' own range.
+        r["within_rounds"] = min(r["measured_rounds_s"]) <= r["predicted_s"] <= max(r["measured_rounds_s"])
     errors = [abs(r["error"]) for r in rows]
     median_err, worst_err = statistics.median(errors), max(errors)
-    errors_best = [abs(r["error_vs_best"]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    iqrs = [r["iqr"] for r in rows]
     spreads = [r["spread"] for r in rows]
 
-    # The planner's first choice per group against the measured fastest.
     groups = {}
     for r in rows:
-        groups.setdefault((r["rate"], r["layout"], r["shape"]), []).append(r)
-    picks = []
+        groups.setdefault((r["link"], r["shape"], r["dtype"], r["wire"], r["q_lora"]), []).append(r)
+    group_rows = []
     for g, members in sorted(groups.items()):
-        fastest = min(members, key=lambda r: r["measured_s"])
-        # The planner's first choice among the measured ones: the least predicted time (median over the rounds'
-        # calibrations, as in the table; the plan_*.json files hold each round's full ranking).
-        pick_row = min(members, key=lambda r: r["predicted_s"])
-        pick = (pick_row["strategy"], pick_row["ring"])
-        picked = next(r for r in members if (r["strategy"], r["ring"]) == pick)
-        ok = picked["measured_s"] <= 1.05 * fastest["measured_s"]
-        picks.append(dict(group=list(g), pick="%s C=%d" % pick, fastest="%s C=%d" % (fastest["strategy"],
-                                                                                     fastest["ring"]),
-                          pick_over_fastest=picked["measured_s"] / fastest["measured_s"], ok=ok))
-    hit = sum(p["ok"] for p in picks) / len(picks) if picks else 0.0
+        best = min(members, key=lambda r: r["measured_s"])
+        pick = min(members, key=lambda r: r["predicted_s"])
+        regret = pick["measured_s"] / best["measured_s"] - 1
+        # The measured gap between the pick and the best against their own rounds' spread: a regret smaller than
+        # the larger of the two cases' interquartile ranges is not resolved by this measurement.
+        noise = max(pick["iqr"], best["iqr"])
+        tau = kendall_tau([r["predicted_s"] for r in members], [r["measured_s"] for r in members])
+        group_rows.append(dict(group=dict(link=g[0], shape=g[1], dtype=g[2], wire=g[3], q_lora=g[4]),
+                               choices=len(members), tau=tau, pick=pick["choice"], best=best["choice"],
+                               regret=regret, ok=regret <= WITHIN, noise_iqr=noise,
+                               resolved=regret > noise or regret <= WITHIN))
+    hit = sum(g["ok"] for g in group_rows) / len(group_rows)
+    taus = [g["tau"] for g in group_rows if not math.isnan(g["tau"])]
+    regrets = [g["regret"] for g in group_rows]
 
-    lines = ["# Performance model validation on the simulated cluster", "",
-             "CPU: %s. Each row: the median over %s round(s) of the measured forward + backward time "
-             "(mlacp-mla-block, median of its iterations, max over ranks) and of the model's prediction from that "
-             "round's calibration. 4 ranks on the testbed (scripts/netns-cluster.sh), float." % (
-                 cpu, "/".join(sorted({str(r["rounds"]) for r in rows}))), "",
-             "Link rates achieved (calibrated inter-node bandwidth per node, Gbit/s): " + ", ".join(
-                 "%s %s: %s" % (k[0], k[1], "/".join("%.2f" % v for v in vs)) for k, vs in sorted(links.items())), "",
-             "| rate | nodes x G | shape | strategy | C | measured ms | predicted ms | error | best round ms | "
-             "rounds max/min | hidden | memory predicted / measured MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    mem_ratio = [r["memory_predicted"] / r["memory_measured"] for r in rows if r["memory_measured"] > 0]
+
+    # The same figures with the calibrated synchronisation lag left out of every collective (--plan).
+    no_lag = None
+    if all(r["predicted_no_lag_s"] is not None for r in rows):
+        errs = [abs(r["predicted_no_lag_s"] - r["measured_s"]) / r["measured_s"] for r in rows]
+        hits, taus_nl = [], []
+        for g, members in groups.items():
+            best = min(members, key=lambda r: r["measured_s"])
+            pick = min(members, key=lambda r: r["predicted_no_lag_s"])
+            hits.append(pick["measured_s"] / best["measured_s"] - 1 <= WITHIN)
+            t = kendall_tau([r["predicted_no_lag_s"] for r in members], [r["measured_s"] for r in members])
+            if not math.isnan(t):
+                taus_nl.append(t)
+        no_lag = dict(median_abs_error=statistics.median(errs), worst_abs_error=max(errs),
+                      first_choice_hit_rate=sum(hits) / len(hits),
+                      median_tau=statistics.median(taus_nl) if taus_nl else None)
+
+    def fmt_group(g):
+        x = g["group"]
+        return "%s | %s | %s | %s | %s" % (x["link"], x["shape"], x["dtype"], x["wire"], x["q_lora"] or "-")
+
+    def verdict(value, target, smaller=True):
+        ok = value <= target if smaller else value >= target
+        return "met" if ok else "missed"
+
+    lines = ["# Performance model validation: one rank per core", "",
+             "CPU (lscpu): %s. P = 2 ranks, each pinned to its own core: two simulated nodes of one rank joined by a "
+             "tc-limited link (scripts/netns-cluster.sh at 500 Mbit/s, 2 Gbit/s, 10 Gbit/s) or one node of two ranks "
+             "(shm: shared memory). Each row: the median over its rounds of the measured forward + backward time "
+             "(mlacp-mla-block, the median of its iterations, max over ranks) and of the model's prediction from "
+             "that round's calibration; the rounds interleave calibration and measurement." % cpu, ""]
+    if environment:
+        lines += ["Run:"] + ["- " + line for line in environment] + [""]
+    if previous and previous.get("median_abs_error") is not None:
+        lines += ["The previous validation (%s, %s) measured the OS scheduler more than the model: median |error| "
+                  "%.0f%%, worst %.0f%%, first choice within 5%% in %.0f%% of the groups." % (
+                      previous.get("setup", "?"), previous.get("cpu", "?"), 100 * previous["median_abs_error"],
+                      100 * previous["worst_abs_error"], 100 * previous["first_choice_hit_rate"]), ""]
+    lines += ["## Summary", "",
+              "| figure | value | target | |", "|---|---|---|---|",
+              "| median \\|error\\| over %d cases | %.1f%% | <= %.0f%% | %s |" % (
+                  len(rows), 100 * median_err, 100 * TARGET_MEDIAN, verdict(median_err, TARGET_MEDIAN)),
+              "| worst \\|error\\| (%s, %s) | %.1f%% | <= %.0f%% | %s |" % (
+                  "/".join(str(worst[k]) for k in ("link", "shape", "dtype", "wire")), worst["choice"],
+                  100 * worst_err, 100 * TARGET_WORST, verdict(worst_err, TARGET_WORST)),
+              "| first choice within 5%% of the measured best | %d of %d groups (%.0f%%) | >= %.0f%% | %s |" % (
+                  sum(g["ok"] for g in group_rows), len(group_rows), 100 * hit, 100 * TARGET_HIT,
+                  verdict(hit, TARGET_HIT, smaller=False)),
+              "| first choice's regret, median / worst | %.1f%% / %.1f%% | | |" % (
+                  100 * statistics.median(regrets), 100 * max(regrets)),
+              "| Kendall tau within a group, median / min | %s | | |" % (
+                  "%.2f / %.2f" % (statistics.median(taus), min(taus)) if taus else "-"),
+              "| the rounds' own spread: relative IQR, median / worst | %.1f%% / %.1f%% | | |" % (
+                  100 * statistics.median(iqrs), 100 * max(iqrs)),
+              "| the rounds' own spread: slowest / fastest round, median / worst | %.2f / %.2f | | |" % (
+                  statistics.median(spreads), max(spreads)),
+              "| cases whose prediction lies within their rounds' range | %d of %d | | |" % (
+                  sum(r["within_rounds"] for r in rows), len(rows)),
+              "| memory predicted / peak Kokkos bytes, min / median / max | %.3f / %.3f / %.3f | >= 0.95 | %s |" % (
+                  min(mem_ratio), statistics.median(mem_ratio), max(mem_ratio),
+                  verdict(min(mem_ratio), 0.95, smaller=False)) if mem_ratio else "| memory | - | | |", ""]
+    if no_lag:
+        lag_us = statistics.median(v for e in links.values() for v in e["sync_us"])
+        lines += ["Without the calibrated synchronisation lag (sync_s, median %.0f us here, which the model adds to "
+                  "every collective): median |error| %.1f%%, worst %.1f%%, first choice within 5%% in %.0f%% of the "
+                  "groups, Kendall tau median %.2f (mlacp-plan on each round's machine file with sync_s = 0)." % (
+                      lag_us, 100 * no_lag["median_abs_error"], 100 * no_lag["worst_abs_error"],
+                      100 * no_lag["first_choice_hit_rate"], no_lag["median_tau"] if no_lag["median_tau"] is not None
+                      else float("nan")), ""]
+    noisy = [r for r in rows if abs(r["error"]) > TARGET_WORST and r["iqr"] > TARGET_MEDIAN]
+    if noisy:
+        lines += ["Where noise exceeds a target: %d case(s) miss the worst-case target while their own rounds' "
+                  "relative IQR is above the median target (%.0f%%), so this measurement cannot settle them: %s." % (
+                      len(noisy), 100 * TARGET_MEDIAN, "; ".join(
+                          "%s %s %s: error %+.0f%%, IQR %.0f%%, rounds max/min %.2f" % (
+                              r["link"], r["shape"], r["choice"], 100 * r["error"], 100 * r["iqr"], r["spread"])
+                          for r in noisy)), ""]
+    if statistics.median(iqrs) > TARGET_MEDIAN:
+        lines += ["The median case's rounds spread by %.0f%% (IQR): more than the %.0f%% median-error target "
+                  "itself." % (100 * statistics.median(iqrs), 100 * TARGET_MEDIAN), ""]
+    unresolved = [g for g in group_rows if not g["resolved"]]
+    if unresolved:
+        lines += ["%d group(s) miss the 5%% first-choice target by less than their cases' own IQR (the measurement "
+                  "does not resolve the order): %s." % (len(unresolved), "; ".join(
+                      "%s: regret %.0f%%, IQR %.0f%%" % (fmt_group(g).replace(" | ", "/"), 100 * g["regret"],
+                                                         100 * g["noise_iqr"]) for g in unresolved)), ""]
+
+    lines += ["## Links", "",
+              "The rate each testbed achieved: the calibrated beta of the level the two ranks talk over (inter-node; "
+              "intra-node for shm), over the rounds' calibrations; beside it the rate of the calibration's own 4 MiB "
+              "ping-pong between the nodes.", "",
+              "| link | rounds | Gbit/s median (min - max) | ping-pong Gbit/s median | alpha us median | sync lag us "
+              "median | overlap efficiency median |", "|---|---|---|---|---|---|---|"]
+    order = {"500mbit": 0, "2gbit": 1, "10gbit": 2, "shm": 3}
+    for link in sorted(links, key=lambda k: order.get(k, 9)):
+        e = links[link]
+        g = e["gbit"]
+        pp = e["pingpong_gbit"]
+        lines.append("| %s | %d | %s | %s | %.1f | %.0f | %.2f |" % (
+            link, len(e["alpha_us"]), "%.2f (%.2f - %.2f)" % (statistics.median(g), min(g), max(g)) if g else "-",
+            "%.2f" % statistics.median(pp) if pp else "-",
+            statistics.median(e["alpha_us"]), statistics.median(e["sync_us"]), statistics.median(e["overlap"])))
+    lines += ["", "## Groups", "",
+              "A group: the choices of strategy, U, C and layout for one (link, shape, dtype, wire, q-LoRA). Regret: "
+              "the measured time of the model's first choice over the measured best, minus 1. Noise: the larger "
+              "relative IQR of the two.", "",
+              "| link | shape | dtype | wire | Rq | choices | tau | model's first | measured best | regret | noise | "
+              "within 5% |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for g in group_rows:
+        lines.append("| %s | %d | %.2f | %s | %s | %.1f%% | %.0f%% | %s |" % (
+            fmt_group(g), g["choices"], g["tau"], g["pick"], g["best"], 100 * g["regret"], 100 * g["noise_iqr"],
+            "yes" if g["ok"] else "no"))
+    lines += ["", "## Cases", "",
+              "| link | shape | dtype | wire | Rq | choice | rounds | measured ms | predicted ms | error | rounds "
+              "max/min | IQR | hidden | predicted ms, sync_s = 0 | memory predicted / measured MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        mem = "%.1f / %s" % (r["memory_predicted"] / 2**20, "%.1f" % (r["memory_measured"] / 2**20)
-                             if r["memory_measured"] else "-")
-        lines.append("| %s | %s | %s | %s | %d | %.2f | %.2f | %+.0f%% | %.2f | %.2f | %.0f%% | %s |" % (
-            r["rate"], r["layout"], r["shape"], r["strategy"], r["ring"], r["measured_s"] * 1e3,
-            r["predicted_s"] * 1e3, 100 * r["error"], r["best_s"] * 1e3, r["spread"], 100 * r["hidden"], mem))
-    lines += ["", "Median |error| %.1f%% (target <= 15%%), worst %.1f%% (target <= 30%%)." % (100 * median_err,
-                                                                                          100 * worst_err),
-              "Against each case's best round (the run least disturbed by the shared machine): median |error| %.1f%%, "
-              "worst %.1f%%." % (100 * statistics.median(errors_best), 100 * max(errors_best)),
-              "The measurement's own spread, the slower round over the faster one of the same case: median %.2f, "
-              "worst %.2f." % (statistics.median(spreads), max(spreads)), "",
-              "| rate | nodes x G | shape | planner's first choice | measured fastest | pick / fastest | ok |",
-              "|---|---|---|---|---|---|---|"]
-    for p in picks:
-        lines.append("| %s | %s | %s | %s | %s | %.3f | %s |" % (p["group"][0], p["group"][1], p["group"][2], p["pick"],
-                                                                   p["fastest"], p["pick_over_fastest"],
-                                                                   "yes" if p["ok"] else "no"))
-    lines += ["", "First choice the measured fastest or within 5%% of it in %d of %d groups (%.0f%%; target >= 80%%)."
-              % (sum(p["ok"] for p in picks), len(picks), 100 * hit)]
-    mem_rows = [r for r in rows if r["memory_measured"]]
-    if mem_rows:
-        mem_err = [abs(r["memory_predicted"] - r["memory_measured"]) / r["memory_measured"] for r in mem_rows]
-        lines.append("Memory: predicted against the peak Kokkos bytes, median |error| %.1f%%, worst %.1f%%." % (
-            100 * statistics.median(mem_err), 100 * max(mem_err)))
+        lines.append("| %s | %s | %s | %s | %s | %s | %d | %.2f | %.2f | %+.1f%% | %.2f | %.1f%% | %.0f%% | %s | "
+                     "%.1f / %.1f |" % (
+                         r["link"], r["shape"], r["dtype"], r["wire"], r["q_lora"] or "-", r["choice"], r["rounds"],
+                         r["measured_s"] * 1e3, r["predicted_s"] * 1e3, 100 * r["error"], r["spread"],
+                         100 * r["iqr"], 100 * r["hidden"],
+                         "%.2f" % (r["predicted_no_lag_s"] * 1e3) if r["predicted_no_lag_s"] is not None else "-",
+                         r["memory_predicted"] / 2**20, r["memory_measured"] / 2**20))
+    if skipped:
+        lines += ["", "Skipped (no measurement or no prediction): " + ", ".join(skipped)]
     text = "\n".join(lines) + "\n"
+
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "validation.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, "validation.json"), "w") as f:
-        json.dump(dict(cpu=cpu, rows=rows, picks=picks, median_abs_error=median_err, worst_abs_error=worst_err,
-                       first_choice_hit_rate=hit, median_abs_error_vs_best=statistics.median(errors_best),
-                       worst_abs_error_vs_best=max(errors_best), median_round_spread=statistics.median(spreads), links_gbit=[dict(rate=k[0], layout=k[1], gbit=v)
-                                                                for k, v in sorted(links.items())]), f, indent=1)
+        json.dump(dict(cpu=cpu, environment=environment, targets=dict(median_abs_error=TARGET_MEDIAN,
+                                                                      worst_abs_error=TARGET_WORST,
+                                                                      first_choice_hit_rate=TARGET_HIT),
+                       median_abs_error=median_err, worst_abs_error=worst_err, first_choice_hit_rate=hit,
+                       median_regret=statistics.median(regrets), worst_regret=max(regrets),
+                       median_tau=statistics.median(taus) if taus else None, min_tau=min(taus) if taus else None,
+                       median_round_iqr=statistics.median(iqrs), median_round_spread=statistics.median(spreads),
+                       memory_ratio=dict(min=min(mem_ratio), median=statistics.median(mem_ratio), max=max(mem_ratio))
+                       if mem_ratio else None,
+                       without_sync_lag=no_lag,
+                       links={k: v for k, v in links.items()}, groups=group_rows, rows=rows, skipped=skipped,
+                       previous=previous), f, indent=1)
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 6))
-        markers = {"latent": "o", "expanded": "s"}
+        fig, ax = plt.subplots(figsize=(6.5, 6))
+        colors = {"500mbit": "tab:red", "2gbit": "tab:orange", "10gbit": "tab:green", "shm": "tab:blue"}
+        markers = {("latent", 1): "o", ("expanded", 1): "s", ("latent", 2): "^", ("expanded", 2): "D"}
         for r in rows:
-            ax.scatter(r["measured_s"] * 1e3, r["predicted_s"] * 1e3, marker=markers[r["strategy"]],
-                       c={"1": "tab:blue", "2": "tab:orange", "4": "tab:green"}.get(str(r["ring"]), "k"), s=25)
-        lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
-        hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.25
+            lo_r, hi_r = min(r["measured_rounds_s"]) * 1e3, max(r["measured_rounds_s"]) * 1e3
+            y = r["predicted_s"] * 1e3
+            ax.plot([lo_r, hi_r], [y, y], "-", c=colors.get(r["link"], "k"), lw=0.6, alpha=0.6)
+            ax.scatter(r["measured_s"] * 1e3, y, marker=markers.get((r["strategy"], r["ring"]), "x"),
+                       c=colors.get(r["link"], "k"), s=22)
+        lo = min(min(r["best_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
+        hi = max(max(max(r["measured_rounds_s"]), r["predicted_s"]) for r in rows) * 1e3 * 1.25
         ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.plot([lo, hi], [lo * 1.15, hi * 1.15], "k:", lw=0.6)
-        ax.plot([lo, hi], [lo / 1.15, hi / 1.15], "k:", lw=0.6)
+        ax.plot([lo, hi], [lo * 1.25, hi * 1.25], "k:", lw=0.6)
+        ax.plot([lo, hi], [lo / 1.25, hi / 1.25], "k:", lw=0.6)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
-        ax.set_xlabel("measured forward + backward (ms)")
+        ax.set_xlabel("measured forward + backward (ms; median, bar: the rounds' range)")
         ax.set_ylabel("predicted (ms)")
-        ax.set_title("mlacp model: o latent, s expanded; C=1 blue, 2 orange, 4 green\n%s" % cpu, fontsize=8)
+        ax.set_title("mlacp model, P = 2, one rank per core: o latent flat, s expanded flat, ^ latent ring, "
+                     "D expanded ring\nred 0.5, orange 2, green 10 Gbit/s, blue shm; dotted +-25%%\n%s" % cpu,
+                     fontsize=7)
         fig.tight_layout()
         fig.savefig(os.path.join(out, "validation.png"), dpi=120)
     except ImportError:
         print("validate_report: matplotlib not found, no plot", file=sys.stderr)
+    for path in no_lag_cache.values():
+        os.unlink(path)
     print(text)
 
 

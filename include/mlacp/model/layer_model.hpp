@@ -40,14 +40,22 @@ struct LevelBytes {
   double total() const { return intra + inter; }
 };
 
-/// The memory one rank holds for the layer at its peak (the backward of one pending forward), bytes.
+/// The memory one rank holds for the layer at its peak (the backward of one pending forward), bytes: every buffer the
+/// layer allocates for the configuration (its workspaces, scratch and pooled buffers are kept and reused), as
+/// unit_tests/model/test_memory_model.cpp checks against the peak Kokkos bytes of the real layer.
 struct MemoryEstimate {
   double weights = 0;      ///< the parameters (every rank holds them all)
   double gradients = 0;    ///< their gradients (float for a bf16 layer)
   double activations = 0;  ///< the forward workspace backward reads (saved q, k, v, o, lse, latent, ...)
-  double scratch = 0;      ///< per-call scratch and the collectives' buffers at the backward's peak
+  double scratch = 0;      ///< per-call scratch, the ring's buffers, the attention core's tiles, bf16's GEMM workspace
   double inputs = 0;       ///< x, dy, y and dx of the rank's tokens
-  double total() const { return weights + gradients + activations + scratch + inputs; }
+  /// The Ulysses collectives' buffers: the pool's packed send and receive buffers, the bf16 wire's copies and the
+  /// output projection's exchange.
+  double communication = 0;
+  /// The previous step's y, dx and weight gradients, which a training loop that assigns each step's over the last
+  /// (mlacp-mla-block's) still holds while the next step runs.
+  double held = 0;
+  double total() const { return weights + gradients + activations + scratch + inputs + communication + held; }
 };
 
 /// One simulated step of the critical rank's schedule.
