@@ -165,9 +165,10 @@ TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
   for (const auto& e : p.events)
     if (e.kind == ScheduleEvent::Kind::collective) collectives.push_back(e.name);
   namespace n = mlacp::names;
-  // The payload all-gather leaves first (the query projection runs beside it), then Q (beside the w_kvb expansion).
-  const std::vector<std::string> expected = {n::payload_all_gather,   n::q_a2a, n::o_a2a, n::do_a2a, n::dq_a2a,
-                                             n::latent_reduce_scatter};
+  // The payload all-gather leaves first (the query projection runs beside it), then Q (beside the w_kvb expansion);
+  // the O exchange is one send/receive per peer (3 at U = 4), as the layer's timeline runs it.
+  const std::vector<std::string> expected = {
+      n::payload_all_gather, n::q_a2a, n::o_a2a, n::o_a2a, n::o_a2a, n::do_a2a, n::dq_a2a, n::latent_reduce_scatter};
   EXPECT_EQ(collectives, expected);
   // Bytes per rank (MLA_SPEC's formulas): Q, O, dO, dQ all-to-alls of s tokens x all heads, the payload all-gather's
   // result and the reduce-scatter's input of S tokens x (R + dr); 1 of 4 peers on the node, 2 across.
