@@ -138,6 +138,7 @@ class FlashAttentionCore {
     }
     if (q.extent(0) * q.extent(2) * pb.q_rows.rows() == 0) return;
     const auto [tq, tk] = tiles(blas);
+    const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
     const auto host_docs = pb.documents().host(pb.seq);
     for (int s = 0; s < pb.q_rows.segments(); ++s) {
@@ -145,7 +146,10 @@ class FlashAttentionCore {
       for (int t = 0; t < pb.k_rows.segments(); ++t) {
         const detail::FlashRange rg = range(pb, s, t);
         if (!detail::flash_range_visible(host_docs, rg)) continue;
-        const std::int64_t rq = std::min<std::int64_t>(tq, rg.n_q), rk = std::min<std::int64_t>(tk, rg.n_k);
+        // The square problem's tiles are clamped to the sequence; a positioned one keeps the configured tiles, so
+        // that ring chunks of different sizes share one scratch (reserve_tiles reallocates when the tiles change).
+        const std::int64_t rq = square ? std::min<std::int64_t>(tq, rg.n_q) : tq;
+        const std::int64_t rk = square ? std::min<std::int64_t>(tk, rg.n_k) : tk;
         run_path(
             blas,
             [&] {
@@ -205,6 +209,7 @@ class FlashAttentionCore {
       if (do_dv) detail::zero_view(space, pb.dv);
     }
     const auto [tq, tk] = tiles(blas);
+    const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
     auto& ws = scratch<T, Mem>();
     const auto host_docs = pb.documents().host(pb.seq);
@@ -218,7 +223,10 @@ class FlashAttentionCore {
           detail::flash_row_term(space, pb.o, d_o, ws.row_term);
           row_term = true;
         }
-        const std::int64_t rq = std::min<std::int64_t>(tq, rg.n_q), rk = std::min<std::int64_t>(tk, rg.n_k);
+        // The square problem's tiles are clamped to the sequence; a positioned one keeps the configured tiles, so
+        // that ring chunks of different sizes share one scratch (reserve_tiles reallocates when the tiles change).
+        const std::int64_t rq = square ? std::min<std::int64_t>(tq, rg.n_q) : tq;
+        const std::int64_t rk = square ? std::min<std::int64_t>(tk, rg.n_k) : tk;
         run_path(
             blas,
             [&] {
