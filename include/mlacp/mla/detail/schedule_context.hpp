@@ -25,7 +25,6 @@
 
 namespace mlacp::detail {
 
-
 /// The layer's settings as its schedules read them. It refers to what the layer owns (the layer is not movable, so
 /// the references stay valid); the one-document RoPE table is a cache of this configuration, built on first use.
 template <class T, class ExecSpace, class Core>
