@@ -252,7 +252,6 @@ class LatentSchedule
     void compute(timeline::Step step, int) {
       const context_type& x = ctx();
       const MlaConfig& c = x.config();
-      const MlaRequiresGrad& r = p_.flags;
       scratch_type& scratch = schedule_->scratch_;
       switch (step) {
         case timeline::Step::attention_backward:
@@ -279,7 +278,6 @@ class LatentSchedule
           return kv_a_backward(x, space_, p_, d_payload_, d_kv_a, *g_);
         }
         default:
-          (void)r;
           return;
       }
     }
