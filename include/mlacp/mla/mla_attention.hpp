@@ -9,6 +9,7 @@
 #include <mlacp/allocation.hpp>
 #include <mlacp/bf16_gemm.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/expanded_schedule.hpp>
@@ -17,8 +18,10 @@
 #include <mlacp/mla/detail/schedule_context.hpp>
 #include <mlacp/mla/kernels/flash_attention.hpp>
 #include <mlacp/mla/weights.hpp>
+#include <mlacp/progress.hpp>
 #include <mlacp/view_types.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -269,6 +272,7 @@ class MlaAttention {
     detail::check_input(context_, space, "forward", "x", x, requires_grad, "", documents_problem,
                         {{"cu_seqlens.size()", static_cast<std::int64_t>(cu_seqlens.size())},
                          {"cu_seqlens (FNV-1a hash of the offsets)", detail::hash_offsets(cu_seqlens)}});
+    const std::uint64_t parked = diagnostics::parked_handles();
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::forward");
       const auto gemm_scope = bf16_gemm_scope();
@@ -292,7 +296,7 @@ class MlaAttention {
       if (!detail::needs_backward(f.flags_)) f.give_back();
       return f;
     } catch (const std::exception& e) {
-      report_and_rethrow("mlacp::MlaAttention::forward", e);
+      report_and_rethrow("mlacp::MlaAttention::forward", e, parked);
     }
   }
 
@@ -340,6 +344,7 @@ class MlaAttention {
     detail::check_input(context_, space, "backward", "dy", dy, f.flags_, state_error,
                         detail::gradients_error(context_, grads));
     f.backward_done_ = true;
+    const std::uint64_t parked = diagnostics::parked_handles();
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::backward");
       const auto gemm_scope = bf16_gemm_scope();
@@ -365,18 +370,28 @@ class MlaAttention {
       if constexpr (staged) add_staged_gradients(space, grads);
       f.give_back();
     } catch (const std::exception& e) {
-      report_and_rethrow("mlacp::MlaAttention::backward", e);
+      report_and_rethrow("mlacp::MlaAttention::backward", e, parked);
     }
   }
 
  private:
   // A pass that failed on this rank while collectives may be pending: the failure goes on the mesh's failure channel
   // (the others' waits raise CommunicationError naming it), and this rank raises it, an allocation failure as
-  // OutOfMemory naming the View's label and the bytes.
-  [[noreturn]] void report_and_rethrow(const std::string& where, const std::exception& e) const {
+  // OutOfMemory naming the View's label and the bytes. `parked`: diagnostics::parked_handles() when the pass began.
+  // Where the pass parked handles, or handles are still pending (held by a workspace or the ring driver; they park when
+  // the layer is destroyed), the schedule's buffers, which those requests may use, are kept for the life of the
+  // process: requests on a broken mesh may never complete, and a peer's progress may still read a send buffer.
+  [[noreturn]] void report_and_rethrow(const std::string& where, const std::exception& e,
+                                       std::uint64_t parked) const {
     const auto out_of_memory =
         detail::translate_allocation_failure(e, where + ": rank " + std::to_string(mesh_->rank()));
     mesh_->report_failure(out_of_memory ? std::string(out_of_memory->what()) : where + ": " + e.what());
+    std::visit(
+        [&](const auto& schedule) {
+          if (diagnostics::parked_handles() > parked || pending_collectives() > 0)
+            schedule.keep_memory_of_parked_requests();
+        },
+        schedule_);
     if (out_of_memory && dynamic_cast<const OutOfMemory*>(&e) == nullptr) throw *out_of_memory;
     throw;
   }

@@ -198,6 +198,8 @@ class ForwardWorkspacePool {
 
   /// Workspaces owned (free or not).
   std::size_t size() const { return workspaces_.size(); }
+  /// The workspaces themselves (shared: a copy keeps them allocated).
+  const std::vector<std::shared_ptr<W>>& all() const { return workspaces_; }
   /// Workspaces held by a Forward (its backward has not run yet).
   std::size_t in_use() const {
     std::size_t n = 0;

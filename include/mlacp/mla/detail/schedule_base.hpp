@@ -7,6 +7,11 @@
 #include <mlacp/mla/detail/forward_workspace.hpp>
 #include <mlacp/mla/detail/ring_attention.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
+#include <mlacp/diagnostics.hpp>
+
+#include <any>
+#include <memory>
+#include <vector>
 
 namespace mlacp::detail {
 
@@ -31,11 +36,31 @@ class ScheduleBase {
   pool_type& pool() const { return pool_; }
   scratch_type& scratch() const { return scratch_; }
 
+  /// After a pass failed with collectives parked or pending on a broken mesh (requests that may never complete; a
+  /// pending one, held by a workspace or the ring, parks when the layer is destroyed): keeps every buffer of this schedule's (its workspaces, scratch and ring buffers) allocated for the life of the
+  /// process, as the parked handles are. A launch may read or write a schedule buffer it does not own (an in-place
+  /// send from a workspace View, an unmanaged block of one), and MPI may still touch it after the layer is gone: a
+  /// peer's progress reading a freed send buffer would crash that peer.
+  void keep_memory_of_parked_requests() const noexcept {
+    try {
+      diagnostics::detail::keep_until_exit(new Kept{pool_.all(), scratch_, ring_.buffers()});
+    } catch (...) {
+      // Out of memory for the copies: nothing more can be done here; the parked handles keep what they own.
+    }
+  }
+
  protected:
   /// The timeline's facts of this rank for a pass with `flags`.
   timeline::Facts facts(const MlaRequiresGrad& flags) const {
     return timeline::facts_of(ctx_->config(), ctx_->mesh().size(), ctx_->ring_size(), ctx_->local_heads() > 0, flags);
   }
+
+  /// What keep_memory_of_parked_requests() keeps.
+  struct Kept {
+    std::vector<std::shared_ptr<workspace_type>> workspaces;
+    scratch_type scratch;
+    std::vector<std::any> ring;
+  };
 
   const context_type* ctx_;
   mutable pool_type pool_;
