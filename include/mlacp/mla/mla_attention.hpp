@@ -381,8 +381,7 @@ class MlaAttention {
   // Where the pass parked handles, or handles are still pending (held by a workspace or the ring driver; they park when
   // the layer is destroyed), the schedule's buffers, which those requests may use, are kept for the life of the
   // process: requests on a broken mesh may never complete, and a peer's progress may still read a send buffer.
-  [[noreturn]] void report_and_rethrow(const std::string& where, const std::exception& e,
-                                       std::uint64_t parked) const {
+  [[noreturn]] void report_and_rethrow(const std::string& where, const std::exception& e, std::uint64_t parked) const {
     const auto out_of_memory =
         detail::translate_allocation_failure(e, where + ": rank " + std::to_string(mesh_->rank()));
     mesh_->report_failure(out_of_memory ? std::string(out_of_memory->what()) : where + ": " + e.what());

@@ -194,7 +194,8 @@ class RingAttention {
   /// Copies of every buffer the ring's exchanges read or write (its slots, contributions, accumulators and expanded
   /// chunks): what a copy keeps allocated after the driver is gone (ScheduleBase::keep_memory_of_parked_requests).
   std::vector<std::any> buffers() const {
-    std::vector<std::any> out{o_acc_, dq_acc_, dk_acc_, dv_acc_, k_, v_, dk_, dv_, kv_, latent_, dkv_, dkpe_, d_latent_};
+    std::vector<std::any> out{o_acc_, dq_acc_, dk_acc_, dv_acc_, k_,    v_,       dk_,
+                              dv_,    kv_,     latent_, dkv_,    dkpe_, d_latent_};
     for (const auto& d : data_) out.insert(out.end(), {d.slot[0], d.slot[1]});
     for (const auto& g : grad_) out.insert(out.end(), {g.slot[0], g.slot[1], g.contribution});
     return out;

@@ -4,10 +4,10 @@
 // its Forward and Backward, the executors of its timeline (timeline.hpp).
 #pragma once
 
+#include <mlacp/diagnostics.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
 #include <mlacp/mla/detail/ring_attention.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
-#include <mlacp/diagnostics.hpp>
 
 #include <any>
 #include <memory>
@@ -37,10 +37,11 @@ class ScheduleBase {
   scratch_type& scratch() const { return scratch_; }
 
   /// After a pass failed with collectives parked or pending on a broken mesh (requests that may never complete; a
-  /// pending one, held by a workspace or the ring, parks when the layer is destroyed): keeps every buffer of this schedule's (its workspaces, scratch and ring buffers) allocated for the life of the
-  /// process, as the parked handles are. A launch may read or write a schedule buffer it does not own (an in-place
-  /// send from a workspace View, an unmanaged block of one), and MPI may still touch it after the layer is gone: a
-  /// peer's progress reading a freed send buffer would crash that peer.
+  /// pending one, held by a workspace or the ring, parks when the layer is destroyed): keeps every buffer of this
+  /// schedule's (its workspaces, scratch and ring buffers) allocated for the life of the process, as the parked handles
+  /// are. A launch may read or write a schedule buffer it does not own (an in-place send from a workspace View, an
+  /// unmanaged block of one), and MPI may still touch it after the layer is gone: a peer's progress reading a freed
+  /// send buffer would crash that peer.
   void keep_memory_of_parked_requests() const noexcept {
     try {
       diagnostics::detail::keep_until_exit(new Kept{pool_.all(), scratch_, ring_.buffers()});
