@@ -428,7 +428,7 @@ class RingAttention {
         [&](timeline::Step step, int t) {
           const int chunk = (g - t + C) % C;
           if (step == timeline::Step::ring_expand) return source.expand(chunk, current);
-          if constexpr (core_has_blocks<Core, ExecSpace>::value) {
+          if constexpr (core_capabilities_v<Core>.blocks) {
             const auto [k_j, v_j] = source.keys(chunk, current);
             ComputePhase<ExecSpace> phase(space, names::attention_fprop);
             ctx.core().forward(space, attention_problem(q, k_j, v_j, o_acc, lse, p.w.documents.layout)
@@ -452,7 +452,7 @@ class RingAttention {
                       const view4<const T>& v_j, const DK& dk_j, const DV& dv_j) {
     const auto& map = ctx.token_map();
     ComputePhase<ExecSpace> phase(space, names::attention_bprop);
-    if constexpr (core_has_blocks<Core, ExecSpace>::value) {
+    if constexpr (core_capabilities_v<Core>.blocks) {
       ctx.core().backward(space, attention_problem(q, k_j, v_j, o, lse, d_o, dq_view_, dk_j, dv_j, p.w.documents.layout)
                                      .positioned(segments_of(map.chunk(ctx.ring_rank())), segments_of(map.chunk(chunk)),
                                                  ctx.config().seq, false));

@@ -235,9 +235,5 @@ bool core_computes_bf16(const Core& core) {
   }
 }
 
-/// The ring's test for a core with positioned blocks (the capability; kept as a trait for its callers).
-template <class Core, class ExecSpace>
-struct core_has_blocks : std::bool_constant<core_capabilities_v<Core>.blocks> {};
-
 }  // namespace detail
 }  // namespace mlacp
