@@ -46,11 +46,21 @@ std::string format_report(const CalibrationReport& report) {
     out += "\n";
   }
   for (const auto& [dtype, rate] : m.attention) {
-    out += "attention " + dtype +
-           format(": forward %.2f, backward %.2f GFLOP/s per rank\n", rate.forward_flops * 1e-9,
-                  rate.backward_flops * 1e-9);
+    out +=
+        "attention " + dtype +
+        format(": forward %.2f, backward %.2f GFLOP/s per rank", rate.forward_flops * 1e-9, rate.backward_flops * 1e-9);
+    const auto points = m.attention_by_width.find(dtype);
+    if (points != m.attention_by_width.end() && !points->second.empty()) {
+      out += "; by head width dqk + dv (forward/backward):";
+      for (const auto& p : points->second)
+        out += format(" %.0f: %.1f/%.1f", p.width, p.forward_flops * 1e-9, p.backward_flops * 1e-9);
+    }
+    out += "\n";
   }
-  out += format("memory bandwidth: %.2f GB/s per rank\n", m.memory_bandwidth * 1e-9);
+  out += format("memory bandwidth: %.2f GB/s per rank (copy)", m.memory_bandwidth * 1e-9);
+  for (const auto& [dtype, rate] : m.elementwise_bandwidth)
+    out += "; " + dtype + format(" element-wise %.2f GB/s", rate * 1e-9);
+  out += "\n";
   if (!report.gemm_fit.empty()) {
     out += "GEMM fit (the curve without the shape's own point, against the measured time):\n";
     for (const auto& f : report.gemm_fit) {

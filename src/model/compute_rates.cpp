@@ -7,6 +7,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/kernels/flash_attention.hpp>
+#include <mlacp/mla/kernels/rms_norm.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -69,25 +70,57 @@ double median_time(int repeats, double min_run_s, const std::function<void()>& s
   return median(times);
 }
 
+/// Operand sets of one GEMM shape, A [m, k] and B [k, n] of TA and C [m, n] of TC, enough of them to span 128 MiB
+/// (at most 1024): a timed loop takes the next set at every call, so that its operands come from memory, as the
+/// layer's do (each of its GEMMs reads what other kernels wrote or read last), not from a cache the previous call
+/// warmed. Timing one set over and over measured the layer's GEMMs 10-15% too fast.
+template <class TA, class TC>
+struct ColdOperands {
+  struct Set {
+    Matrix<TA> a, b;
+    Matrix<TC> c;
+  };
+  std::vector<Set> sets;
+  std::size_t next = 0;
+
+  explicit ColdOperands(const GemmShape& s) {
+    const double bytes = (static_cast<double>(s.m) * s.k + static_cast<double>(s.k) * s.n) * sizeof(TA) +
+                         static_cast<double>(s.m) * s.n * sizeof(TC);
+    const auto count = static_cast<std::size_t>(std::clamp(std::ceil(128.0 * (1 << 20) / bytes), 1.0, 1024.0));
+    for (std::size_t i = 0; i < count; ++i) {
+      sets.push_back({Matrix<TA>(std::string("mlacp::calibrate A"), s.m, s.k),
+                      Matrix<TA>(std::string("mlacp::calibrate B"), s.k, s.n),
+                      Matrix<TC>(std::string("mlacp::calibrate C"), s.m, s.n)});
+      fill(sets.back().a, 1 + 2 * static_cast<unsigned>(i));
+      fill(sets.back().b, 2 + 2 * static_cast<unsigned>(i));
+    }
+  }
+  const Set& take() {
+    const Set& set = sets[next];
+    next = (next + 1) % sets.size();
+    return set;
+  }
+};
+
 template <class T>
 double time_gemm_t(const GemmShape& s, int repeats, double min_run_s, const std::function<void()>& sync) {
-  const Matrix<T> a(std::string("mlacp::calibrate A"), s.m, s.k), b(std::string("mlacp::calibrate B"), s.k, s.n);
-  const Matrix<T> c(std::string("mlacp::calibrate C"), s.m, s.n);
-  fill(a, 1);
-  fill(b, 2);
+  ColdOperands<T, T> operands(s);
   const Space space;
-  return median_time(repeats, min_run_s, sync, [&] { compat::gemm(space, "N", "N", T(1), a, b, T(0), c); });
+  return median_time(repeats, min_run_s, sync, [&] {
+    const auto& o = operands.take();
+    compat::gemm(space, "N", "N", T(1), o.a, o.b, T(0), o.c);
+  });
 }
 
 double time_gemm_bf16(const GemmShape& s, int repeats, double min_run_s, const std::function<void()>& sync) {
-  const Matrix<bf16> a(std::string("mlacp::calibrate A"), s.m, s.k), b(std::string("mlacp::calibrate B"), s.k, s.n);
-  const Matrix<float> c(std::string("mlacp::calibrate C"), s.m, s.n);
-  fill(a, 1);
-  fill(b, 2);
+  ColdOperands<bf16, float> operands(s);
   const Space space;
   // The warm-up makes the plan's choice for the shape (auto times its candidates), as the layer's first call does.
   Bf16GemmPlan<Space> plan;
-  return median_time(repeats, min_run_s, sync, [&] { plan.gemm(space, "N", "N", 1.0f, a, b, 0.0f, c); });
+  return median_time(repeats, min_run_s, sync, [&] {
+    const auto& o = operands.take();
+    plan.gemm(space, "N", "N", 1.0f, o.a, o.b, 0.0f, o.c);
+  });
 }
 
 template <class T>
@@ -198,6 +231,56 @@ AttentionProblem attention_problem(bool quick) {
   AttentionProblem p;
   if (quick) p.seq = 64;
   return p;
+}
+
+std::vector<AttentionProblem> attention_width_problems(bool quick) {
+  AttentionProblem small = attention_problem(quick), wide = small;
+  small.nope = 16;
+  small.rope = 16;
+  small.vdim = 32;
+  wide.nope = 128;
+  wide.rope = 64;
+  wide.vdim = 128;
+  return {small, attention_problem(quick), wide};
+}
+
+namespace {
+template <class T>
+ElementwiseTime time_elementwise_t(bool quick, int repeats, double min_run_s, const std::function<void()>& sync) {
+  using A = compat::accumulation_t<T>;
+  const std::int64_t tokens = quick ? 128 : 1024, width = 512;
+  const View3<T> x(std::string("mlacp::calibrate x"), 1, tokens, width),
+      y(std::string("mlacp::calibrate y"), 1, tokens, width);
+  const View3<T> dy(std::string("mlacp::calibrate dy"), 1, tokens, width),
+      dx(std::string("mlacp::calibrate dx"), 1, tokens, width);
+  const Kokkos::View<T*, Mem> gain(std::string("mlacp::calibrate gain"), width);
+  const Kokkos::View<A*, Mem> dgain(std::string("mlacp::calibrate dgain"), width);
+  const Kokkos::View<A*, Mem> rstd(std::string("mlacp::calibrate rstd"), tokens);
+  fill(x, 1);
+  fill(dy, 2);
+  fill(gain, 3);
+  const Space space;
+  ElementwiseTime t;
+  t.bytes = 5.0 * static_cast<double>(tokens * width) * sizeof(T);
+  t.seconds = median_time(repeats, min_run_s, sync, [&] {
+    rms_norm_forward(space, x, gain, y, rstd);
+    rms_norm_backward(space, x, gain, rstd, dy, dx, dgain);
+  });
+  return t;
+}
+}  // namespace
+
+ElementwiseTime time_elementwise(Dtype dtype, bool quick, int repeats, double min_run_s,
+                                 const std::function<void()>& sync) {
+  switch (dtype) {
+    case Dtype::float64:
+      return time_elementwise_t<double>(quick, repeats, min_run_s, sync);
+    case Dtype::float32:
+      return time_elementwise_t<float>(quick, repeats, min_run_s, sync);
+    case Dtype::bfloat16:
+      return time_elementwise_t<bf16>(quick, repeats, min_run_s, sync);
+  }
+  return {};
 }
 
 AttentionTimes time_attention(Dtype dtype, const AttentionProblem& problem, int repeats, double min_run_s,

@@ -35,6 +35,10 @@ struct AttentionProblem {
   double backward_flops() const;
 };
 AttentionProblem attention_problem(bool quick);
+/// The problem at other head widths, for the rate per width (MachineParams::attention_by_width): dqk + dv = 64 (dn 16,
+/// dr 16, dv 32: a small layer's heads), 160 (attention_problem's) and 320 (DeepSeek's dn 128, dr 64, dv 128), by
+/// width.
+std::vector<AttentionProblem> attention_width_problems(bool quick);
 
 struct AttentionTimes {
   double forward_s = 0;
@@ -58,6 +62,16 @@ class GemmLoop {
   struct Buffers;
   Buffers* buffers_;
 };
+
+/// The element-wise measurement (MachineParams::elementwise_bandwidth): the layer's RMSNorm forward and backward over
+/// [1, tokens, 512] values of `dtype` (tokens 1024; quick: 128). Returns the bytes the model counts for them (the
+/// forward reads x and writes y, the backward reads x and dy and writes dx: 5 passes over the values) and this rank's
+/// median seconds.
+struct ElementwiseTime {
+  double bytes = 0, seconds = 0;
+};
+ElementwiseTime time_elementwise(Dtype dtype, bool quick, int repeats, double min_run_s,
+                                 const std::function<void()>& sync);
 
 /// Bytes copied by the bandwidth measurement: 64 MiB (quick: 4 MiB).
 double copy_bytes(bool quick);

@@ -104,11 +104,13 @@ class Simulation {
   void gemm(const char* name, double m, double n, double k) { compute(name, machine_.gemm_time(dtype_, m, n, k)); }
   /// Element-wise kernels: `bytes` read and written at the machine's memory bandwidth.
   void stream(const char* name, double bytes) {
-    if (machine_.memory_bandwidth > 0) compute(name, bytes / machine_.memory_bandwidth);
+    const double rate = machine_.elementwise_rate(dtype_);
+    if (rate > 0) compute(name, bytes / rate);
   }
-  void attention(const char* name, double flops, bool forward) {
-    const AttentionRate& r = machine_.attention_rate(dtype_);
-    const double rate = forward ? r.forward_flops : r.backward_flops;
+  /// The attention core's `flops` at its rate for heads of width dqk + dv = `width`.
+  void attention(const char* name, double flops, bool forward, double width) {
+    const double rate =
+        forward ? machine_.attention_forward_rate(dtype_, width) : machine_.attention_backward_rate(dtype_, width);
     compute(name, rate > 0 ? flops / rate : 0);
   }
   void compute(const char* name, double seconds) {
@@ -182,6 +184,8 @@ struct Shape {
   double Sa;   // tokens in the attention's sequence: S (flat) or the largest chunk (ring)
   double e;    // bytes per element of the layer's type
   double acc;  // bytes per element of the accumulation type (float for bf16)
+  double w;    // bytes per element the Ulysses group's all-to-alls and latent all-gather move: 2 on the bf16 wire
+  double wr;   // bytes per element of the latent reduce-scatter's partial sums: 2 only with bf16_all
   bool bias;
 };
 
@@ -208,6 +212,10 @@ Shape shape_of(const MlaConfig& c, Dtype dtype, const Choice& choice, const Clus
   x.Sa = static_cast<double>(map.max_chunk_size());
   x.e = bytes_of(dtype);
   x.acc = dtype == Dtype::bfloat16 ? 4 : x.e;
+  // The bf16 wire (wire.hpp) is a float layer's, on the Ulysses group's collectives (the ring's hops keep the type).
+  const bool wire = x.U > 1 && dtype == Dtype::float32 && c.wire_dtype != WireDtype::same;
+  x.w = wire ? 2 : x.e;
+  x.wr = wire && c.wire_dtype == WireDtype::bfloat16_all ? 2 : x.e;
   x.bias = c.bias;
   return x;
 }
@@ -314,7 +322,10 @@ class TimelineCost {
   void launch(tl::Comm c, int i) {
     const char* name = tl::name_of(c, f_.strategy, i);
     if (order_ != nullptr) order_->push_back(std::string("launch ") + name);
-    if (sim_.enabled()) handles_[key(c, i)] = sim_.launch(name, cost(c, i));
+    if (!sim_.enabled()) return;
+    // On the bf16 wire the float payload is rounded into the bf16 send buffer before the launch.
+    if (on_wire(c)) sim_.stream(name, wire_elements(c) * (x_.e + 2));
+    handles_[key(c, i)] = sim_.launch(name, cost(c, i));
   }
   void wait(tl::Comm c, int i) {
     const char* name = tl::name_of(c, f_.strategy, i);
@@ -325,7 +336,9 @@ class TimelineCost {
     sim_.wait(name, h);
     // The reduce-scatter's sum of the received blocks, one memory-bound pass after the last transfer.
     if (c == tl::Comm::latent_reduce_scatter && live)
-      sim_.stream(name, reduce_scatter_sum_bytes(group_, payload_bytes()));
+      sim_.stream(name, reduce_scatter_sum_bytes(group_, payload_bytes(x_.wr)));
+    // ... and the bf16 result widened into the float destination after the wait.
+    if (on_wire(c) && live) sim_.stream(name, wire_elements(c) * (2 + x_.e));
   }
 
   void compute(tl::Step step, int i) {
@@ -344,12 +357,12 @@ class TimelineCost {
       case tl::Step::q_projection:
         return q_projection(sim_, x);
       case tl::Step::attention:
-        return sim_.attention(names::attention_fprop, attention_flops(x, steps_.flat_pairs, true), true);
+        return sim_.attention(names::attention_fprop, attention_flops(x, steps_.flat_pairs, true), true, x.dqk + x.dv);
       case tl::Step::ring_expand:
         sim_.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
         return sim_.stream(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
       case tl::Step::ring_attention:
-        return sim_.attention(names::attention_fprop, attention_flops(x, pairs(i), true), true);
+        return sim_.attention(names::attention_fprop, attention_flops(x, pairs(i), true), true, x.dqk + x.dv);
       case tl::Step::o_block:
         // The own block, then each source's: h heads' columns of w_o each (the last takes what is left).
         return sim_.gemm(names::w_o_fprop, N, x.D, (i + 1 < x.U ? x.h : x.H - (x.U - 1) * x.h) * x.dv);
@@ -360,9 +373,10 @@ class TimelineCost {
       case tl::Step::w_o_wgrad:
         return sim_.gemm(names::w_o_wgrad, x.D, x.H * x.dv, N);
       case tl::Step::attention_backward:
-        return sim_.attention(names::attention_bprop, attention_flops(x, steps_.flat_pairs, false), false);
+        return sim_.attention(names::attention_bprop, attention_flops(x, steps_.flat_pairs, false), false,
+                              x.dqk + x.dv);
       case tl::Step::ring_attention_backward:
-        return sim_.attention(names::attention_bprop, attention_flops(x, pairs(i), false), false);
+        return sim_.attention(names::attention_bprop, attention_flops(x, pairs(i), false), false, x.dqk + x.dv);
       case tl::Step::ring_fold:
         sim_.stream(names::ring_kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.acc);
         sim_.gemm(names::ring_kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
@@ -395,7 +409,38 @@ class TimelineCost {
  private:
   static int key(tl::Comm c, int i) { return static_cast<int>(c) * 4096 + i; }
   double pairs(int t) const { return steps_.pairs.empty() ? 0 : steps_.pairs[static_cast<std::size_t>(t)]; }
-  double payload_bytes() const { return x_.B * x_.Sa * (x_.R + x_.dr) * x_.e; }
+  /// The latent payload [B, Sa, R + dr] at `bytes` per element (by default the layer's type).
+  double payload_bytes(double bytes = 0) const { return x_.B * x_.Sa * (x_.R + x_.dr) * (bytes > 0 ? bytes : x_.e); }
+  /// Whether collective c moves bf16 for a float layer (MlaConfig::wire_dtype; wire.hpp).
+  bool on_wire(tl::Comm c) const {
+    switch (c) {
+      case tl::Comm::ring_data:
+      case tl::Comm::ring_grad:
+        return false;
+      case tl::Comm::latent_reduce_scatter:
+        return x_.wr < x_.e;
+      default:
+        return x_.w < x_.e;
+    }
+  }
+  /// The elements one rank's wire collective c rounds (and widens): its send buffer's (= its result's) size.
+  double wire_elements(tl::Comm c) const {
+    const Shape& x = x_;
+    const double N = x.B * x.s;
+    switch (c) {
+      case tl::Comm::payload_all_gather:
+      case tl::Comm::latent_reduce_scatter:
+        return x.B * x.Sa * (x.R + x.dr);
+      case tl::Comm::v_a2a:
+      case tl::Comm::dv_a2a:
+      case tl::Comm::do_a2a:
+        return N * x.H * x.dv;
+      case tl::Comm::o_exchange:
+        return N * x.H * x.dv / std::max(1, x.U - 1);
+      default:
+        return N * x.H * x.dqk;
+    }
+  }
   double ring_grad_bytes(int stream) const {
     const Shape& x = x_;
     if (f_.latent()) return x.B * x.Sa * (x.R + x.dr) * x.acc;
@@ -407,19 +452,19 @@ class TimelineCost {
     const double N = x.B * x.s;
     switch (c) {
       case tl::Comm::payload_all_gather:
-        return x.U > 1 ? all_gather(machine_, group_, payload_bytes()) : CollectiveCost{};
+        return x.U > 1 ? all_gather(machine_, group_, payload_bytes(x.w)) : CollectiveCost{};
       case tl::Comm::q_a2a:
       case tl::Comm::dq_a2a:
       case tl::Comm::k_a2a:
       case tl::Comm::dk_a2a:
-        return a2a(N * x.H * x.dqk * x.e);
+        return a2a(N * x.H * x.dqk * x.w);
       case tl::Comm::v_a2a:
       case tl::Comm::dv_a2a:
       case tl::Comm::do_a2a:
-        return a2a(N * x.H * x.dv * x.e);
+        return a2a(N * x.H * x.dv * x.w);
       case tl::Comm::o_exchange: {
         // One peer's block of the all-to-all per launch: the exchange's cost shared over its P - 1 steps.
-        CollectiveCost all = a2a(N * x.H * x.dv * x.e);
+        CollectiveCost all = a2a(N * x.H * x.dv * x.w);
         const double share = x.U > 1 ? 1.0 / (x.U - 1) : 0.0;
         all.seconds *= share;
         all.intra_bytes *= share;
@@ -427,7 +472,7 @@ class TimelineCost {
         return all;
       }
       case tl::Comm::latent_reduce_scatter:
-        return x.U > 1 ? reduce_scatter(machine_, group_, payload_bytes()) : CollectiveCost{};
+        return x.U > 1 ? reduce_scatter(machine_, group_, payload_bytes(x.wr)) : CollectiveCost{};
       case tl::Comm::ring_data: {
         const double bytes = f_.latent() ? payload_bytes() : x.B * x.Sa * x.h * (i % 2 == 0 ? x.dqk : x.dv) * x.e;
         return send_recv(machine_, ring_, bytes);

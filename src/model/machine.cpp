@@ -90,6 +90,36 @@ double MachineParams::gemm_time(Dtype dtype, double m, double n, double k) const
   return 2.0 * m * n * k / rate;
 }
 
+namespace {
+/// Log-linear between the points around `width` (width increasing), clamped at the ends.
+double rate_at(const std::vector<AttentionWidthRate>& points, double width, double AttentionWidthRate::*rate) {
+  if (width <= points.front().width) return points.front().*rate;
+  if (width >= points.back().width) return points.back().*rate;
+  std::size_t i = 1;
+  while (points[i].width < width) ++i;
+  const auto& lo = points[i - 1];
+  const auto& hi = points[i];
+  const double t = (std::log(width) - std::log(lo.width)) / (std::log(hi.width) - std::log(lo.width));
+  return std::exp(std::log(lo.*rate) + t * (std::log(hi.*rate) - std::log(lo.*rate)));
+}
+}  // namespace
+
+double MachineParams::attention_forward_rate(Dtype dtype, double width) const {
+  const auto it = attention_by_width.find(to_string(dtype));
+  if (it == attention_by_width.end() || it->second.empty()) return attention_rate(dtype).forward_flops;
+  return rate_at(it->second, width, &AttentionWidthRate::forward_flops);
+}
+double MachineParams::attention_backward_rate(Dtype dtype, double width) const {
+  const auto it = attention_by_width.find(to_string(dtype));
+  if (it == attention_by_width.end() || it->second.empty()) return attention_rate(dtype).backward_flops;
+  return rate_at(it->second, width, &AttentionWidthRate::backward_flops);
+}
+
+double MachineParams::elementwise_rate(Dtype dtype) const {
+  const auto it = elementwise_bandwidth.find(to_string(dtype));
+  return it != elementwise_bandwidth.end() && it->second > 0 ? it->second : memory_bandwidth;
+}
+
 const AttentionRate& MachineParams::attention_rate(Dtype dtype) const {
   const auto it = attention.find(to_string(dtype));
   if (it == attention.end()) {
@@ -149,6 +179,26 @@ std::string MachineParams::error() const {
     if (!(rate.backward_flops > 0) || !std::isfinite(rate.backward_flops)) {
       problems.push_back(key + ".backward_flops = " + short_number(rate.backward_flops) + " (expected > 0)");
     }
+  }
+  for (const auto& [dtype, points] : attention_by_width) {
+    const std::string key = "attention." + dtype + ".by_width";
+    if (attention.find(dtype) == attention.end())
+      problems.push_back(key + ": no attention." + dtype + " rate beside it");
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      const auto& p = points[i];
+      const std::string at = key + "[" + std::to_string(i) + "]";
+      for (const double v : {p.width, p.forward_flops, p.backward_flops})
+        if (!(v > 0) || !std::isfinite(v)) problems.push_back(at + ": " + short_number(v) + " (expected > 0)");
+      if (i > 0 && !(p.width > points[i - 1].width))
+        problems.push_back(at + ": width = " + short_number(p.width) + " (expected widths increasing, after " +
+                           short_number(points[i - 1].width) + ")");
+    }
+  }
+  for (const auto& [dtype, rate] : elementwise_bandwidth) {
+    if (dtype != "double" && dtype != "float" && dtype != "bf16")
+      problems.push_back("elementwise_bandwidth." + dtype +
+                         ": unknown dtype (expected \"double\", \"float\" or \"bf16\")");
+    non_negative("elementwise_bandwidth." + dtype, rate);
   }
   std::string out;
   for (const auto& p : problems) out += (out.empty() ? "" : "; ") + p;
@@ -544,12 +594,34 @@ class Schema {
   }
 
   AttentionRate attention(const std::string& key, const Json& v) const {
-    object(key, v, "an object {\"forward_flops\", \"backward_flops\"}");
-    only(key, v, {"forward_flops", "backward_flops"});
+    object(key, v, "an object {\"forward_flops\", \"backward_flops\"[, \"by_width\"]}");
+    only(key, v, {"forward_flops", "backward_flops", "by_width"});
     AttentionRate out;
     for (const auto& [name, member] : v.members) {
       if (name == "forward_flops") out.forward_flops = non_negative(key + ".forward_flops", member);
       if (name == "backward_flops") out.backward_flops = non_negative(key + ".backward_flops", member);
+    }
+    return out;
+  }
+  /// The attention entry's optional "by_width" points ({} without).
+  std::vector<AttentionWidthRate> attention_by_width(const std::string& key, const Json& v) const {
+    std::vector<AttentionWidthRate> out;
+    for (const auto& [name, member] : v.members) {
+      if (name == "by_width") {
+        const std::string list = key + ".by_width";
+        if (member.type != Json::Type::array)
+          throw InvalidArgument(where_ + ": " + json_quoted(list) +
+                                ": expected an array of [width, forward_flops, backward_flops], got " + shown(member));
+        for (std::size_t i = 0; i < member.items.size(); ++i) {
+          const Json& point = member.items[i];
+          const std::string at = list + "[" + std::to_string(i) + "]";
+          if (point.type != Json::Type::array || point.items.size() != 3)
+            throw InvalidArgument(where_ + ": " + json_quoted(at) +
+                                  ": expected [width, forward_flops, backward_flops], got " + shown(point));
+          out.push_back({positive(at + "[0]", point.items[0]), positive(at + "[1]", point.items[1]),
+                         positive(at + "[2]", point.items[2])});
+        }
+      }
     }
     return out;
   }
@@ -619,11 +691,31 @@ std::string machine_to_json(const MachineParams& m) {
   for (const auto& [dtype, rate] : m.attention) {
     out << (first ? "\n" : ",\n") << "    " << json_quoted(dtype)
         << ": {\"forward_flops\": " << number_text(rate.forward_flops)
-        << ", \"backward_flops\": " << number_text(rate.backward_flops) << "}";
+        << ", \"backward_flops\": " << number_text(rate.backward_flops);
+    const auto points = m.attention_by_width.find(dtype);
+    if (points != m.attention_by_width.end() && !points->second.empty()) {
+      out << ", \"by_width\": [";
+      for (std::size_t i = 0; i < points->second.size(); ++i) {
+        const auto& p = points->second[i];
+        out << (i ? ", " : "") << "[" << number_text(p.width) << ", " << number_text(p.forward_flops) << ", "
+            << number_text(p.backward_flops) << "]";
+      }
+      out << "]";
+    }
+    out << "}";
     first = false;
   }
   out << (first ? "},\n" : "\n  },\n");
   out << "  \"memory_bandwidth\": " << number_text(m.memory_bandwidth) << ",\n";
+  if (!m.elementwise_bandwidth.empty()) {
+    out << "  \"elementwise_bandwidth\": {";
+    first = true;
+    for (const auto& [dtype, rate] : m.elementwise_bandwidth) {
+      out << (first ? "" : ", ") << json_quoted(dtype) << ": " << number_text(rate);
+      first = false;
+    }
+    out << "},\n";
+  }
   out << "  \"memory_per_rank_bytes\": " << number_text(m.memory_per_rank_bytes) << ",\n";
   out << "  \"overlap_efficiency\": " << number_text(m.overlap_efficiency) << ",\n";
   out << "  \"sync_s\": " << number_text(m.sync_s) << "\n";
@@ -639,7 +731,7 @@ MachineParams machine_from_json(const std::string& text, const std::string& wher
   }
   schema.only("", doc,
               {"name", "source", "ranks_per_node", "intra", "inter", "gemm", "attention", "memory_bandwidth",
-               "memory_per_rank_bytes", "overlap_efficiency", "sync_s"});
+               "elementwise_bandwidth", "memory_per_rank_bytes", "overlap_efficiency", "sync_s"});
   MachineParams m;
   for (const auto& [key, v] : doc.members) {
     if (key == "name") {
@@ -661,9 +753,17 @@ MachineParams machine_from_json(const std::string& text, const std::string& wher
       for (const auto& [dtype, rate] : v.members) {
         schema.dtype(key + "." + dtype, dtype);
         m.attention[dtype] = schema.attention(key + "." + dtype, rate);
+        auto points = schema.attention_by_width(key + "." + dtype, rate);
+        if (!points.empty()) m.attention_by_width[dtype] = std::move(points);
       }
     } else if (key == "memory_bandwidth") {
       m.memory_bandwidth = schema.non_negative(key, v);
+    } else if (key == "elementwise_bandwidth") {
+      schema.object(key, v, "an object: dtype -> bytes per second");
+      for (const auto& [dtype, rate] : v.members) {
+        schema.dtype(key + "." + dtype, dtype);
+        m.elementwise_bandwidth[dtype] = schema.non_negative(key + "." + dtype, rate);
+      }
     } else if (key == "memory_per_rank_bytes") {
       m.memory_per_rank_bytes = schema.non_negative(key, v);
     } else if (key == "overlap_efficiency") {

@@ -239,7 +239,11 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
 
   const bool quick = options.quick;
   const int repeats = options.repeats;
-  const double small = quick ? 16.0 * 1024 : 64.0 * 1024, large = quick ? 256.0 * 1024 : 4.0 * 1024 * 1024;
+  // All-to-all sizes per rank for beta: the layer's messages (tens of KiB to about a MiB per peer). Larger ones
+  // measure something the layer never sees: on a rate-limited link, long bidirectional bursts overflow the shaper's
+  // queue and TCP backs off (measured on the tbf testbed at 500 Mbit/s: 0.44-0.55 Gbit/s per direction up to 1 MiB per
+  // rank, 0.27 at 4 MiB, while a one-way 2 MiB transfer gets 0.48).
+  const double small = quick ? 16.0 * 1024 : 64.0 * 1024, large = quick ? 256.0 * 1024 : 1024.0 * 1024;
   const int latency_iterations = quick ? 5 : 20;
 
   MachineParams m;
@@ -300,10 +304,21 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
       const auto& s = shapes[i];
       report.gemm_fit.push_back({dtype, s.m, s.n, s.k, seconds[i], others.gemm_time(dtype, s.m, s.n, s.k)});
     }
-    const auto problem = model::detail::attention_problem(quick);
-    const auto times = model::detail::time_attention(dtype, problem, repeats, min_run_s, sync);
-    m.attention[name] = {problem.forward_flops() / mean_over(comm, times.forward_s),
-                         problem.backward_flops() / mean_over(comm, times.backward_s)};
+    // The attention core at three head widths (its rate per FLOP falls with thin heads); the middle one is the
+    // problem whose rates stand for every width where a machine file has no points.
+    const auto default_problem = model::detail::attention_problem(quick);
+    for (const auto& problem : model::detail::attention_width_problems(quick)) {
+      const auto times = model::detail::time_attention(dtype, problem, repeats, min_run_s, sync);
+      const AttentionWidthRate point{static_cast<double>(problem.nope + problem.rope + problem.vdim),
+                                     problem.forward_flops() / mean_over(comm, times.forward_s),
+                                     problem.backward_flops() / mean_over(comm, times.backward_s)};
+      m.attention_by_width[name].push_back(point);
+      if (problem.nope == default_problem.nope && problem.rope == default_problem.rope &&
+          problem.vdim == default_problem.vdim)
+        m.attention[name] = {point.forward_flops, point.backward_flops};
+    }
+    const auto elementwise = model::detail::time_elementwise(dtype, quick, repeats, min_run_s, sync);
+    m.elementwise_bandwidth[name] = elementwise.bytes / mean_over(comm, elementwise.seconds);
   }
   // ---- synchronisation lag and overlap ---------------------------------------------------------------------------
   // A float GEMM loop of about 5 ms (quick: 1 ms) on every rank at once, then the spread of its end over the ranks:

@@ -194,6 +194,75 @@ TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
   EXPECT_GT(p.exposed_s, 0);
 }
 
+TEST(LayerModel, TheBf16WireMovesTwoBytesPerElementAndPaysItsConversions) {
+  MachineParams m = round_machine();
+  m.memory_bandwidth = 1e9;  // the conversions around the wire cost time
+  MlaConfig c = tiny();
+  Choice choice;
+  choice.ulysses = 4;
+  const Prediction same = predict(c, Dtype::float32, choice, Cluster{2, 2}, m);
+  c.wire_dtype = mlacp::WireDtype::bfloat16;
+  const Prediction wire = predict(c, Dtype::float32, choice, Cluster{2, 2}, m);
+  c.wire_dtype = mlacp::WireDtype::bfloat16_all;
+  const Prediction all = predict(c, Dtype::float32, choice, Cluster{2, 2}, m);
+  // Q, O, dO, dQ and the payload all-gather move bf16 on the wire; the reduce-scatter's partial sums stay float
+  // except with bf16_all. 1 of 4 peers on the node, 2 across (as in LatentScheduleOrderAndBytesPerLevel).
+  const double B = 2, s = 16, S = 64, H = 4, dqk = 12, dv = 6, R = 12, dr = 4;
+  const double ulysses = 2 * B * s * H * dqk + 2 * B * s * H * dv + B * S * (R + dr), reduce = B * S * (R + dr);
+  EXPECT_NEAR(same.bytes.inter, 4 * (ulysses + reduce) / 2, 1e-6);
+  EXPECT_NEAR(wire.bytes.inter, (2 * ulysses + 4 * reduce) / 2, 1e-6);
+  EXPECT_NEAR(all.bytes.inter, 2 * (ulysses + reduce) / 2, 1e-6);
+  EXPECT_NEAR(wire.bytes.intra, (2 * ulysses + 4 * reduce) / 4, 1e-6);
+  EXPECT_LT(wire.communication_s, same.communication_s);
+  EXPECT_LT(all.communication_s, wire.communication_s);
+  // Rounding before each launch and widening after each wait: more element-wise time than the plain float layer.
+  EXPECT_GT(wire.compute_s, same.compute_s);
+  // A double layer has no wire (the layer refuses one): its bytes are the plain ones.
+  const Prediction twice = predict(c, Dtype::float64, choice, Cluster{2, 2}, m);
+  EXPECT_NEAR(twice.bytes.inter, 8 * (ulysses + reduce) / 2, 1e-6);
+}
+
+TEST(LayerModel, ElementwiseKernelsRunAtTheirDtypesRate) {
+  // GEMMs and attention free: the compute is the element-wise kernels alone.
+  MachineParams m = round_machine();
+  for (const char* d : {"double", "float", "bf16"}) {
+    m.gemm[d] = {{1, 1e30}, {4096, 1e30}};
+    m.attention[d] = {1e30, 1e30};
+  }
+  m.memory_bandwidth = 1e9;
+  const MlaConfig c = tiny();
+  Choice choice;
+  choice.ulysses = 4;
+  const Prediction at_copy = predict(c, Dtype::bfloat16, choice, Cluster{2, 2}, m);
+  const Prediction float_at_copy = predict(c, Dtype::float32, choice, Cluster{2, 2}, m);
+  m.elementwise_bandwidth["bf16"] = 1e8;  // ten times slower than a copy, for bf16 only
+  const Prediction slow = predict(c, Dtype::bfloat16, choice, Cluster{2, 2}, m);
+  EXPECT_GT(at_copy.compute_s, 0);
+  EXPECT_NEAR(slow.compute_s, 10 * at_copy.compute_s, 1e-6 * slow.compute_s);
+  EXPECT_EQ(predict(c, Dtype::float32, choice, Cluster{2, 2}, m).compute_s, float_at_copy.compute_s);
+}
+
+TEST(LayerModel, AttentionReadsItsRateAtTheLayersHeadWidth) {
+  MachineParams m = round_machine();
+  const MlaConfig c = tiny();  // dqk + dv = 12 + 6 = 18
+  Choice choice;
+  choice.ulysses = 4;
+  const Prediction flat = predict(c, Dtype::float64, choice, Cluster{2, 2}, m);
+  // Points at widths 9 and 36 with the round rates halved and doubled: width 18 reads their geometric mean, the
+  // round rate itself, so the prediction is unchanged; points that put the round rate at width 36 make it slower.
+  m.attention_by_width["double"] = {{9, 2.5e8, 1.25e8}, {36, 1e9, 5e8}};
+  EXPECT_NEAR(predict(c, Dtype::float64, choice, Cluster{2, 2}, m).total_s(), flat.total_s(), 1e-12);
+  m.attention_by_width["double"] = {{18, 2.5e8, 1.25e8}, {36, 5e8, 2.5e8}};
+  const Prediction slower = predict(c, Dtype::float64, choice, Cluster{2, 2}, m);
+  double attention = 0;
+  for (const auto& e : flat.events)
+    if (e.kind == ScheduleEvent::Kind::compute &&
+        (e.name == std::string(mlacp::names::attention_fprop) || e.name == std::string(mlacp::names::attention_bprop)))
+      attention += e.end_s - e.start_s;
+  EXPECT_GT(attention, 0);
+  EXPECT_NEAR(slower.compute_s - flat.compute_s, attention, 1e-9);
+}
+
 TEST(LayerModel, OverlapHidesWhatTheComputeCovers) {
   // A slow compute and a fast network: every collective is hidden, the forward's too (each runs beside compute).
   MachineParams m = round_machine();

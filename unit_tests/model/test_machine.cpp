@@ -31,7 +31,9 @@ MachineParams sample() {
   m.gemm["float"] = {{16, 2e9}, {1024, 3.3333333333333333e10}};
   m.attention["double"] = {1.5e9, 0.1e9 + 0.2e9};
   m.attention["float"] = {3e9, 2e9};
+  m.attention_by_width["float"] = {{64, 1e9, 2e9}, {256, 4e9, 3e9}};
   m.memory_bandwidth = 1.23456789012345e10;
+  m.elementwise_bandwidth["float"] = 2.5e9;
   m.memory_per_rank_bytes = 8.0 * (1ull << 30);
   m.overlap_efficiency = 0.75;
   return m;
@@ -93,6 +95,27 @@ TEST(Machine, GemmRateInterpolatesLogLinearlyAndClamps) {
   EXPECT_DOUBLE_EQ(one.gemm_rate(Dtype::float32, 1e4, 1e4, 1e4), 5e9);
 }
 
+TEST(Machine, AttentionRateByWidthInterpolatesLogLinearlyAndClamps) {
+  const MachineParams m = sample();
+  // On the points, at the geometric mean of two widths (the geometric mean of their rates), clamped at the ends.
+  EXPECT_DOUBLE_EQ(m.attention_forward_rate(Dtype::float32, 64), 1e9);
+  EXPECT_DOUBLE_EQ(m.attention_backward_rate(Dtype::float32, 256), 3e9);
+  EXPECT_NEAR(m.attention_forward_rate(Dtype::float32, 128), 2e9, 1e-6 * 2e9);
+  EXPECT_NEAR(m.attention_backward_rate(Dtype::float32, 128), std::sqrt(6.0) * 1e9, 1e-6 * 3e9);
+  EXPECT_DOUBLE_EQ(m.attention_forward_rate(Dtype::float32, 8), 1e9);
+  EXPECT_DOUBLE_EQ(m.attention_forward_rate(Dtype::float32, 4096), 4e9);
+  // A dtype without points: its one rate at every width.
+  EXPECT_DOUBLE_EQ(m.attention_forward_rate(Dtype::float64, 64), 1.5e9);
+  EXPECT_DOUBLE_EQ(m.attention_backward_rate(Dtype::float64, 4096), 0.1e9 + 0.2e9);
+  EXPECT_THROW((void)m.attention_forward_rate(Dtype::bfloat16, 64), mlacp::InvalidArgument);
+}
+
+TEST(Machine, ElementwiseRateFallsBackToTheCopyBandwidth) {
+  const MachineParams m = sample();
+  EXPECT_EQ(m.elementwise_rate(Dtype::float32), 2.5e9);
+  EXPECT_EQ(m.elementwise_rate(Dtype::float64), m.memory_bandwidth);
+}
+
 TEST(Machine, MissingDtypeIsNamed) {
   const MachineParams m = sample();
   try {
@@ -124,12 +147,25 @@ TEST(Machine, ErrorNamesEachProblem) {
   EXPECT_EQ(m.error(), "gemm.double[1]: n = 32 (expected n increasing, after 64)");
   m = sample();
   m.attention.erase("float");
+  EXPECT_EQ(
+      m.error(),
+      "attention.float: missing (gemm has \"float\"); attention.float.by_width: no attention.float rate beside it");
+  m.attention_by_width.erase("float");
   EXPECT_EQ(m.error(), "attention.float: missing (gemm has \"float\")");
   m = sample();
   m.attention["double"].backward_flops = 0;
   EXPECT_EQ(m.error(), "attention.double.backward_flops = 0 (expected > 0)");
   m = MachineParams{};
   EXPECT_EQ(m.error(), "gemm: no GEMM curve (expected one per dtype)");
+  m = sample();
+  m.attention_by_width["float"] = {{64, 1e9, 2e9}, {64, 4e9, 3e9}};
+  EXPECT_EQ(m.error(), "attention.float.by_width[1]: width = 64 (expected widths increasing, after 64)");
+  m = sample();
+  m.attention_by_width["double"] = {{64, 0, 2e9}};
+  EXPECT_EQ(m.error(), "attention.double.by_width[0]: 0 (expected > 0)");
+  m = sample();
+  m.elementwise_bandwidth["half"] = 1e9;
+  EXPECT_EQ(m.error(), "elementwise_bandwidth.half: unknown dtype (expected \"double\", \"float\" or \"bf16\")");
   m = sample();
   m.ranks_per_node = 0;
   m.memory_bandwidth = -2;
@@ -153,7 +189,16 @@ TEST(Machine, JsonRoundTripKeepsEveryBit) {
     EXPECT_EQ(back.attention.at(dtype).forward_flops, rate.forward_flops);
     EXPECT_EQ(back.attention.at(dtype).backward_flops, rate.backward_flops);
   }
+  ASSERT_EQ(back.attention_by_width.size(), 1u);
+  const auto& points = back.attention_by_width.at("float");
+  ASSERT_EQ(points.size(), 2u);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    EXPECT_EQ(points[i].width, m.attention_by_width.at("float")[i].width);
+    EXPECT_EQ(points[i].forward_flops, m.attention_by_width.at("float")[i].forward_flops);
+    EXPECT_EQ(points[i].backward_flops, m.attention_by_width.at("float")[i].backward_flops);
+  }
   EXPECT_EQ(back.memory_bandwidth, m.memory_bandwidth);
+  EXPECT_EQ(back.elementwise_bandwidth, m.elementwise_bandwidth);
   EXPECT_EQ(back.memory_per_rank_bytes, m.memory_per_rank_bytes);
   EXPECT_EQ(back.overlap_efficiency, m.overlap_efficiency);
   EXPECT_EQ(mlacp::model::machine_to_json(back), text);
@@ -222,8 +267,16 @@ TEST(Machine, ParseErrorsNameFileKeyAndExpectation) {
             "params.json: \"intra.alpha\": unknown key (expected one of \"alpha_s\", \"beta_s_per_byte\")");
   EXPECT_EQ(parse_error(R"({"nodes": 2})"),
             "params.json: \"nodes\": unknown key (expected one of \"name\", \"source\", \"ranks_per_node\", "
-            "\"intra\", \"inter\", \"gemm\", \"attention\", \"memory_bandwidth\", \"memory_per_rank_bytes\", "
-            "\"overlap_efficiency\", \"sync_s\")");
+            "\"intra\", \"inter\", \"gemm\", \"attention\", \"memory_bandwidth\", \"elementwise_bandwidth\", "
+            "\"memory_per_rank_bytes\", \"overlap_efficiency\", \"sync_s\")");
+  EXPECT_EQ(parse_error(R"({"attention": {"float": {"forward_flops": 1, "backward_flops": 1, "by_width": 3}}})"),
+            "params.json: \"attention.float.by_width\": expected an array of [width, forward_flops, backward_flops], "
+            "got 3");
+  EXPECT_EQ(
+      parse_error(R"({"attention": {"float": {"forward_flops": 1, "backward_flops": 1, "by_width": [[1, 2]]}}})"),
+      "params.json: \"attention.float.by_width[0]\": expected [width, forward_flops, backward_flops], got [1, 2]");
+  EXPECT_EQ(parse_error(R"({"elementwise_bandwidth": {"half": 1}})"),
+            "params.json: \"elementwise_bandwidth.half\": unknown dtype (expected \"double\", \"float\" or \"bf16\")");
   EXPECT_EQ(parse_error(R"({"name": 3})"), "params.json: \"name\": expected a string, got 3");
   EXPECT_EQ(parse_error(R"({"ranks_per_node": 2.5})"),
             "params.json: \"ranks_per_node\": expected a positive integer, got 2.5");
@@ -247,9 +300,10 @@ TEST(Machine, ParseErrorsNameFileKeyAndExpectation) {
             "params.json: \"gemm.float[1]\": expected n increasing (after n = 64), got [32, 3]");
   EXPECT_EQ(parse_error(R"({"attention": {"float": {"forward_flops": 1, "backward": 2}}})"),
             "params.json: \"attention.float.backward\": unknown key (expected one of \"forward_flops\", "
-            "\"backward_flops\")");
+            "\"backward_flops\", \"by_width\")");
   EXPECT_EQ(parse_error(R"({"attention": {"float": [1, 2]}})"),
-            "params.json: \"attention.float\": expected an object {\"forward_flops\", \"backward_flops\"}, got [1, 2]");
+            "params.json: \"attention.float\": expected an object {\"forward_flops\", \"backward_flops\"[, "
+            "\"by_width\"]}, got [1, 2]");
   EXPECT_EQ(parse_error(R"({"attention": {"bf16": {"forward_flops": true}}})"),
             "params.json: \"attention.bf16.forward_flops\": expected a non-negative number, got true");
   // Syntax errors name the line and column.

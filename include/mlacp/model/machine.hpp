@@ -35,6 +35,13 @@ struct AttentionRate {
   double backward_flops = 0;
 };
 
+/// The attention core's rate at one head width dqk + dv (MachineParams::attention_by_width).
+struct AttentionWidthRate {
+  double width = 0;
+  double forward_flops = 0;
+  double backward_flops = 0;
+};
+
 /// What the model knows of a machine. Rates are per rank, measured with every rank of a node busy at once (so a node
 /// whose ranks share cores shows it).
 struct MachineParams {
@@ -52,8 +59,17 @@ struct MachineParams {
   std::map<std::string, std::vector<std::pair<double, double>>> gemm;
   /// The attention core's rate per rank by dtype.
   std::map<std::string, AttentionRate> attention;
-  /// Memory bandwidth per rank, bytes per second (element-wise kernels: RMSNorm, RoPE, packing); 0: not modelled.
+  /// The same by head width (optional, per dtype; JSON: the attention entry's "by_width": [[width, forward,
+  /// backward], ...]): a core's rate per FLOP falls with thin heads (its tile products are thin in dqk and dv), so a
+  /// calibration measures it at several widths dqk + dv, increasing; a layer reads it at its own width, log-linearly
+  /// between points, clamped at the ends. A dtype without points has `attention`'s rate at every width.
+  std::map<std::string, std::vector<AttentionWidthRate>> attention_by_width;
+  /// Memory bandwidth per rank, bytes per second (a plain copy); 0: not modelled.
   double memory_bandwidth = 0;
+  /// The layer's element-wise kernels' rate per rank by dtype (RMSNorm, RoPE, packing: they convert and compute per
+  /// element, so they run below the copy bandwidth, bf16 most): the bytes they read and write per second, calibrated
+  /// on the layer's RMSNorm forward and backward. A dtype without an entry uses memory_bandwidth.
+  std::map<std::string, double> elementwise_bandwidth;
   /// Memory per rank, bytes (the planner's default budget when --memory-per-rank is not given); 0: unknown.
   double memory_per_rank_bytes = 0;
   /// How much of a collective's time independent compute hides: a collective in flight during compute costs that
@@ -73,6 +89,12 @@ struct MachineParams {
   double gemm_time(Dtype dtype, double m, double n, double k) const;
   /// The attention rates for `dtype`; throws InvalidArgument when absent.
   const AttentionRate& attention_rate(Dtype dtype) const;
+  /// The attention core's forward (backward) FLOP rate in `dtype` for heads of width dqk + dv = `width`
+  /// (attention_by_width where it has points, else attention_rate); throws InvalidArgument when absent.
+  double attention_forward_rate(Dtype dtype, double width) const;
+  double attention_backward_rate(Dtype dtype, double width) const;
+  /// Bytes per second of the element-wise kernels in `dtype` (elementwise_bandwidth, else memory_bandwidth).
+  double elementwise_rate(Dtype dtype) const;
   /// Why these parameters cannot be used ("" when they can): negative or missing figures, named.
   std::string error() const;
 };
