@@ -74,7 +74,7 @@ def kendall_tau(xs, ys):
 
 def predict_without_lag(plan_tool, run, machine_path, link, cache):
     """The model's time for one run from its round's machine file with sync_s = 0 (mlacp-plan restricted to the run's
-    strategy, ring and layout; the model's time does not depend on the wire dtype)."""
+    strategy, ring, layout and wire dtype)."""
     if machine_path not in cache:
         m = load(machine_path)
         m["sync_s"] = 0.0
@@ -91,6 +91,8 @@ def predict_without_lag(plan_tool, run, machine_path, link, cache):
            cache[machine_path]]
     if run["ring_size"] > 1:
         cmd += ["--layout", run["ring_layout"]]
+    if run.get("wire_dtype", "same") != "same":
+        cmd += ["--wire-dtype", run["wire_dtype"]]
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "plan.json")
         out = subprocess.run(cmd + ["--json", out_path], capture_output=True, text=True)
@@ -139,14 +141,23 @@ def main():
                            "(2 cores; the ranks take both)" % (len(loads), statistics.median(loads), min(loads),
                                                                max(loads)))
 
-    previous = None
+    # The earlier validations, newest first: the one this run replaces (validation.json where it is) and those it
+    # listed, so that the report keeps the history of the model's accuracy.
+    previous = []
     prev_path = a.previous or os.path.join(out, "validation.json")
     if os.path.exists(prev_path):
         p = load(prev_path)
-        previous = p.get("previous") if "groups" in p else dict(
-            median_abs_error=p.get("median_abs_error"), worst_abs_error=p.get("worst_abs_error"),
-            first_choice_hit_rate=p.get("first_choice_hit_rate"), cpu=p.get("cpu"),
-            setup="4 ranks on 2 cores (2 x 2 and 4 x 1 nodes x ranks), float")
+        if "groups" in p:
+            started = next((e for e in p.get("environment", []) if e.startswith("started")), "")
+            previous.append(dict(median_abs_error=p.get("median_abs_error"), worst_abs_error=p.get("worst_abs_error"),
+                                 first_choice_hit_rate=p.get("first_choice_hit_rate"), cpu=p.get("cpu"),
+                                 setup="one rank per core, %s" % (started or "an earlier model")))
+            earlier = p.get("previous")
+            previous += earlier if isinstance(earlier, list) else [earlier] if earlier else []
+        else:
+            previous.append(dict(median_abs_error=p.get("median_abs_error"), worst_abs_error=p.get("worst_abs_error"),
+                                 first_choice_hit_rate=p.get("first_choice_hit_rate"), cpu=p.get("cpu"),
+                                 setup="4 ranks on 2 cores (2 x 2 and 4 x 1 nodes x ranks), float"))
 
     cases = {}
     skipped = []
@@ -282,11 +293,16 @@ def main():
              "that round's calibration; the rounds interleave calibration and measurement." % cpu, ""]
     if environment:
         lines += ["Run:"] + ["- " + line for line in environment] + [""]
-    if previous and previous.get("median_abs_error") is not None:
-        lines += ["The previous validation (%s, %s) measured the OS scheduler more than the model: median |error| "
-                  "%.0f%%, worst %.0f%%, first choice within 5%% in %.0f%% of the groups." % (
-                      previous.get("setup", "?"), previous.get("cpu", "?"), 100 * previous["median_abs_error"],
-                      100 * previous["worst_abs_error"], 100 * previous["first_choice_hit_rate"]), ""]
+    shown_previous = [x for x in previous if x and x.get("median_abs_error") is not None]
+    if shown_previous:
+        lines += ["Earlier validations, newest first:", ""]
+        for x in shown_previous:
+            lines.append("- %s, %s: median |error| %.1f%%, worst %.1f%%, first choice within 5%% in %.0f%% of the "
+                         "groups%s." % (x.get("setup", "?"), x.get("cpu", "?"), 100 * x["median_abs_error"],
+                                        100 * x["worst_abs_error"], 100 * x["first_choice_hit_rate"],
+                                        " (it measured the OS scheduler more than the model)"
+                                        if x.get("setup", "").startswith("4 ranks") else ""))
+        lines.append("")
     lines += ["## Summary", "",
               "| figure | value | target | |", "|---|---|---|---|",
               "| median \\|error\\| over %d cases | %.1f%% | <= %.0f%% | %s |" % (

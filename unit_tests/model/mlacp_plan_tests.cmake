@@ -65,6 +65,18 @@ mlacp_add_plan_test(
   EXPECT "mlacp-plan: --dtype half: .*half" "usage: mlacp-plan"
   ARGS ${_mlacp_plan_layer} --dtype half --nodes 2 --ranks-per-node 4 --machine ${_mlacp_plan_machine})
 mlacp_add_plan_test(
+  plan_wire_on_a_double_layer
+  EXIT 2
+  EXPECT "mlacp-plan: --wire-dtype bf16 with --dtype double: expected --dtype float" "usage: mlacp-plan"
+  ARGS ${_mlacp_plan_layer} --dtype double --wire-dtype bf16 --nodes 2 --ranks-per-node 4 --machine
+       ${_mlacp_plan_machine})
+mlacp_add_plan_test(
+  plan_bad_wire
+  EXIT 2
+  EXPECT "mlacp-plan: --wire-dtype fp8: .*fp8" "usage: mlacp-plan"
+  ARGS ${_mlacp_plan_layer} --dtype float --wire-dtype fp8 --nodes 2 --ranks-per-node 4 --machine
+       ${_mlacp_plan_machine})
+mlacp_add_plan_test(
   plan_bad_memory
   EXIT 2
   EXPECT "mlacp-plan: --memory-per-rank 80parsecs: expected a byte count" "usage: mlacp-plan"
