@@ -14,7 +14,7 @@
 # choices for one layer on one testbed. The default groups cover both shapes, float, bf16 and the bf16 wire, q-LoRA
 # and every link, each dimension more than once.
 #
-#   sudo ./scripts/validate-model.sh                                  # 10 groups x 6 choices, 5 rounds (~30 min)
+#   sudo ./scripts/validate-model.sh                                  # 10 groups x 6 choices, 5 rounds (~12 min)
 #   CASE_GROUPS="2gbit:block:float:same:0" ROUNDS=1 ./scripts/validate-model.sh    # a smoke run
 #   BUILD_DIR=build OUT_DIR=/tmp/v ITERS=3 ./scripts/validate-model.sh
 #
@@ -48,7 +48,7 @@ expanded:2:contiguous}
 plan_tool=$build_dir/src/mlacp-plan
 block_tool=$build_dir/src/mlacp-mla-block
 cluster=$root/scripts/netns-cluster.sh
-ncpu=$(nproc)
+ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc honours OMP_NUM_THREADS
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "validate-model: needs root (scripts/netns-cluster.sh builds network namespaces)" >&2
@@ -77,6 +77,24 @@ shape_args() {
   esac
 }
 
+# The links' token bucket (tbf burst, unless BURST is set): 0.5 ms of the link's rate, at least 16 KiB. A bucket much
+# larger than that refills while the layer computes and lets each collective's first bytes through at the veth's
+# speed: with netns-cluster.sh's default 256 KiB at 500 Mbit/s a 128 KiB all-to-all after compute took 0.12-0.38 ms
+# (2.8-8.7 Gbit/s), so the "500 Mbit/s" link was one only on average. 0.5 ms bounds that gain per collective.
+burst_of() {
+  local n=${1%%[a-z]*} unit=${1##*[0-9]} factor
+  case $unit in
+    kbit) factor=1e3 ;;
+    mbit) factor=1e6 ;;
+    gbit) factor=1e9 ;;
+    *)
+      echo "validate-model: link rate $1: expected <n>kbit, <n>mbit or <n>gbit" >&2
+      exit 2
+      ;;
+  esac
+  awk -v n="$n" -v f="$factor" 'BEGIN { b = n * f / 8 * 0.0005; if (b < 16384) b = 16384; printf "%db\n", b }'
+}
+
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 runs=$out/validation
 rm -rf "$runs"
@@ -86,6 +104,9 @@ mkdir -p "$runs"
   lscpu | grep -E "^Model name|^CPU\(s\)|^Thread|^Core|^Socket" | sed 's/:  */: /'
   echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "rounds=$rounds iters=$iters warmup=$warmup calibrate_repeats=$calibrate_repeats nice=$nice_level"
+  for link in $(tr ' ' '\n' <<<"$groups" | cut -d: -f1 | awk '!seen[$0]++'); do
+    [[ $link == shm ]] || echo "link $link: tbf burst ${BURST:-$(burst_of "$link")}"
+  done
 } >"$runs/environment.txt"
 trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
 # Each rank pinned to its own core (mpirun's own binding would put the one rank of each simulated node on core 0).
@@ -96,7 +117,7 @@ for link in $(tr ' ' '\n' <<<"$groups" | cut -d: -f1 | awk '!seen[$0]++'); do
     RATE=10gbit "$cluster" up 1 >/dev/null
     hosts=mlacp-node0:2
   else
-    RATE=$link "$cluster" up 2 >/dev/null
+    RATE=$link BURST=${BURST:-$(burst_of "$link")} "$cluster" up 2 >/dev/null
     hosts=mlacp-node0:1,mlacp-node1:1
   fi
   launch=(nice -n "$nice_level" "$cluster" run -- mpirun -np 2 --host "$hosts" --bind-to none "${pin[@]}")
