@@ -81,6 +81,18 @@ struct Draw {
     out << "seed " << seed << ": " << config.describe() << " dtype=" << dtype << " ring=" << ring
         << (call_documents ? " (documents per call)" : "") << " overlap=" << config.overlap
         << " max_documents=" << config.max_documents;
+    if (!documents.empty()) {
+      out << " documents=";
+      for (std::size_t i = 0; i < documents.size(); ++i) out << (i ? "," : "") << documents[i];
+    }
+    const std::pair<const char*, bool> named[] = {{"x", flags.x},         {"w_q", flags.w_q},   {"b_q", flags.b_q},
+                                                  {"w_kva", flags.w_kva}, {"g_kv", flags.g_kv}, {"w_kvb", flags.w_kvb},
+                                                  {"b_kvb", flags.b_kvb}, {"w_o", flags.w_o},   {"b_o", flags.b_o},
+                                                  {"w_qa", flags.w_qa},   {"g_q", flags.g_q},   {"w_qb", flags.w_qb}};
+    std::string off;
+    for (const auto& [name, on] : named)
+      if (!on) off += std::string(off.empty() ? "" : ",") + name;
+    if (!off.empty()) out << " no_grad=" << off;
     if (!mutation.empty()) out << "; mutation: " << mutation << (must_fail ? " (must be refused)" : "");
     return out.str();
   }

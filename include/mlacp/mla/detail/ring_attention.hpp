@@ -321,11 +321,15 @@ class RingAttention {
 
   // The timeline's facts of this ring pass: the strategy picks the streams (data: 1 or 2), `travels` whether the
   // gradient accumulators travel.
-  timeline::Facts facts(const context_type& ctx, bool travels) const {
+  // The ring's facts for the timeline: the gradients travel (`travels`: dK and dV, or the payload's), and the KV path
+  // runs when they travel or when the source folds w_kvb's gradients itself (`folds`: the latent source with w_kvb or
+  // b_kvb needed and no payload gradient).
+  timeline::Facts facts(const context_type& ctx, bool travels, bool folds = false) const {
     timeline::Facts f;
     f.strategy = data_count_ == 1 ? MlaStrategy::latent : MlaStrategy::expanded;
     f.ring = ctx.ring_size();
-    f.kv = f.payload = travels;
+    f.payload = travels;
+    f.kv = travels || folds;
     return f;
   }
 
@@ -344,6 +348,8 @@ class RingAttention {
       return {view4<const T>(data[0], c.batch, n, h, c.qk_dim()), view4<const T>(data[1], c.batch, n, h, c.vdim)};
     }
     std::array<A*, 2> gradients(const std::array<A*, 2>& into) const { return into; }
+    /// Folds nothing itself: dK and dV are the travelling accumulators (computed exactly when they travel).
+    bool kv() const { return false; }
     void fold(int, const std::array<A*, 2>&) const {}
   };
   ExpandedSource expanded_source(const context_type& ctx) { return ExpandedSource{&ctx}; }
@@ -541,7 +547,7 @@ class RingAttention {
           if (comm == timeline::Comm::ring_data) return wait_data(i / 2, i % 2, current);
           grad_[i % 2].pending.wait();
         });
-    backward_facts_ = facts(ctx, travels);
+    backward_facts_ = facts(ctx, travels, source.kv());
     timeline::ring_backward(steps, backward_facts_);
     if constexpr (!std::is_same_v<A, T>) {
       if (dq.data() != nullptr)
