@@ -70,6 +70,24 @@ double median_time(int repeats, double min_run_s, const std::function<void()>& s
   return median(times);
 }
 
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+/// f(TypeTag<T>{}) for the element type T of `dtype`: one dispatch for every measurement.
+template <class F>
+auto with_type(Dtype dtype, const F& f) {
+  switch (dtype) {
+    case Dtype::float64:
+      return f(TypeTag<double>{});
+    case Dtype::float32:
+      return f(TypeTag<float>{});
+    case Dtype::bfloat16:
+      break;
+  }
+  return f(TypeTag<bf16>{});  // Dtype::bfloat16
+}
+
 /// Operand sets of one GEMM shape, A [m, k] and B [k, n] of TA and C [m, n] of TC, enough of them to span 128 MiB
 /// (at most 1024): a timed loop takes the next set at every call, so that its operands come from memory, as the
 /// layer's do (each of its GEMMs reads what other kernels wrote or read last), not from a cache the previous call
@@ -180,15 +198,14 @@ std::vector<GemmShape> calibration_skinny(bool quick) {
 
 double time_gemm(Dtype dtype, const GemmShape& shape, int repeats, double min_run_s,
                  const std::function<void()>& sync) {
-  switch (dtype) {
-    case Dtype::float64:
-      return time_gemm_t<double>(shape, repeats, min_run_s, sync);
-    case Dtype::float32:
-      return time_gemm_t<float>(shape, repeats, min_run_s, sync);
-    case Dtype::bfloat16:
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, bf16>) {
       return time_gemm_bf16(shape, repeats, min_run_s, sync);
-  }
-  return 0;
+    } else {
+      return time_gemm_t<T>(shape, repeats, min_run_s, sync);
+    }
+  });
 }
 
 struct GemmLoop::Buffers {
@@ -272,32 +289,23 @@ ElementwiseTime time_elementwise_t(bool quick, int repeats, double min_run_s, co
 
 ElementwiseTime time_elementwise(Dtype dtype, bool quick, int repeats, double min_run_s,
                                  const std::function<void()>& sync) {
-  switch (dtype) {
-    case Dtype::float64:
-      return time_elementwise_t<double>(quick, repeats, min_run_s, sync);
-    case Dtype::float32:
-      return time_elementwise_t<float>(quick, repeats, min_run_s, sync);
-    case Dtype::bfloat16:
-      return time_elementwise_t<bf16>(quick, repeats, min_run_s, sync);
-  }
-  return {};
+  return with_type(dtype, [&](auto tag) {
+    return time_elementwise_t<typename decltype(tag)::type>(quick, repeats, min_run_s, sync);
+  });
 }
 
 AttentionTimes time_attention(Dtype dtype, const AttentionProblem& problem, int repeats, double min_run_s,
                               const std::function<void()>& sync) {
-  switch (dtype) {
-    case Dtype::float64:
-      return time_attention_t<double>(problem, repeats, min_run_s, sync);
-    case Dtype::float32:
-      return time_attention_t<float>(problem, repeats, min_run_s, sync);
-    case Dtype::bfloat16:
-      // Where the core takes no bf16 Views (its team path, on a GPU), the layer widens into float around it
-      // (ScheduleContext::core_forward): the float core's rate is the one it runs at.
+  return with_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Where the core takes no bf16 Views (its team path, on a GPU), the layer widens into float around it
+    // (ScheduleContext::core_forward): the float core's rate is the one it runs at.
+    if constexpr (std::is_same_v<T, bf16>) {
       if (!FlashAttentionCore().computes_bf16<Space>())
         return time_attention_t<float>(problem, repeats, min_run_s, sync);
-      return time_attention_t<bf16>(problem, repeats, min_run_s, sync);
-  }
-  return {};
+    }
+    return time_attention_t<T>(problem, repeats, min_run_s, sync);
+  });
 }
 
 double copy_bytes(bool quick) { return (quick ? 4.0 : 64.0) * 1024 * 1024; }
