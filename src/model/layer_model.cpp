@@ -357,12 +357,12 @@ class TimelineCost {
       case tl::Step::q_projection:
         return q_projection(sim_, x);
       case tl::Step::attention:
-        return sim_.attention(names::attention_fprop, attention_flops(x, steps_.flat_pairs, true), true, x.dqk + x.dv);
+        return attention(names::attention_fprop, steps_.flat_pairs, true);
       case tl::Step::ring_expand:
         sim_.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
         return sim_.stream(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);
       case tl::Step::ring_attention:
-        return sim_.attention(names::attention_fprop, attention_flops(x, pairs(i), true), true, x.dqk + x.dv);
+        return attention(names::attention_fprop, pairs(i), true);
       case tl::Step::o_block:
         // The own block, then each source's: h heads' columns of w_o each (the last takes what is left).
         return sim_.gemm(names::w_o_fprop, N, x.D, (i + 1 < x.U ? x.h : x.H - (x.U - 1) * x.h) * x.dv);
@@ -373,10 +373,9 @@ class TimelineCost {
       case tl::Step::w_o_wgrad:
         return sim_.gemm(names::w_o_wgrad, x.D, x.H * x.dv, N);
       case tl::Step::attention_backward:
-        return sim_.attention(names::attention_bprop, attention_flops(x, steps_.flat_pairs, false), false,
-                              x.dqk + x.dv);
+        return attention(names::attention_bprop, steps_.flat_pairs, false);
       case tl::Step::ring_attention_backward:
-        return sim_.attention(names::attention_bprop, attention_flops(x, pairs(i), false), false, x.dqk + x.dv);
+        return attention(names::attention_bprop, pairs(i), false);
       case tl::Step::ring_fold:
         sim_.stream(names::ring_kv_backward, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.acc);
         sim_.gemm(names::ring_kv_backward, x.B * Sa, x.R, x.h * (x.dn + x.dv));
@@ -409,22 +408,14 @@ class TimelineCost {
  private:
   static int key(tl::Comm c, int i) { return static_cast<int>(c) * 4096 + i; }
   double pairs(int t) const { return steps_.pairs.empty() ? 0 : steps_.pairs[static_cast<std::size_t>(t)]; }
-  /// The latent payload [B, Sa, R + dr] at `bytes` per element (by default the layer's type).
-  double payload_bytes(double bytes = 0) const { return x_.B * x_.Sa * (x_.R + x_.dr) * (bytes > 0 ? bytes : x_.e); }
-  /// Whether collective c moves bf16 for a float layer (MlaConfig::wire_dtype; wire.hpp).
-  bool on_wire(tl::Comm c) const {
-    switch (c) {
-      case tl::Comm::ring_data:
-      case tl::Comm::ring_grad:
-        return false;
-      case tl::Comm::latent_reduce_scatter:
-        return x_.wr < x_.e;
-      default:
-        return x_.w < x_.e;
-    }
+  /// The core over `pairs` visible pairs at its rate for this layer's head width dqk + dv.
+  void attention(const char* name, double pairs, bool forward) {
+    sim_.attention(name, attention_flops(x_, pairs, forward), forward, x_.dqk + x_.dv);
   }
-  /// The elements one rank's wire collective c rounds (and widens): its send buffer's (= its result's) size.
-  double wire_elements(tl::Comm c) const {
+  /// The latent payload [B, Sa, R + dr] at `bytes` per element.
+  double payload_bytes(double bytes) const { return x_.B * x_.Sa * (x_.R + x_.dr) * bytes; }
+  /// A Ulysses collective's elements per rank (the whole exchange's for the O exchange): one rank's send buffer.
+  double group_elements(tl::Comm c) const {
     const Shape& x = x_;
     const double N = x.B * x.s;
     switch (c) {
@@ -434,12 +425,23 @@ class TimelineCost {
       case tl::Comm::v_a2a:
       case tl::Comm::dv_a2a:
       case tl::Comm::do_a2a:
-        return N * x.H * x.dv;
       case tl::Comm::o_exchange:
-        return N * x.H * x.dv / std::max(1, x.U - 1);
+        return N * x.H * x.dv;
       default:
         return N * x.H * x.dqk;
     }
+  }
+  /// Bytes per element a Ulysses collective moves: the wire's (MlaConfig::wire_dtype; wire.hpp), the reduce-scatter's
+  /// partial sums bf16 only with bf16_all.
+  double group_element_bytes(tl::Comm c) const { return c == tl::Comm::latent_reduce_scatter ? x_.wr : x_.w; }
+  /// Whether collective c moves bf16 for a float layer: rounded before its launch and widened after its wait.
+  bool on_wire(tl::Comm c) const {
+    return c != tl::Comm::ring_data && c != tl::Comm::ring_grad && group_element_bytes(c) < x_.e;
+  }
+  /// The elements one launch of wire collective c rounds (and widens): the O exchange's are one peer's block.
+  double group_bytes(tl::Comm c) const { return group_elements(c) * group_element_bytes(c); }
+  double wire_elements(tl::Comm c) const {
+    return group_elements(c) / (c == tl::Comm::o_exchange ? std::max(1, x_.U - 1) : 1);
   }
   double ring_grad_bytes(int stream) const {
     const Shape& x = x_;
@@ -449,22 +451,20 @@ class TimelineCost {
   CollectiveCost a2a(double bytes) const { return x_.U > 1 ? all_to_all(machine_, group_, bytes) : CollectiveCost{}; }
   CollectiveCost cost(tl::Comm c, int i) const {
     const Shape& x = x_;
-    const double N = x.B * x.s;
     switch (c) {
       case tl::Comm::payload_all_gather:
-        return x.U > 1 ? all_gather(machine_, group_, payload_bytes(x.w)) : CollectiveCost{};
+        return x.U > 1 ? all_gather(machine_, group_, group_bytes(c)) : CollectiveCost{};
       case tl::Comm::q_a2a:
       case tl::Comm::dq_a2a:
       case tl::Comm::k_a2a:
       case tl::Comm::dk_a2a:
-        return a2a(N * x.H * x.dqk * x.w);
       case tl::Comm::v_a2a:
       case tl::Comm::dv_a2a:
       case tl::Comm::do_a2a:
-        return a2a(N * x.H * x.dv * x.w);
+        return a2a(group_bytes(c));
       case tl::Comm::o_exchange: {
         // One peer's block of the all-to-all per launch: the exchange's cost shared over its P - 1 steps.
-        CollectiveCost all = a2a(N * x.H * x.dv * x.w);
+        CollectiveCost all = a2a(group_bytes(c));
         const double share = x.U > 1 ? 1.0 / (x.U - 1) : 0.0;
         all.seconds *= share;
         all.intra_bytes *= share;
@@ -472,9 +472,9 @@ class TimelineCost {
         return all;
       }
       case tl::Comm::latent_reduce_scatter:
-        return x.U > 1 ? reduce_scatter(machine_, group_, payload_bytes(x.wr)) : CollectiveCost{};
+        return x.U > 1 ? reduce_scatter(machine_, group_, group_bytes(c)) : CollectiveCost{};
       case tl::Comm::ring_data: {
-        const double bytes = f_.latent() ? payload_bytes() : x.B * x.Sa * x.h * (i % 2 == 0 ? x.dqk : x.dv) * x.e;
+        const double bytes = f_.latent() ? payload_bytes(x.e) : x.B * x.Sa * x.h * (i % 2 == 0 ? x.dqk : x.dv) * x.e;
         return send_recv(machine_, ring_, bytes);
       }
       case tl::Comm::ring_grad:
@@ -586,13 +586,12 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   const Shape x = shape_of(c, dtype, choice, cluster, q_lora, map);
   const bool latent = choice.strategy == MlaStrategy::latent, ring = choice.ring > 1, grouped = x.U > 1;
   const bool bf16 = dtype == Dtype::bfloat16;
-  // The bf16 wire (wire.hpp) is a float layer's, on the Ulysses group's collectives.
-  const bool wire = grouped && !bf16 && c.wire_dtype != WireDtype::same;
-  const bool wire_all = wire && c.wire_dtype == WireDtype::bfloat16_all;
+  // The bf16 wire (wire.hpp): shape_of's bytes per element of the Ulysses collectives say where it applies.
+  const bool wire = x.w < x.e, wire_all = x.wr < x.e;
   const double B = x.B, s = x.s, Sa = x.Sa, H = x.H, h = x.h, D = x.D, R = x.R, dr = x.dr, dn = x.dn, dv = x.dv;
   const double dqk = x.dqk, e = x.e, acc = x.acc, Rq = x.Rq, U = x.U;
-  const double Hu = U * h;        // the heads of the rank's blocks [U, B, s, h, *] (>= H when U does not divide H)
-  const double w = wire ? 2 : e;  // bytes per element of what the Ulysses collectives move
+  const double Hu = U * h;  // the heads of the rank's blocks [U, B, s, h, *] (>= H when U does not divide H)
+  const double w = x.w;     // bytes per element of what the Ulysses collectives move
   MemoryEstimate m;
   // Every buffer below is one the layer allocates for this configuration (the labels of its Views in quotes) and
   // keeps: the schedules' workspaces and scratch are allocated once and reused, and the collectives' pool keeps its

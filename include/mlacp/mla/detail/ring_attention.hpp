@@ -319,11 +319,9 @@ class RingAttention {
     own_rows_ = ctx.token_map().chunk_size(ctx.ring_rank());
   }
 
-  // The timeline's facts of this ring pass: the strategy picks the streams (data: 1 or 2), `travels` whether the
-  // gradient accumulators travel.
-  // The ring's facts for the timeline: the gradients travel (`travels`: dK and dV, or the payload's), and the KV path
-  // runs when they travel or when the source folds w_kvb's gradients itself (`folds`: the latent source with w_kvb or
-  // b_kvb needed and no payload gradient).
+  // The timeline's facts of this ring pass: the strategy picks the streams (data: 1 or 2); `travels`: the gradient
+  // accumulators travel (dK and dV, or the payload's); the KV path runs when they travel or when the source folds
+  // w_kvb's gradients itself (`folds`: the latent source with w_kvb or b_kvb needed and no payload gradient).
   timeline::Facts facts(const context_type& ctx, bool travels, bool folds = false) const {
     timeline::Facts f;
     f.strategy = data_count_ == 1 ? MlaStrategy::latent : MlaStrategy::expanded;
