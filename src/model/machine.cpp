@@ -64,6 +64,29 @@ std::string short_number(double v) {
 
 }  // namespace
 
+namespace {
+
+/// The curve `points` (x increasing; `x_of` and `y_of` read a point) at `x`: log-linear between the points around it,
+/// clamped at the ends. The GEMM curve and the attention rate by head width read their points this way.
+template <class Point, class X, class Y>
+double log_linear(const std::vector<Point>& points, double x, const X& x_of, const Y& y_of) {
+  if (x <= x_of(points.front())) return y_of(points.front());
+  if (x >= x_of(points.back())) return y_of(points.back());
+  // The first point with x above; the one before it is at or below.
+  const auto upper =
+      std::upper_bound(points.begin(), points.end(), x, [&](double v, const Point& p) { return v < x_of(p); });
+  const auto lower = upper - 1;
+  if (x == x_of(*lower)) return y_of(*lower);
+  const double t = (std::log(x) - std::log(x_of(*lower))) / (std::log(x_of(*upper)) - std::log(x_of(*lower)));
+  return std::exp(std::log(y_of(*lower)) + t * (std::log(y_of(*upper)) - std::log(y_of(*lower))));
+}
+
+/// Whether `name` is a dtype the machine file knows; `unknown_dtype` follows a key that names one it does not.
+bool known_dtype(const std::string& name) { return name == "double" || name == "float" || name == "bf16"; }
+const char* const unknown_dtype = ": unknown dtype (expected \"double\", \"float\" or \"bf16\")";
+
+}  // namespace
+
 double MachineParams::gemm_rate(Dtype dtype, double m, double n, double k) const {
   const auto it = gemm.find(to_string(dtype));
   if (it == gemm.end() || it->second.empty()) {
@@ -73,15 +96,9 @@ double MachineParams::gemm_rate(Dtype dtype, double m, double n, double k) const
   const auto& points = it->second;
   // 3 / (1/m + 1/n + 1/k), written so that a cube n x n x n gives n exactly.
   const double size = (m > 0 && n > 0 && k > 0) ? 3.0 * m * n * k / (n * k + m * k + m * n) : 0.0;
-  if (size <= points.front().first) return points.front().second;
-  if (size >= points.back().first) return points.back().second;
-  // The first point with n > size; the one before it has n <= size.
-  const auto upper = std::upper_bound(points.begin(), points.end(), size,
-                                      [](double s, const std::pair<double, double>& p) { return s < p.first; });
-  const auto lower = upper - 1;
-  if (size == lower->first) return lower->second;
-  const double t = (std::log(size) - std::log(lower->first)) / (std::log(upper->first) - std::log(lower->first));
-  return std::exp(std::log(lower->second) + t * (std::log(upper->second) - std::log(lower->second)));
+  return log_linear(
+      points, size, [](const std::pair<double, double>& p) { return p.first; },
+      [](const std::pair<double, double>& p) { return p.second; });
 }
 
 double MachineParams::gemm_time(Dtype dtype, double m, double n, double k) const {
@@ -90,29 +107,19 @@ double MachineParams::gemm_time(Dtype dtype, double m, double n, double k) const
   return 2.0 * m * n * k / rate;
 }
 
-namespace {
-/// Log-linear between the points around `width` (width increasing), clamped at the ends.
-double rate_at(const std::vector<AttentionWidthRate>& points, double width, double AttentionWidthRate::*rate) {
-  if (width <= points.front().width) return points.front().*rate;
-  if (width >= points.back().width) return points.back().*rate;
-  std::size_t i = 1;
-  while (points[i].width < width) ++i;
-  const auto& lo = points[i - 1];
-  const auto& hi = points[i];
-  const double t = (std::log(width) - std::log(lo.width)) / (std::log(hi.width) - std::log(lo.width));
-  return std::exp(std::log(lo.*rate) + t * (std::log(hi.*rate) - std::log(lo.*rate)));
-}
-}  // namespace
-
 double MachineParams::attention_forward_rate(Dtype dtype, double width) const {
   const auto it = attention_by_width.find(to_string(dtype));
   if (it == attention_by_width.end() || it->second.empty()) return attention_rate(dtype).forward_flops;
-  return rate_at(it->second, width, &AttentionWidthRate::forward_flops);
+  return log_linear(
+      it->second, width, [](const AttentionWidthRate& p) { return p.width; },
+      [](const AttentionWidthRate& p) { return p.forward_flops; });
 }
 double MachineParams::attention_backward_rate(Dtype dtype, double width) const {
   const auto it = attention_by_width.find(to_string(dtype));
   if (it == attention_by_width.end() || it->second.empty()) return attention_rate(dtype).backward_flops;
-  return rate_at(it->second, width, &AttentionWidthRate::backward_flops);
+  return log_linear(
+      it->second, width, [](const AttentionWidthRate& p) { return p.width; },
+      [](const AttentionWidthRate& p) { return p.backward_flops; });
 }
 
 double MachineParams::elementwise_rate(Dtype dtype) const {
@@ -150,9 +157,7 @@ std::string MachineParams::error() const {
   if (gemm.empty()) problems.push_back("gemm: no GEMM curve (expected one per dtype)");
   for (const auto& [dtype, points] : gemm) {
     const std::string key = "gemm." + dtype;
-    if (dtype != "double" && dtype != "float" && dtype != "bf16") {
-      problems.push_back(key + ": unknown dtype (expected \"double\", \"float\" or \"bf16\")");
-    }
+    if (!known_dtype(dtype)) problems.push_back(key + unknown_dtype);
     if (points.empty()) problems.push_back(key + ": no points (expected at least one [n, flops])");
     for (std::size_t i = 0; i < points.size(); ++i) {
       const auto& [n, rate] = points[i];
@@ -195,9 +200,7 @@ std::string MachineParams::error() const {
     }
   }
   for (const auto& [dtype, rate] : elementwise_bandwidth) {
-    if (dtype != "double" && dtype != "float" && dtype != "bf16")
-      problems.push_back("elementwise_bandwidth." + dtype +
-                         ": unknown dtype (expected \"double\", \"float\" or \"bf16\")");
+    if (!known_dtype(dtype)) problems.push_back("elementwise_bandwidth." + dtype + unknown_dtype);
     non_negative("elementwise_bandwidth." + dtype, rate);
   }
   std::string out;
@@ -556,10 +559,7 @@ class Schema {
   }
 
   void dtype(const std::string& key, const std::string& name) const {
-    if (name != "double" && name != "float" && name != "bf16") {
-      throw InvalidArgument(where_ + ": " + json_quoted(key) +
-                            ": unknown dtype (expected \"double\", \"float\" or \"bf16\")");
-    }
+    if (!known_dtype(name)) throw InvalidArgument(where_ + ": " + json_quoted(key) + unknown_dtype);
   }
 
   LinkCost link(const std::string& key, const Json& v) const {
