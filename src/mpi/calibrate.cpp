@@ -133,16 +133,17 @@ double alltoall_median(MPI_Comm all, MPI_Comm group, double bytes, int repeats) 
   return model::detail::median(max_over(all, times));
 }
 
-/// beta from all-to-alls of two sizes over groups of n ranks whose link carries `sharers` ranks' bytes:
-/// t = (n-1) alpha + sharers (n-1)/n m beta; the slope between the sizes (alpha drops out). Where noise makes the
-/// slope non-positive, the larger size's time over its bytes (an upper bound) instead.
-double alltoall_beta(MPI_Comm all, MPI_Comm group, double sharers, double small, double large, int repeats) {
+/// beta from an all-to-all of `bytes` per rank over groups of n ranks whose link carries `sharers` ranks' bytes, and
+/// the level's latency alpha (the 8-byte ping-pong): t = (n-1) alpha + sharers (n-1)/n m beta, solved for beta. Not
+/// the slope between two sizes: on a shaped link the smaller size passes within the shaper's burst, faster than the
+/// rate, and the slope overstated beta (tbf at 500 Mbit/s: 0.35 Gbit/s from 64 KiB to 1 MiB, 0.45 from 1 MiB alone,
+/// and the layer's collectives ran at 0.45). Where alpha leaves nothing, the time over the bytes (an upper bound).
+double alltoall_beta(MPI_Comm all, MPI_Comm group, double sharers, double alpha, double bytes, int repeats) {
   const double n = size_of(group);
-  const double t_small = alltoall_median(all, group, small, repeats);
-  const double t_large = alltoall_median(all, group, large, repeats);
-  const double per_byte = sharers * (n - 1) / n;
-  const double slope = (t_large - t_small) / (per_byte * (large - small));
-  return slope > 0 ? slope : t_large / (per_byte * large);
+  const double t = alltoall_median(all, group, bytes, repeats);
+  const double per_byte = sharers * (n - 1) / n * bytes;
+  const double transfer = t - (n - 1) * alpha;
+  return transfer > 0 ? transfer / per_byte : t / per_byte;
 }
 
 std::string utc_now() {
@@ -239,11 +240,8 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
 
   const bool quick = options.quick;
   const int repeats = options.repeats;
-  // All-to-all sizes per rank for beta: the layer's messages (tens of KiB to about a MiB per peer). Larger ones
-  // measure something the layer never sees: on a rate-limited link, long bidirectional bursts overflow the shaper's
-  // queue and TCP backs off (measured on the tbf testbed at 500 Mbit/s: 0.44-0.55 Gbit/s per direction up to 1 MiB per
-  // rank, 0.27 at 4 MiB, while a one-way 2 MiB transfer gets 0.48).
-  const double small = quick ? 16.0 * 1024 : 64.0 * 1024, large = quick ? 256.0 * 1024 : 1024.0 * 1024;
+  // The all-to-all size per rank for beta: the layer's messages (tens of KiB to a few MiB per peer).
+  const double large = quick ? 256.0 * 1024 : 1024.0 * 1024;
   const int latency_iterations = quick ? 5 : 20;
 
   MachineParams m;
@@ -253,7 +251,7 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
   // ---- intra level ----------------------------------------------------------------------------------------------
   if (g >= 2) {
     m.intra.alpha_s = pingpong_median(comm, node.comm, 0, 1, 8, latency_iterations, repeats);
-    m.intra.beta_s_per_byte = alltoall_beta(comm, node.comm, 1.0, small, large, repeats);
+    m.intra.beta_s_per_byte = alltoall_beta(comm, node.comm, 1.0, m.intra.alpha_s, large, repeats);
   } else {
     notes.push_back("intra-node level not measured (one rank per node)");
   }
@@ -268,7 +266,7 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
       if (local_of[r] == 0 && node_of[r] == 1) b = r;
     }
     m.inter.alpha_s = pingpong_median(comm, comm, a, b, 8, latency_iterations, repeats);
-    m.inter.beta_s_per_byte = alltoall_beta(comm, cross.comm, g, small, large, repeats);
+    m.inter.beta_s_per_byte = alltoall_beta(comm, cross.comm, g, m.inter.alpha_s, large, repeats);
     const double bytes = quick ? 256.0 * 1024 : 4.0 * 1024 * 1024;
     const double half_trip = pingpong_median(comm, comm, a, b, bytes, 1, repeats);
     report.inter_pingpong_bytes = bytes;

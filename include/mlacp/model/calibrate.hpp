@@ -6,8 +6,8 @@
 // share cores run at the loaded rate, which is what the layer sees):
 // - nodes: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); G ranks per node, the same on every node.
 // - intra level (G >= 2): alpha from an 8-byte ping-pong between local ranks 0 and 1 of every node (half the round
-//   trip), beta from MPI_Alltoall among each node's ranks at two sizes: t = (n-1) alpha + (n-1)/n m beta, the slope
-//   between the sizes (alpha drops out). Medians over the repeats of the slowest rank of each repeat.
+//   trip), beta from MPI_Alltoall among each node's ranks of 1 MiB per rank: t = (n-1) alpha + (n-1)/n m beta, solved
+//   for beta with the measured alpha. Medians over the repeats of the slowest rank of each repeat.
 // - inter level (two nodes or more): alpha from a ping-pong between rank 0 of node 0 and rank 0 of node 1, beta from
 //   an all-to-all among the ranks of each local rank (one per node; all G of them at once, so a node's link carries G
 //   ranks' bytes): t = (n-1) alpha + G (n-1)/n m beta; and a plain cross-node ping-pong bandwidth for the report.
