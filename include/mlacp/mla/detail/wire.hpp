@@ -90,8 +90,6 @@ class WireCollective {
 
   bool launched() const noexcept { return direct_.launched() || narrow_.launched(); }
   bool pending() const noexcept { return direct_.pending() || narrow_.pending(); }
-  /// True when the collective moves bf16 (its payload was rounded at launch).
-  bool on_wire() const noexcept { return narrow_.launched(); }
 
   /// Completes the collective and returns its float result (exactly once, as AsyncCollective::wait).
   Result wait() {

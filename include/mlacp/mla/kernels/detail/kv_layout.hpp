@@ -112,12 +112,6 @@ void disassemble_kv_grad(const ExecSpace& space, const DK& dk, const DV& dv, con
   value_grad_from_blocks(space, dv.data(), 1, dkv, dn);
 }
 
-/// The V branch of the adjoint: dkv(b, t, head, dn + c) = dv(b, t, head, c). One work item per (b, t, head) row.
-template <class ExecSpace, class DV, class DKV>
-void write_v_grad(const ExecSpace& space, const DV& dv, const DKV& dkv, int dn) {
-  value_grad_from_blocks(space, dv.data(), 1, dkv, dn);
-}
-
 /// dst(b, t, dst_first + c) = src(b, t, src_first + c) for c in [0, width), on contiguous LayoutRight rank-3 Views with
 /// equal B and n. One work item per (b, t) row.
 template <class ExecSpace, class Src, class Dst>
