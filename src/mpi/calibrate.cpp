@@ -374,9 +374,6 @@ CalibrationReport calibrate_report(MPI_Comm comm, const CalibrationOptions& opti
 
   // ---- name, source; rank 0's figures to every rank ---------------------------------------------------------------
   m.name = std::to_string(g) + " x " + std::to_string(nodes) + " ranks on " + model::detail::cpu_model();
-  if (const char* testbed = std::getenv("MLACP_TESTBED_RATE"); testbed && *testbed) {
-    m.name += std::string(", testbed ") + testbed;
-  }
   m.source = "mlacp-plan --calibrate, " + utc_now() + ", " + host_name();
   for (const auto& note : notes) m.source += "; " + note;
   const std::string json = broadcast_string(comm, rank == 0 ? machine_to_json(m) : std::string());

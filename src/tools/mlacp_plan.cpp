@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -302,7 +303,12 @@ int run_calibrate(int argc, char** argv) {
         if (rank == 0) std::cout << usage;
       } else {
         // Every rank measures and returns the same report; rank 0 writes the file and prints it.
-        const model::CalibrationReport report = model::calibrate_report(MPI_COMM_WORLD, options.calibration);
+        model::CalibrationReport report = model::calibrate_report(MPI_COMM_WORLD, options.calibration);
+        // A simulated link's rate (scripts/netns-cluster.sh exports it) names the machine file: a test-bed setting,
+        // read by the tool, not by the library.
+        if (const char* testbed = std::getenv("MLACP_TESTBED_RATE"); testbed && *testbed) {
+          report.machine.name += std::string(", testbed ") + testbed;
+        }
         if (rank == 0) {
           model::write_machine(report.machine, options.out);
           std::cout << "mlacp-plan --calibrate on " << size << " ranks\n"
