@@ -396,7 +396,7 @@ inline int run_main(int argc, char** argv, const char* usage, const std::functio
   return rc;
 }
 
-/// A layer configuration's dimensions as JSON (MLA_SPEC's names: B, S, D, H, dn, dr, dv, R and Rq).
+/// A layer configuration's dimensions as JSON (docs/spec.md's names: B, S, D, H, dn, dr, dv, R and Rq).
 inline JsonObject config_json(const MlaConfig& c) {
   return JsonObject()
       .num("B", c.batch)

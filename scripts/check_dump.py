@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Loads an mlacp-mla-block --dump directory with numpy and checks it against MLA_SPEC, independently of mlacp.
+"""Loads an mlacp-mla-block --dump directory with numpy and checks it against docs/spec.md, independently of mlacp.
 
 usage: check_dump.py DIR   (exit 0 when every check passes)
 
-1. Every file loads with MLA_SPEC's dtype and shape, and holds finite values.
-2. y equals MLA_SPEC's forward recomputed here in float64 numpy from the dumped x and weights (full sequence, one
-   process), within MLA_SPEC's tolerance (1e-10 double, 1e-4 float, 2e-2 bf16 or a bf16 wire). With cu_seqlens.npy (int64, packed documents;
-   written by --cu-seqlens) the RoPE positions restart at each document's start (step 4) and attention is causal
-   within a document only (step 6), the same for every batch row.
-   With q-LoRA (config.json's q_lora_rank > 0) the query is factored (w_qa, g_q, w_qb in place of w_q, MLA_SPEC
+1. Every file loads with docs/spec.md's dtype and shape, and holds finite values.
+2. y equals docs/spec.md's forward recomputed here in float64 numpy from the dumped x and weights (full sequence, one
+   process), within docs/spec.md's tolerance (1e-10 double, 1e-4 float, 2e-2 bf16 or a bf16 wire). With
+   cu_seqlens.npy (int64, packed documents; written by --cu-seqlens) the RoPE positions restart at each document's
+   start (step 4) and attention is causal within a document only (step 6), the same for every batch row.
+   With q-LoRA (config.json's q_lora_rank > 0) the query is factored (w_qa, g_q, w_qb in place of w_q, docs/spec.md
    step 1), and a positive softmax_scale replaces 1/sqrt(dqk) (step 6); both keys default to 0 when absent (dumps
    of tools that predate them).
 3. Every gradient (dx and each weight's) is checked against finite differences of L = sum(y * dy) of that numpy
@@ -30,7 +30,7 @@ def document_starts(S, cu_seqlens):
 
 
 def mla_forward(p, x, c, cu_seqlens=None):
-    """MLA_SPEC steps 1-7 on the full sequence in float64 (P = 1): y [B, S, D]; packed documents with cu_seqlens."""
+    """docs/spec.md steps 1-7 on the full sequence in float64 (P = 1): y [B, S, D]; packed documents with cu_seqlens."""
     B, S, _ = x.shape
     starts = document_starts(S, cu_seqlens)
     positions = np.arange(S) - starts
@@ -87,7 +87,7 @@ def weight_names(c):
 
 
 def tolerance(c):
-    """MLA_SPEC's: 1e-10 double, 1e-4 float, 2e-2 for bf16 storage and for a float run with bf16 on the wire."""
+    """docs/spec.md's: 1e-10 double, 1e-4 float, 2e-2 for bf16 storage and for a float run with bf16 on the wire."""
     if c["dtype"] == "bf16" or c.get("wire_dtype", "same") != "same":
         return 2e-2
     return 1e-10 if c["dtype"] == "double" else 1e-4
@@ -141,7 +141,7 @@ def main(directory: str) -> int:
     c = json.loads((d / "config.json").read_text())
     B, S, D, H = c["batch"], c["seq"], c["hidden"], c["heads"]
     dn, dr, dv, R = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
-    # bf16 dumps are float32 files whose values are bf16's (MLA_SPEC: they widen to float exactly).
+    # bf16 dumps are float32 files whose values are bf16's (docs/spec.md: they widen to float exactly).
     dtype = {"double": np.float64, "float": np.float32, "bf16": np.float32}[c["dtype"]]
     shapes = {
         "x": (B, S, D), "dy": (B, S, D), "y": (B, S, D), "dx": (B, S, D),

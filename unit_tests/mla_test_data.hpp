@@ -32,7 +32,7 @@ MlaWeights<T, MemSpace> make_weights(const MlaConfig& c, std::uint64_t seed) {
   return testing::synthetic::weights<T, MemSpace>(c, seed);
 }
 
-/// An MLA configuration in MLA_SPEC's order of names.
+/// An MLA configuration in docs/spec.md's order of names.
 inline MlaConfig make_config(int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent,
                              bool bias = false, MlaStrategy strategy = MlaStrategy::latent) {
   MlaConfig c;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// Entries of the error catalogue (README "Errors and misuse") not covered by the collective and layer suites:
+// Entries of the error catalogue (docs/errors.md) not covered by the collective and layer suites:
 // non-finite inputs, a mesh of another group size, calls after finalize, sizes that are not positive.
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"

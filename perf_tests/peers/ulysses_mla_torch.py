@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-"""The PyTorch peer of mlacp: the MLA block of MLA_SPEC under Ulysses context parallelism, written the way
+"""The PyTorch peer of mlacp: the MLA block of docs/spec.md under Ulysses context parallelism, written the way
 DeepSpeed-Ulysses writes it, with torch.distributed (gloo) and autograd.
 
 What it is, so that the comparison with mlacp-mla-block is fair:
   * torch.distributed on the gloo backend (the CPU backend), one thread per rank (torch.set_num_threads(1));
   * the sequence/head exchange is all_to_all_single inside an autograd Function whose backward is the inverse
     all-to-all (DeepSpeed's _SeqAllToAll);
-  * both schedules of MLA_SPEC: "latent" all-gathers the [c, k_pe] payload along the sequence, each rank expands its
+  * both schedules of docs/spec.md: "latent" all-gathers the [c, k_pe] payload along the sequence, each rank expands its
     own heads with its rows of w_kvb and only Q goes through the all-to-all (backward: reduce-scatter of the payload
     gradient); "expanded" expands all heads on the rank's tokens and sends Q, K and V through the all-to-all;
   * gloo has neither all-gather-into-tensor nor reduce-scatter, so they are emulated: all-gather = all_gather into a
@@ -16,8 +16,8 @@ What it is, so that the comparison with mlacp-mla-block is fair:
     (--reduce-scatter allreduce selects that; measured slower, see README.md);
   * attention is matmul + causal mask + softmax + matmul, materialising the S x S scores per head (DeepSpeed-Ulysses'
     default local attention), all differentiated by autograd;
-  * weight gradients are the rank's partial sums (no data-parallel reduction), as in MLA_SPEC;
-  * --q-lora R factors the query as DeepSeek-V2/V3 do (MLA_SPEC step 1: cq = RMSNorm(x w_qa^T) * g_q, q = cq w_qb^T
+  * weight gradients are the rank's partial sums (no data-parallel reduction), as in docs/spec.md;
+  * --q-lora R factors the query as DeepSeek-V2/V3 do (docs/spec.md step 1: cq = RMSNorm(x w_qa^T) * g_q, q = cq w_qb^T
     + b_q, w_qa [R, D], g_q [R], w_qb [H*dqk, R] in place of w_q), and --softmax-scale replaces 1/sqrt(dqk) (step
     6); --check reads both from the dump's config.json (q_lora_rank, softmax_scale; 0 when absent);
   * --dtype bf16 runs it the way a PyTorch user trains on CPU: torch.bfloat16 parameters and activations, GEMMs
@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 EXIT_OOM = 3
-# MLA_SPEC's relative (Frobenius) tolerances; bf16 (8 significant bits, float accumulation) is checked at 2e-2.
+# docs/spec.md's relative (Frobenius) tolerances; bf16 (8 significant bits, float accumulation) is checked at 2e-2.
 TOLERANCE = {"double": 1e-10, "float": 1e-4, "bf16": 2e-2}
 DTYPES = {"double": torch.float64, "float": torch.float32, "bf16": torch.bfloat16}
 
@@ -230,7 +230,7 @@ def causal_attention(q, k, v, mask, scale):
 
 
 class UlyssesMLA(torch.nn.Module):
-    """The MLA block of MLA_SPEC on one rank of a Ulysses group (the default torch.distributed group)."""
+    """The MLA block of docs/spec.md on one rank of a Ulysses group (the default torch.distributed group)."""
 
     def __init__(self, cfg, weights, dtype, strategy, reduce_scatter="alltoall"):
         super().__init__()
@@ -474,7 +474,7 @@ def check(args, comm):
            "softmax_scale": float(cfg_json.get("softmax_scale", 0.0) or 0.0)}
     strategy, bias = cfg_json["strategy"], cfg_json["bias"]
     # The peer runs in --dtype where given (e.g. bf16 against a float or double dump), else in the dump's dtype
-    # (a bf16 dump of mlacp-mla-block holds float arrays, MLA_SPEC).
+    # (a bf16 dump of mlacp-mla-block holds float arrays, docs/spec.md).
     dtype_name = args.dtype or {"bfloat16": "bf16"}.get(cfg_json["dtype"], cfg_json["dtype"])
     if dtype_name not in DTYPES:
         raise SystemExit(f"ulysses-mla-torch: the dump's dtype {cfg_json['dtype']!r} is not one of {tuple(DTYPES)}")

@@ -39,7 +39,7 @@ def parameter_table(config):
     return [ParameterRow(*row) for row in _mlacp.parameter_table(config)]
 
 
-# MLA_SPEC's weights, in the order the module registers them (and the state_dict lists them): the C++ table's.
+# docs/spec.md's weights, in the order the module registers them (and the state_dict lists them): the C++ table's.
 PARAMETER_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()))
 BIAS_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()) if row.kind == "bias")
 _LAYERS = {
@@ -51,7 +51,7 @@ _DTYPES = "torch.float32, torch.float64 or torch.bfloat16"
 
 
 def parameter_shapes(config):
-    """{name: shape} of MLA_SPEC's weights for ``config`` (those it has: biases only with config.bias)."""
+    """{name: shape} of docs/spec.md's weights for ``config`` (those it has: biases only with config.bias)."""
     return {row.name: row.shape for row in parameter_table(config) if row.present}
 
 
@@ -276,7 +276,7 @@ class _MlaFunction(torch.autograd.Function):
 
 
 class MlaAttention(torch.nn.Module):
-    """Multi-head Latent Attention (MLA_SPEC) on a Ulysses group: ``forward(x_local)`` with x_local ``[B, s, D]``
+    """Multi-head Latent Attention (docs/spec.md) on a Ulysses group: ``forward(x_local)`` with x_local ``[B, s, D]``
     (this rank's contiguous token shard, s = ``local_seq``: the first S mod P ranks hold ceil(S/P) tokens, the others
     floor(S/P)) returns y_local ``[B, s, D]``.
 
@@ -287,7 +287,7 @@ class MlaAttention(torch.nn.Module):
     or torch.bfloat16 with float32 parameters: see below). Construction is collective. ``module.config`` is a
     read-only copy (the C++ layer's configuration is fixed at construction).
 
-    Weight gradients are this rank's partial sums (MLA_SPEC); ``mlacp.all_reduce_grads(module)`` sums them over the
+    Weight gradients are this rank's partial sums (docs/spec.md); ``mlacp.all_reduce_grads(module)`` sums them over the
     mesh. Errors (wrong shape, dtype, device, a non-contiguous tensor) are raised as mlacp.InvalidArgument (a
     ValueError) on every rank of a checked mesh.
 
@@ -410,7 +410,7 @@ class MlaAttention(torch.nn.Module):
         kv_a_layernorm, kv_b_proj, o_proj; mlacp.deepseek has the table) into this module's parameters, in place (as
         load_state_dict). A missing or unexpected key, or a wrong shape, raises mlacp.InvalidArgument naming it.
         ``rope_interleave=True`` for checkpoints whose RoPE rotates interleaved pairs (DeepSeek's): their rope rows
-        are permuted into MLA_SPEC's rotate-half order."""
+        are permuted into docs/spec.md's rotate-half order."""
         from .deepseek import from_deepseek_state_dict
 
         self.load_state_dict(from_deepseek_state_dict(state_dict, self.config, prefix, rope_interleave))

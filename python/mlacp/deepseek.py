@@ -2,7 +2,7 @@
 """DeepSeek-V2/V3 attention weights to and from mlacp's parameter names.
 
 Hugging Face's ``DeepseekV2Attention`` / ``DeepseekV3Attention`` (one ``self_attn`` module of a decoder layer) holds
-the same weights as mlacp.MlaAttention under other names. The row layouts agree with MLA_SPEC's:
+the same weights as mlacp.MlaAttention under other names. The row layouts agree with docs/spec.md's:
 
     DeepSeek (HF) key                   mlacp   shape and rows
     q_proj.weight                       w_q     [H*dqk, D], per head [nope | rope] (dense query: q_lora_rank = 0)
@@ -21,7 +21,7 @@ mlacp has no bias on the A projections: a checkpoint with ``q_a_proj.bias`` or `
 (``attention_bias=True`` in HF's code) is refused. Both RMSNorms use config.rms_eps (DeepSeek's 1e-6). DeepSeek-V3's
 YaRN-adjusted softmax scale (mscale^2 / sqrt(dqk)) goes into config.softmax_scale.
 
-RoPE: MLA_SPEC rotates halves (GPT-NeoX); DeepSeek's code rotates interleaved pairs (HF's ``rope_interleave``, the
+RoPE: docs/spec.md rotates halves (GPT-NeoX); DeepSeek's code rotates interleaved pairs (HF's ``rope_interleave``, the
 default of DeepSeek-V2 and V3: it reorders q_pe and k_pe as x0, x2, .., x1, x3, .. before a rotate-half). Loading
 such a checkpoint needs ``rope_interleave=True``: it permutes the rope rows of each head of w_q / w_qb (and b_q) and
 the last dr rows of w_kva from interleaved (x0, x1, x2, x3, ..) to halves (x0, x2, .., x1, x3, ..), which gives the
@@ -98,7 +98,7 @@ def from_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=Fals
     the module's table (module docstring) after ``prefix`` (e.g. ``"model.layers.0.self_attn."``; keys without the
     prefix are ignored). A missing key, a key under the prefix that is not in the table, or a tensor of another
     shape raises mlacp.InvalidArgument naming it (and the expected shape). ``rope_interleave``: the checkpoint's
-    RoPE rotates interleaved pairs (DeepSeek's default): its rope rows are permuted into MLA_SPEC's halves."""
+    RoPE rotates interleaved pairs (DeepSeek's default): its rope rows are permuted into docs/spec.md's halves."""
     from .attention import parameter_shapes
 
     names = deepseek_names(config)

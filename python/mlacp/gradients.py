@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-"""all_reduce_grads: sum the weight gradients (each rank's partial sums, MLA_SPEC) over the mesh."""
+"""all_reduce_grads: sum the weight gradients (each rank's partial sums, docs/spec.md) over the mesh."""
 import torch
 from mpi4py import MPI
 

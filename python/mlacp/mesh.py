@@ -17,8 +17,10 @@ class Mesh(_mlacp.Mesh):
     groups of U = P / C consecutive ranks and U rings of C ranks (one rank of every group); ``ring="node"`` forms one
     Ulysses group per node (the ranks sharing memory, in rank order) and refuses nodes of different sizes. The default,
     1, is flat Ulysses. ``ulysses_size``, ``ring_size``, ``ulysses_rank``, ``ring_rank``, ``ulysses_group`` and
-    ``ring_group`` (the sub-meshes; ``ring_group`` raises mlacp.UsageError when flat) describe it. The MLA layer
-    refuses ``ring > 1`` for now (ring attention is not implemented yet).
+    ``ring_group`` (the sub-meshes; ``ring_group`` raises mlacp.UsageError when flat) describe it. On a two-level
+    mesh mlacp.MlaAttention runs ring attention: the all-to-alls inside each Ulysses group, the keys (or, with the
+    latent strategy, the latent payload) round the rings; its ``token_map`` says which tokens each rank holds
+    (docs/api.md).
 
     One host thread at a time per communicator (every mesh over it): a second thread entering mlacp meanwhile
     raises mlacp.UsageError.

@@ -47,7 +47,7 @@ std::string repr(const MlaConfig& c) {
 }  // namespace
 
 void bind_config(py::module_& m) {
-  py::enum_<MlaStrategy>(m, "MlaStrategy", "How keys and values reach the head-sharded attention (MLA_SPEC).")
+  py::enum_<MlaStrategy>(m, "MlaStrategy", "How keys and values reach the head-sharded attention (docs/spec.md).")
       .value("latent", MlaStrategy::latent)
       .value("expanded", MlaStrategy::expanded);
   py::enum_<RingLayout>(m, "RingLayout",
@@ -100,7 +100,8 @@ void bind_config(py::module_& m) {
       .def_readwrite("vdim", &MlaConfig::vdim)
       .def_readwrite("latent", &MlaConfig::latent)
       .def_readwrite("q_lora_rank", &MlaConfig::q_lora_rank,
-                     "Rq: 0 projects the query with one dense w_q; > 0 factors it (w_qa, g_q, w_qb, MLA_SPEC step 1)")
+                     "Rq: 0 projects the query with one dense w_q; > 0 factors it (w_qa, g_q, w_qb; docs/spec.md "
+                     "step 1)")
       .def_readwrite("softmax_scale", &MlaConfig::softmax_scale,
                      "The attention's softmax scale: 0 means 1/sqrt(nope + rope), a positive value replaces it")
       .def_readwrite("bias", &MlaConfig::bias)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-"""Test support: MLA_SPEC in plain PyTorch on one process and the full sequence (the reference the distributed layer
+"""Test support: docs/spec.md in plain PyTorch on one process and the full sequence (the reference the distributed layer
 is checked against), and the helpers that move tensors between the ranks with mpi4py."""
 import math
 
@@ -11,7 +11,7 @@ import mlacp
 
 
 def rope(t, positions, base):
-    """Rotate-half RoPE of t [..., S, (heads,) dr] at `positions` [S] (MLA_SPEC step 4); t's dim -2 or -3 is S."""
+    """Rotate-half RoPE of t [..., S, (heads,) dr] at `positions` [S] (docs/spec.md step 4); t's dim -2 or -3 is S."""
     dr = t.shape[-1]
     inv_freq = base**(-torch.arange(0, dr, 2, dtype=torch.float64) / dr)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
@@ -25,11 +25,11 @@ def rope(t, positions, base):
 
 
 def mla_forward(config, x, p):
-    """y [B, S, D] of MLA_SPEC for the full sequence x [B, S, D] and weights p {name: tensor} (biases optional).
+    """y [B, S, D] of docs/spec.md for the full sequence x [B, S, D] and weights p {name: tensor} (biases optional).
     The two schedules (latent, expanded) compute these same numbers; this is the single-process definition."""
     B, S, _ = x.shape
     H, dn, dr, dv, R = config.heads, config.nope, config.rope, config.vdim, config.latent
-    # Packed documents (config.cu_seqlens, MLA_SPEC steps 4 and 6): positions restart at each document's start and
+    # Packed documents (config.cu_seqlens, docs/spec.md steps 4 and 6): positions restart at each document's start and
     # a token attends only to earlier tokens of its own document. Empty: one document.
     offsets = list(config.cu_seqlens) or [0, S]
     document = torch.repeat_interleave(torch.arange(len(offsets) - 1), torch.tensor(offsets).diff())
@@ -67,7 +67,7 @@ def reference(config, layer, x_full, dy_full):
 
 
 def relative_error(got, expected):
-    """Relative Frobenius error ||got - expected|| / ||expected|| (MLA_SPEC's measure), computed in double."""
+    """Relative Frobenius error ||got - expected|| / ||expected|| (docs/spec.md's measure), computed in double."""
     got, expected = got.detach().to(torch.float64), expected.detach().to(torch.float64)
     return float((got - expected).norm() / expected.norm().clamp_min(1e-300))
 
@@ -77,7 +77,7 @@ def tolerance(dtype):
 
 
 def shard(t, rank, size, dim=1):
-    """Rank `rank`'s contiguous shard of `t` along `dim` (MLA_SPEC: rank r holds tokens [r*s, (r+1)*s))."""
+    """Rank `rank`'s contiguous shard of `t` along `dim` (docs/spec.md: rank r holds tokens [r*s, (r+1)*s))."""
     s = t.shape[dim] // size
     return t.narrow(dim, rank * s, s).contiguous()
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 """bfloat16 from PyTorch (issue 20): bf16 parameters (float accumulation in main_grad), float parameters computed in
 bf16 (compute_dtype, and CPU autocast), each against mlacp's float64 module run on the same values: relative
-Frobenius error <= 2e-2 (MLA_SPEC's bf16 tolerance) for y, dx and every weight gradient, summed over the ranks.
+Frobenius error <= 2e-2 (docs/spec.md's bf16 tolerance) for y, dx and every weight gradient, summed over the ranks.
 Also: micro-batches accumulate in float, no copies of x, y or the weights per call, and the refusals."""
 import pytest
 import torch
@@ -10,7 +10,7 @@ from mla_reference import gather, relative_error, shard
 
 import mlacp
 
-BF16_TOLERANCE = 2e-2  # MLA_SPEC: bf16 against the float64 reference
+BF16_TOLERANCE = 2e-2  # docs/spec.md: bf16 against the float64 reference
 bf16 = torch.bfloat16
 
 

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 """The fuzzer's Python leg (issue 31): seeded random configurations through mlacp.MlaAttention, even and uneven
 splits, both strategies, float and double, biases, q-LoRA, softmax scales, overlap on and off; some drawn valid (y, dx
-and every weight gradient against the single-process PyTorch reference of MLA_SPEC), some mutated (a size at 0 or -1,
-an odd rope, a negative q-LoRA rank or scale, a malformed cu_seqlens, or the last rank with another value of a field):
-each of those must raise the same mlacp error on every rank, never hang or abort.
+and every weight gradient against the single-process PyTorch reference of docs/spec.md), some mutated (a size at 0 or
+-1, an odd rope, a negative q-LoRA rank or scale, a malformed cu_seqlens, or the last rank with another value of a
+field): each of those must raise the same mlacp error on every rank, never hang or abort.
 
 MLACP_FUZZ_PY_CASES (default 12) cases from MLACP_FUZZ_SEED (default 1); a failure names its seed."""
 import os
@@ -21,7 +21,8 @@ SIZES = ("batch", "seq", "hidden", "heads", "nope", "rope", "vdim", "latent")
 
 
 def rows(n, size, rank):
-    """MLA_SPEC's split of n over size ranks: (offset, count) of rank's part (the first n mod size take one more)."""
+    """docs/spec.md's split of n over size ranks: (offset, count) of rank's part (the first n mod size take one
+    more)."""
     base, extra = divmod(n, size)
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-"""mlacp.MlaAttention against the single-process PyTorch reference of MLA_SPEC: y, dx and every weight gradient
+"""mlacp.MlaAttention against the single-process PyTorch reference of docs/spec.md: y, dx and every weight gradient
 (summed over the ranks with all_reduce_grads), both strategies, float and double, with and without biases."""
 import pytest
 import torch

@@ -17,7 +17,7 @@ def last(comm):
 
 
 def spec_shapes(c, bias):
-    """MLA_SPEC's "Weights" table, written out (w_q only without q-LoRA, w_qa, g_q, w_qb only with it)."""
+    """docs/spec.md's "Weights" table, written out (w_q only without q-LoRA, w_qa, g_q, w_qb only with it)."""
     H, D, R, qk, kv, Rq = c.heads, c.hidden, c.latent, c.nope + c.rope, c.nope + c.vdim, c.q_lora_rank
     shapes = {"w_q": (H * qk, D), "b_q": (H * qk,), "w_kva": (R + c.rope, D), "g_kv": (R,), "w_kvb": (H * kv, R),
               "b_kvb": (H * kv,), "w_o": (D, H * c.vdim), "b_o": (D,), "w_qa": (Rq, D), "g_q": (Rq,),

@@ -9,7 +9,7 @@ import mlacp
 
 
 def expected_chunks(seq, c, layout):
-    """The formulas of the README: Partition(S, n) gives the first S mod n parts one token more."""
+    """The formulas of docs/api.md (TokenMap): Partition(S, n) gives the first S mod n parts one token more."""
     def partition(total, n):
         q, m = divmod(total, n)
         counts = [q + (1 if r < m else 0) for r in range(n)]

@@ -2,7 +2,7 @@
 //
 // mlacp-mla-block: runs the MLA layer under MPI at the given dimensions, computes the same layer on the full sequence
 // on rank 0 with P = 1, prints the relative error of the output and of every gradient and PASS or FAIL (exit code 0
-// or 1), and with --dump DIR writes the tensors as .npy files (MLA_SPEC "Dump format"). Run it with mpirun or srun
+// or 1), and with --dump DIR writes the tensors as .npy files (docs/spec.md "Dump format"). Run it with mpirun or srun
 // to check an installation: `srun -n 4 mlacp-mla-block --strategy latent --dtype double`.
 //
 // It is also the timing tool the PyTorch peer (perf_tests/peers/) is compared with: --no-reference skips the P = 1
@@ -69,7 +69,7 @@ struct Options {
   bool reference = true;
   std::string dump;
   std::string json;             // "" = no JSON report
-  double tolerance = -1;        // < 0: MLA_SPEC's (1e-10 double, 1e-4 float, 2e-2 bf16)
+  double tolerance = -1;        // < 0: docs/spec.md's (1e-10 double, 1e-4 float, 2e-2 bf16)
   mlacp::Ring ring;             // --ring C | node: the two-level mesh (ring attention); default flat
   std::string machine;          // --machine FILE: the model's machine ("" = no prediction)
   bool plan_ring = false;       // --ring plan: the planner picks strategy, ring size and layout
@@ -99,7 +99,7 @@ const char* usage =
     "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
     "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n"
     "--wire-dtype bf16 (float only) sends the all-to-alls and the latent all-gather as bf16 (bf16_all: the latent\n"
-    "reduce-scatter's partial sums too); the default tolerance is then MLA_SPEC's bf16 one, 2e-2.\n"
+    "reduce-scatter's partial sums too); the default tolerance is then docs/spec.md's bf16 one, 2e-2.\n"
     "--ring C runs ring attention on a two-level mesh of P = U x C ranks (C Ulysses groups of U consecutive ranks;\n"
     "--ring node: one group per node); --ring-layout picks which tokens each ring chunk holds (default zigzag).\n"
     "--machine FILE (the model's machine parameters, mlacp-plan --calibrate or by hand) prints the model's prediction\n"
@@ -167,7 +167,7 @@ Options parse(int argc, char** argv) {
         if (used != value.size() || !(o.memory_per_rank > 0)) throw std::invalid_argument("");
       } else if (flag == "--wire-dtype") {
         c.wire_dtype = mlacp::parse_wire_dtype(value);
-        if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;  // MLA_SPEC's bf16 bound
+        if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;  // docs/spec.md's bf16 bound
       } else if (flag == "--dtype") {
         if (value != "float" && value != "double" && value != "bf16") throw std::invalid_argument("");
         o.dtype = value;
@@ -411,7 +411,7 @@ std::string jnum(double v) {
 }
 
 // The reference's weights: the layer's own for float and double; for bf16, the float64 layer on the same values
-// (MLA_SPEC: bf16 storage with float accumulation is checked against the float64 reference).
+// (docs/spec.md: bf16 storage with float accumulation is checked against the float64 reference).
 template <class Ref, class T>
 mlacp::MlaWeights<Ref, Mem> reference_weights(const mlacp::MlaConfig& c, const mlacp::MlaWeights<T, Mem>& w) {
   if constexpr (std::is_same_v<Ref, T>) {
@@ -505,7 +505,7 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   const int P = mesh.size(), rank = mesh.rank();
   constexpr bool bf16 = std::is_same_v<T, mlacp::bf16>;
   // The reference's value type and the dump's: double for bf16 runs' reference; float for their dump (bf16 widens to
-  // float exactly, MLA_SPEC's dump format).
+  // float exactly, docs/spec.md's dump format).
   using Ref = std::conditional_t<bf16, double, T>;
   using DumpT = std::conditional_t<bf16, float, T>;
   const double tolerance = o.tolerance >= 0 ? o.tolerance : (std::is_same_v<T, double> ? 1e-10 : bf16 ? 2e-2 : 1e-4);

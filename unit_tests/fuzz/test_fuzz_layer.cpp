@@ -7,7 +7,7 @@
 // dtype or of an MLACP_* setting (what an MPMD launch or a per-rank environment does).
 //
 // The oracle: a case ends either in success on every rank, with y, dx and every weight gradient equal to the
-// single-rank full-sequence reference (MLA_SPEC's tolerances), or in an mlacp::Error on every rank (the same
+// single-rank full-sequence reference (docs/spec.md's tolerances), or in an mlacp::Error on every rank (the same
 // message for an argument error), within the watchdog's bounded time; a mutation that must be refused is refused.
 // A crash, an abort or a hang fails the ctest. Every failure prints its seed and its one-line reproduction.
 //
@@ -160,7 +160,7 @@ Draw draw(std::uint64_t seed, int P) {
   const char* dtypes[] = {"double", "float", "bf16"};
   d.dtype = dtypes[rng() % 3];
   if (d.dtype == "bf16") {
-    // bf16 is held to MLA_SPEC's 2e-2 against the one-rank bf16 layer, which holds for widths where rounding
+    // bf16 is held to docs/spec.md's 2e-2 against the one-rank bf16 layer, which holds for widths where rounding
     // averages out; at D = 1, R = 1 or Rq = 1 a gradient is a cancelling sum of a few rounded terms.
     c.hidden = pick(8, 16);
     c.latent = pick(4, 10);
@@ -170,7 +170,7 @@ Draw draw(std::uint64_t seed, int P) {
 
   if (d.dtype == "float" && coin(3)) {
     c.wire_dtype = coin(2) ? mlacp::WireDtype::bfloat16 : mlacp::WireDtype::bfloat16_all;
-    c.hidden = pick(8, 16);  // as bf16 storage below: widths where MLA_SPEC's 2e-2 against float holds
+    c.hidden = pick(8, 16);  // as bf16 storage below: widths where docs/spec.md's 2e-2 against float holds
     c.latent = pick(4, 10);
   }
   std::vector<int> rings{1};
@@ -410,7 +410,7 @@ void run_layer(const Draw& d, const mlacp::Mesh& mesh, Outcome& out) {
     return host_values(local);
   };
   const bool low = std::is_same_v<T, mlacp::bf16> || c.wire_dtype != mlacp::WireDtype::same;
-  // MLA_SPEC's 2e-2 for bf16 holds at the widths of test_mla_bf16 and test_mla_wire; at the fuzzer's widths of a
+  // docs/spec.md's 2e-2 for bf16 holds at the widths of test_mla_bf16 and test_mla_wire; at the fuzzer's widths of a
   // few numbers a gradient can be a cancelling sum of a few rounded terms (2.06e-2 seen for dg_kv at R = 4).
   const double tolerance = low ? 5e-2 : std::is_same_v<T, double> ? 1e-10 : 1e-4;
   // A gradient that is zero in exact arithmetic (dq when no query sees another key, S = 1) is rounding noise in both

@@ -2,7 +2,7 @@
 // What the MLA layer tests (test_mla_layer, test_mla_packed, test_mla_uneven) share: a rank's token shard of a full
 // tensor, and the layer's checks against its references: the distributed layer on the rank shards against the same
 // layer on one rank over the full sequence (y and dx gathered by the partition, weight gradients summed over the
-// ranks), and that one-rank layer against the plain-loop host reference of MLA_SPEC and against finite differences.
+// ranks), and that one-rank layer against the plain-loop host reference of docs/spec.md and against finite differences.
 #pragma once
 
 #include "mla_test_data.hpp"
@@ -150,7 +150,7 @@ void expect_matches_single_rank_full_sequence(const MlaConfig& config, const Mla
   }
 }
 
-/// The one-rank layer's output (no gradients) equals the plain-loop host reference of MLA_SPEC
+/// The one-rank layer's output (no gradients) equals the plain-loop host reference of docs/spec.md
 /// (testing::reference::mla_forward, with config.cu_seqlens) to 1e-12, in double: weights seed 5, x seed 77.
 /// `what` names the case in the message after the strategy and the bias.
 inline void expect_single_rank_forward_matches_plain_loop(const MlaConfig& config, const std::string& what = "") {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // Mixed precision (issue 20): MlaAttention<bf16> on the ranks of MPI_COMM_WORLD against the float64 layer on one rank
 // over the full sequence, run on the same values (the bf16 weights, x and dy widened to double), so that what is
-// measured is the error of the bf16 computation. MLA_SPEC's bf16 tolerance: relative Frobenius error <= 2e-2 for y, dx
-// and every weight gradient; both strategies, with and without biases, an even split, S and H that the group size
+// measured is the error of the bf16 computation. docs/spec.md's bf16 tolerance: relative Frobenius error <= 2e-2 for y,
+// dx and every weight gradient; both strategies, with and without biases, an even split, S and H that the group size
 // does not divide, packed documents, and S = 4096. Also: the weight gradients are float Views (beside bf16 weights) and
 // two micro-batches accumulate into them in float; the per-forward workspace is half of the float layer's (statistics
 // stay float); every GEMM shape went through the layer's bf16 plan; a NaN in a bf16 input is caught by the finite
@@ -32,7 +32,7 @@ using bf16 = mlacp::bf16;
 template <class T>
 using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
 
-constexpr double kTolerance = 2e-2;  // MLA_SPEC: bf16 against the float64 reference
+constexpr double kTolerance = 2e-2;  // docs/spec.md: bf16 against the float64 reference
 
 using mlacp::test::frobenius_norm;
 using mlacp::test::host_values;
@@ -138,7 +138,7 @@ std::vector<Case> cases() {
     for (const bool bias : {false, true}) out.push_back({strategy, bias, 32, 4, false, "even"});
     out.push_back({strategy, true, 33, 5, false, "uneven_S33_H5"});
     out.push_back({strategy, false, 33, 4, true, "packed"});
-    // MLA_SPEC's bf16 target holds at S = 4096 too (longer softmax rows, more terms in every sum).
+    // docs/spec.md's bf16 target holds at S = 4096 too (longer softmax rows, more terms in every sum).
     out.push_back({strategy, false, 4096, 4, false, "S4096"});
     out.push_back({strategy, true, 33, 5, false, "uneven_S33_H5_qlora", 20});
   }

@@ -20,7 +20,7 @@ namespace {
 using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
 
-// Heads, sequence and head dimensions all different, dn != dv (MLA_SPEC's test dimensions).
+// Heads, sequence and head dimensions all different, dn != dv (docs/spec.md's test dimensions).
 mlacp::MlaConfig small_config(mlacp::MlaStrategy strategy, bool bias, int batch = 2) {
   return mlacp::test::make_config(batch, 32, 48, 4, 8, 4, 6, 12, bias, strategy);
 }
@@ -265,7 +265,8 @@ TEST(MlaLayerMemory, ConsumedOrDestroyedForwardReleasesItsMemory) {
 
 // ---- the P = 1 layer itself against independent references ---------------------------------------------------
 
-// The layer's forward on one rank equals the plain-loop host reference of MLA_SPEC (testing::reference::mla_forward).
+// The layer's forward on one rank equals the plain-loop host reference of docs/spec.md
+// (testing::reference::mla_forward).
 // A pending Forward refers to its layer: the layer can be neither copied nor moved away from under it.
 static_assert(!std::is_copy_constructible_v<mlacp::MlaAttention<double>> &&
                   !std::is_move_constructible_v<mlacp::MlaAttention<double>> &&

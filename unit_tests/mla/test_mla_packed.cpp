@@ -123,7 +123,7 @@ TEST(MlaPackedMath, DocumentsChangeTheOutput) {
   EXPECT_GT(worst, 1e-3) << "a packed sequence gave the one-document output on rank " << mesh.rank();
 }
 
-// The one-rank layer with cu_seqlens equals the plain-loop host reference of MLA_SPEC with the same cu_seqlens
+// The one-rank layer with cu_seqlens equals the plain-loop host reference of docs/spec.md with the same cu_seqlens
 // (positions restart per document, attention masked per document), both strategies, with and without bias.
 TEST(MlaPackedMath, SingleRankForwardMatchesPlainLoopReference) {
   for (const auto& cu : packings())

@@ -192,7 +192,7 @@ TEST_P(MlaRing, PackedDocumentsAcrossChunks) {
   }
 }
 
-// bf16 on every ring mesh, against the float64 layer on the same values (MLA_SPEC's 2e-2).
+// bf16 on every ring mesh, against the float64 layer on the same values (docs/spec.md's 2e-2).
 TEST_P(MlaRing, Bf16WithinItsTolerance) {
   const int P = mlacp::test::world_size();
   for (int ring : ring_sizes())

@@ -2,7 +2,7 @@
 // bf16 on the wire for float layers (issue 20 item 3, MlaConfig::wire_dtype): a float layer whose all-to-alls and
 // latent all-gather (and with bf16_all the latent reduce-scatter) move bf16 against the float64 layer on one rank over
 // the full sequence, on the same values (the float weights, x and dy widened to double): relative Frobenius error
-// <= 2e-2 for y, dx and every weight gradient (MLA_SPEC's bf16 tolerance), both strategies, an even split and S, H
+// <= 2e-2 for y, dx and every weight gradient (docs/spec.md's bf16 tolerance), both strategies, an even split and S, H
 // that the group size does not divide. Also: the default (`same`) is today's path bit for bit; the recorded schedule
 // (launches, waits, compute phases, their order) is the same with bf16 on the wire; the collectives move half the
 // bytes (collective_bytes.hpp, checked against the Views' shapes); and the combinations that make no sense are refused.
@@ -31,7 +31,7 @@ template <class T>
 using Tensor3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
 using mlacp::WireDtype;
 
-constexpr double kTolerance = 2e-2;  // MLA_SPEC: bf16 against the float64 reference
+constexpr double kTolerance = 2e-2;  // docs/spec.md: bf16 against the float64 reference
 
 using mlacp::test::frobenius_norm;
 using mlacp::test::host_values;

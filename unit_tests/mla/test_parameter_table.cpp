@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The parameter table (parameter_table.hpp): its rows are MLA_SPEC's "Weights" table, and everything that lists
+// The parameter table (parameter_table.hpp): its rows are docs/spec.md's "Weights" table, and everything that lists
 // parameters agrees with it (allocate, weights_error, the backward's gradient checks and allocation, the flag word).
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
@@ -37,7 +37,7 @@ struct SpecRow {
   bool present;
 };
 
-// MLA_SPEC's "Weights" table written out for sample(): H*dqk = 18, H*(dn+dv) = 27, R + dr = 8, H*dv = 15; q-LoRA's
+// docs/spec.md's "Weights" table written out for sample(): H*dqk = 18, H*(dn+dv) = 27, R + dr = 8, H*dv = 15; q-LoRA's
 // rows (Rq = q_lora) last.
 std::vector<SpecRow> spec_rows(bool bias, int q_lora) {
   const auto rq = static_cast<std::size_t>(q_lora);

@@ -170,8 +170,8 @@ TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
   const std::vector<std::string> expected = {
       n::payload_all_gather, n::q_a2a, n::o_a2a, n::o_a2a, n::o_a2a, n::do_a2a, n::dq_a2a, n::latent_reduce_scatter};
   EXPECT_EQ(collectives, expected);
-  // Bytes per rank (MLA_SPEC's formulas): Q, O, dO, dQ all-to-alls of s tokens x all heads, the payload all-gather's
-  // result and the reduce-scatter's input of S tokens x (R + dr); 1 of 4 peers on the node, 2 across.
+  // Bytes per rank (docs/spec.md's shapes): Q, O, dO, dQ all-to-alls of s tokens x all heads, the payload
+  // all-gather's result and the reduce-scatter's input of S tokens x (R + dr); 1 of 4 peers on the node, 2 across.
   const double B = 2, s = 16, S = 64, H = 4, dqk = 12, dv = 6, R = 12, dr = 4;
   const double moved = 8 * (2 * B * s * H * dqk + 2 * B * s * H * dv + 2 * B * S * (R + dr));
   EXPECT_NEAR(p.bytes.intra, moved / 4, 1e-6);

@@ -8,7 +8,7 @@
 
 namespace mlacp {
 
-/// How keys and values reach the head-sharded attention (MLA_SPEC "Two schedules").
+/// How keys and values reach the head-sharded attention (docs/spec.md "Two schedules").
 enum class MlaStrategy {
   latent,    ///< all-gather the latent payload [c, k_pe]; each rank expands only its heads over all S tokens
   expanded,  ///< each rank expands all heads on its tokens; Q, K and V each go through the all-to-all
@@ -45,7 +45,7 @@ const char* to_string(RingLayout layout) noexcept;
 /// "contiguous" or "zigzag"; throws InvalidArgument naming the value otherwise.
 RingLayout parse_ring_layout(const std::string& name);
 
-/// The dimensions of one MLA attention block (MLA_SPEC "Names"). `seq` is the global sequence length S.
+/// The dimensions of one MLA attention block (docs/spec.md "Names"). `seq` is the global sequence length S.
 struct MlaConfig {
   int batch = 0;      ///< B
   int seq = 0;        ///< S, global
@@ -57,12 +57,12 @@ struct MlaConfig {
   int latent = 0;     ///< R, kv_lora_rank
   bool bias = false;  ///< b_q, b_kvb and b_o present
   /// Rq, q_lora_rank: 0 (the default) projects the query with one dense w_q [H*dqk, D]; Rq > 0 factors it as
-  /// DeepSeek-V2 and V3 do (MLA_SPEC step 1): cq = RMSNorm(x w_qa^T) * g_q with w_qa [Rq, D], g_q [Rq] and rms_eps (the
-  /// latent norm's epsilon), then q = cq w_qb^T + b_q with w_qb [H*dqk, Rq]. The parameter table (parameter_table.hpp)
-  /// holds w_q or w_qa, g_q, w_qb accordingly.
+  /// DeepSeek-V2 and V3 do (docs/spec.md step 1): cq = RMSNorm(x w_qa^T) * g_q with w_qa [Rq, D], g_q [Rq] and
+  /// rms_eps (the latent norm's epsilon), then q = cq w_qb^T + b_q with w_qb [H*dqk, Rq]. The parameter table
+  /// (parameter_table.hpp) holds w_q or w_qa, g_q, w_qb accordingly.
   int q_lora_rank = 0;
-  /// The attention's softmax scale (MLA_SPEC step 6): 0 (the default) means 1/sqrt(dqk); a positive value replaces it
-  /// (DeepSeek-V3's YaRN-adjusted scale, mscale^2 / sqrt(dqk)). Part of the configuration the ranks agree on.
+  /// The attention's softmax scale (docs/spec.md step 6): 0 (the default) means 1/sqrt(dqk); a positive value replaces
+  /// it (DeepSeek-V3's YaRN-adjusted scale, mscale^2 / sqrt(dqk)). Part of the configuration the ranks agree on.
   double softmax_scale = 0.0;
   MlaStrategy strategy = MlaStrategy::latent;
   double rope_base = 10000.0;

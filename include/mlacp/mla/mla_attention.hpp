@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // The MLA attention layer under Ulysses context parallelism, with the backward-overlap schedule of
 // shared/reference/mla_backward_overlap.py re-created from its pieces (OutputProjection, InputA2APair,
-// LatentKVLinear). The numbers are MLA_SPEC's. The layer is the plan: it checks (detail/input_checks.hpp) and
+// LatentKVLinear). The numbers are docs/spec.md's. The layer is the plan: it checks (detail/input_checks.hpp) and
 // dispatches once to the schedule of its strategy (detail/latent_schedule.hpp, detail/expanded_schedule.hpp), which
 // owns its memory; what the schedules share is in detail/schedule_context.hpp and detail/shared_steps.hpp.
 #pragma once
@@ -45,7 +45,7 @@ namespace mlacp {
 /// collective state). backward() consumes it exactly once and overlaps: the dO all-to-all with the w_o weight
 /// gradient; the inverse all-to-all of dQ with the KV path's backward (latent) or dK/dV with the Q branch (expanded);
 /// the latent reduce-scatter with the w_kvb weight gradient. Weight gradients are this rank's partial sums
-/// (MLA_SPEC); sum them over the ranks as a data-parallel reduction would.
+/// (docs/spec.md); sum them over the ranks as a data-parallel reduction would.
 ///
 /// Core: the attention core on head-local q [B,S,h,dqk], k [B,S,h,dqk], v [B,S,h,dv] -> o [B,S,h,dv] with a saved
 /// lse [B,h,S]; the default is the tiled FlashAttentionCore; see attention_problem.hpp for the interface a

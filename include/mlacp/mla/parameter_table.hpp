@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The one list of an MLA block's parameters (MLA_SPEC "Weights"): for each, its name, its member of MlaParameters, its
-// shape as a function of the configuration, when it is present, its gradient flag (member of MlaRequiresGrad) and its
-// gradient's value type. Everything that lists parameters iterates it: MlaParameters::allocate, weights_error, the
+// The one list of an MLA block's parameters (docs/spec.md "Weights"): for each, its name, its member of MlaParameters,
+// its shape as a function of the configuration, when it is present, its gradient flag (member of MlaRequiresGrad) and
+// its gradient's value type. Everything that lists parameters iterates it: MlaParameters::allocate, weights_error, the
 // backward's gradient checks and allocation, the gradient flag word, the check tool's dumps, the synthetic test data
 // and the Python package (mlacp._mlacp.parameter_table, from which python/mlacp derives its names, shapes and flags).
 // Adding a weight (as q-LoRA's w_qa / g_q / w_qb were) is one member of MlaParameters, one flag of MlaRequiresGrad
@@ -57,7 +57,7 @@ inline const char* to_string(GradientType g) noexcept {
 
 /// One row of the table, without its member (the same for every value type and memory space).
 struct ParameterInfo {
-  const char* name;                           ///< MLA_SPEC's name (state_dict key, dump file name)
+  const char* name;                           ///< docs/spec.md's name (state_dict key, dump file name)
   int rank;                                   ///< 1 or 2
   ParameterKind kind;                         ///< weight, bias or RMSNorm gain
   bool MlaRequiresGrad::*flag;                ///< its gradient flag
@@ -89,10 +89,10 @@ inline bool factored_q(const MlaConfig& c) { return c.q_lora(); }
 
 }  // namespace detail
 
-/// THE parameter table (MLA_SPEC "Weights"), in the order the parameters are registered in Python (state_dict order),
-/// allocated, filled with synthetic data and checked. q-LoRA's rows come last, so that the synthetic data of the rows
-/// before them (seeded by their place in the table) is what it was before they were added. Params is MlaParameters<T,
-/// MemSpace> (or a type derived from it, e.g. MlaGradients): the members are named through it.
+/// THE parameter table (docs/spec.md "Weights"), in the order the parameters are registered in Python (state_dict
+/// order), allocated, filled with synthetic data and checked. q-LoRA's rows come last, so that the synthetic data of
+/// the rows before them (seeded by their place in the table) is what it was before they were added. Params is
+/// MlaParameters<T, MemSpace> (or a type derived from it, e.g. MlaGradients): the members are named through it.
 template <class Params>
 constexpr auto parameter_entries() {
   using P = std::remove_cv_t<Params>;

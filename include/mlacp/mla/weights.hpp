@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The parameters of an MLA block (MLA_SPEC "Weights", nn.Linear form: W is [out, in]) and their gradients.
+// The parameters of an MLA block (docs/spec.md "Weights", nn.Linear form: W is [out, in]) and their gradients.
 #pragma once
 
 #include <mlacp/allocation.hpp>
@@ -182,7 +182,7 @@ using MlaWeights = MlaParameters<T, MemSpace>;
 template <class T>
 using gradient_value_t = compat::accumulation_t<T>;
 
-/// Gradients of the weights (this rank's partial sums, MLA_SPEC "Weights"), in G (by default gradient_value_t<T>; a
+/// Gradients of the weights (this rank's partial sums, docs/spec.md "Weights"), in G (by default gradient_value_t<T>; a
 /// bf16 layer also takes bf16 weight gradients on request, MlaAttention::backward), and of the input x [B, s, D], in T
 /// (the input's own type).
 template <class T, class MemSpace = Kokkos::DefaultExecutionSpace::memory_space, class G = gradient_value_t<T>>

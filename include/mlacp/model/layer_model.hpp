@@ -4,7 +4,7 @@
 // shapes (MachineParams::gemm_time), the attention core's rate and the element-wise traffic, each collective from
 // collective_cost.hpp, and the order of launches and waits simulated on one compute stream and one network queue per
 // rank. It gives forward and backward time, the bytes per level, the hidden fraction and the memory per rank of one
-// (strategy, U, C, layout) choice. README "Performance model and planner" has the formulas.
+// (strategy, U, C, layout) choice. docs/model.md ("The model") has the formulas.
 #pragma once
 
 #include <mlacp/mla/config.hpp>

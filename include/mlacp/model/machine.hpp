@@ -2,7 +2,7 @@
 // A machine as the performance model (layer_model.hpp) sees it: an alpha-beta cost per network level, the GEMM rate
 // by size and dtype, the attention core's rate, the memory bandwidth and the memory per rank. `mlacp-plan
 // --calibrate` measures them and writes them as JSON (machine_to_json); users may also write that file by hand for a
-// cluster they describe (README "Performance model and planner" shows a GPU cluster's file).
+// cluster they describe (docs/model.md, "The machine file", points to a GPU cluster's file).
 #pragma once
 
 #include <map>

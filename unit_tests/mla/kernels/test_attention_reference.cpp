@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// Tests of the reference attention core (CausalAttentionCore, MLA_SPEC step 6) against a naive S x S softmax and
+// Tests of the reference attention core (CausalAttentionCore, docs/spec.md step 6) against a naive S x S softmax and
 // finite differences: the core the tiled one (test_attention_core.cpp) is compared with.
 #include "kernel_test_support.hpp"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// Tests of RMSNorm (MLA_SPEC step 3): the formula and the backward against finite differences; float and double.
+// Tests of RMSNorm (docs/spec.md step 3): the formula and the backward against finite differences; float and double.
 #include "kernel_test_support.hpp"
 
 #include <gtest/gtest.h>

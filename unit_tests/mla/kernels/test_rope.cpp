@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// Tests of RoPE (MLA_SPEC step 4): the formula, the adjoint, rank-3 use, the table form, bad arguments; explicit
+// Tests of RoPE (docs/spec.md step 4): the formula, the adjoint, rank-3 use, the table form, bad arguments; explicit
 // positions (packed documents: positions restart at each document's start; uneven splits of S over ranks); float and
 // double on the default execution space.
 #include "kernel_test_support.hpp"
@@ -24,7 +24,7 @@ TYPED_TEST_SUITE(Rope, ValueTypes);
 
 // ---- RoPE -----------------------------------------------------------------------------------------------------------
 
-/// MLA_SPEC step 4 directly: rotates columns [first, first+width) of each row of length d, token t at position
+/// docs/spec.md step 4 directly: rotates columns [first, first+width) of each row of length d, token t at position
 /// positions[t].
 Vec rope_host_at(Vec x, int n_b, int n_s, int n_h, int d, int first, int width,
                  const std::vector<std::int64_t>& positions) {

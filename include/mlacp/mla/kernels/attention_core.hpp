@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// Causal scaled-dot-product attention on head-local data (MLA_SPEC step 6), numerically stable (online softmax) and
+// Causal scaled-dot-product attention on head-local data (docs/spec.md step 6), numerically stable (online softmax) and
 // never materialising the S x S score matrix:
 //   q, k `[B, S, h, dqk]`, v `[B, S, h, dv]`, o `[B, S, h, dv]`, lse `[B, h, S]`;
 //   o_i = sum_{j <= i} P_ij v_j,  P_ij = exp(scale * q_i.k_j - lse_i),  lse_i = log sum_{j <= i} exp(scale * q_i.k_j),

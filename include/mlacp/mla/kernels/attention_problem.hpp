@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// The attention core's contract (MLA_SPEC step 6): one problem struct, one capabilities description, two calls.
+// The attention core's contract (docs/spec.md step 6): one problem struct, one capabilities description, two calls.
 //
 // The problem (AttentionProblem, in the spirit of FlashAttention's params struct) says everything a call computes:
 //   q [B, nq, h, dqk], k [B, nk, h, dqk], v [B, nk, h, dv]   the queries and keys;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// The default attention core of the MLA layer: tiled causal attention in the flash-attention style (MLA_SPEC step 6).
-// The forward walks key tiles per query tile with an online softmax and saves only O and the row log-sum-exp; the
+// The default attention core of the MLA layer: tiled causal attention in the flash-attention style (docs/spec.md step
+// 6). The forward walks key tiles per query tile with an online softmax and saves only O and the row log-sum-exp; the
 // backward recomputes the score tiles from lse, computes D_i = rowsum(dO_i o O_i) once, accumulates dK/dV per key
 // tile and dQ per query tile. Tiles above the diagonal are skipped and the diagonal tiles masked. Memory is O(S) (the
 // row term) plus O(tile) scratch, never S x S. Softmax statistics (running max, running sum, D) are double.

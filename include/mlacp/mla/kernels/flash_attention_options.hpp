@@ -19,7 +19,7 @@ namespace mlacp {
 enum class FlashAttentionPath { automatic, blas, team };
 
 /// Tile sizes of the core: `query_tile` queries by `key_tile` keys per score tile. 0 means the path's default (chosen
-/// by measurement, see perf_tests/perf_attention.cpp and the README). The environment variable
+/// by measurement, see perf_tests/perf_attention.cpp and docs/api.md). The environment variable
 /// MLACP_ATTENTION_TILES=QxK overrides the defaults (not explicit values) without recompiling.
 struct FlashAttentionOptions {
   int query_tile = 0;
@@ -29,8 +29,8 @@ struct FlashAttentionOptions {
 
 /// Default tiles of each path. Host (BLAS): 128 x 128 was the best or within the noise of the best of 64x64, 128x128,
 /// 64x256 and 128x256 at dqk = dv = 32 and at dqk = 192, dv = 128, S = 512 and 2048, float and double
-/// (mlacp-perf-attention, README); longer key tiles lose in the backward, shorter ones to GEMM call overhead. Team:
-/// small enough that a score tile and the accumulators fit in a GPU's team scratch.
+/// (mlacp-perf-attention, docs/api.md); longer key tiles lose in the backward, shorter ones to GEMM call overhead.
+/// Team: small enough that a score tile and the accumulators fit in a GPU's team scratch.
 inline constexpr int flash_default_query_tile_blas = 128;
 inline constexpr int flash_default_key_tile_blas = 128;
 inline constexpr int flash_default_query_tile_team = 32;

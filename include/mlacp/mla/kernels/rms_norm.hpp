@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// RMSNorm of the latent (MLA_SPEC step 3) over the first R columns of rank-3 Views `[B, s, W]`, W >= R (the latent is
-// the first R columns of the payload [c, k_pe]); R is gain.extent(0):
+// RMSNorm of the latent (docs/spec.md step 3) over the first R columns of rank-3 Views `[B, s, W]`, W >= R (the latent
+// is the first R columns of the payload [c, k_pe]); R is gain.extent(0):
 //   y[j] = x[j] * rstd * g[j],  rstd = 1 / sqrt(mean_{k < R}(x[k]^2) + eps),  j < R.
 // Columns >= R of the outputs are never touched. Statistics and reductions accumulate in double.
 //
@@ -21,7 +21,7 @@
 
 namespace mlacp {
 
-/// The eps of MLA_SPEC's RMSNorm.
+/// The eps of docs/spec.md's RMSNorm.
 inline constexpr double rms_norm_default_eps = 1e-6;
 
 namespace detail {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// Rotary position embedding (RoPE), rotate-half (GPT-NeoX) form, as MLA_SPEC step 4:
+// Rotary position embedding (RoPE), rotate-half (GPT-NeoX) form, as docs/spec.md step 4:
 //   inv_freq[j] = base^(-2j/width), j in [0, width/2);  angle = p * inv_freq[j];
 //   cos/sin repeated to length width as [f, f];  rot(x) = x*cos + rotate_half(x)*sin,  rotate_half([x1, x2]) = [-x2,
 //   x1]

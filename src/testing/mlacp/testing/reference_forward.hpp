@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
-// Test support (not installed). A REFERENCE implementation of the MLA forward pass (MLA_SPEC steps 1-7) on the full
+// Test support (not installed). A REFERENCE implementation of the MLA forward pass (docs/spec.md steps 1-7) on the full
 // sequence in one process (P = 1), for tests and the check tool. It is deliberately naive and host-only: plain loops
 // over host Views, double accumulation, an O(S^2) softmax that materialises every score row, no Kokkos kernels. It is
 // NOT a fast path and shares no code with the library's kernels, so that it can check them.
@@ -20,7 +20,7 @@
 
 namespace mlacp::testing::reference {
 
-/// The dimensions of MLA_SPEC (see its table of names); P = 1, so S is the whole sequence.
+/// The dimensions of docs/spec.md (see its table of names); P = 1, so S is the whole sequence.
 struct ReferenceDims {
   int B = 0;                 ///< batch
   int S = 0;                 ///< sequence length
@@ -34,7 +34,7 @@ struct ReferenceDims {
   double softmax_scale = 0;  ///< 0: 1/sqrt(dqk)
 };
 
-/// The MLA weights in MLA_SPEC's shapes, as host Views (nn.Linear form, W is [out, in]). The biases b_q, b_kvb and
+/// The MLA weights in docs/spec.md's shapes, as host Views (nn.Linear form, W is [out, in]). The biases b_q, b_kvb and
 /// b_o may be empty Views (no bias).
 template <class T>
 struct ReferenceWeights {
@@ -91,7 +91,7 @@ std::vector<double> linear(const std::vector<double>& in, std::size_t rows, std:
   return out;
 }
 
-/// In-place rotate-half RoPE of v[0, dr) at position p, MLA_SPEC step 4.
+/// In-place rotate-half RoPE of v[0, dr) at position p, docs/spec.md step 4.
 inline void rope(double* v, int dr, double p) {
   const int half = dr / 2;
   for (int j = 0; j < half; ++j) {
@@ -122,7 +122,7 @@ inline std::vector<int> document_starts(const std::vector<std::int64_t>& cu, int
 
 }  // namespace detail
 
-/// y = MLA(x) per MLA_SPEC steps 1-7 on the full sequence: x, y `[B, S, D]` host Views. Throws
+/// y = MLA(x) per docs/spec.md steps 1-7 on the full sequence: x, y `[B, S, D]` host Views. Throws
 /// mlacp::InvalidArgument when a shape disagrees with dims. With `cu_seqlens` (packed documents: c[0] = 0 < c[1] < ...
 /// < c[n] = S, the same for every batch row), step 4's positions restart at 0 at each document's start and step 6's
 /// attention is causal within each document (query i sees keys [start of i's document, i]); empty: one document.
