@@ -2,6 +2,7 @@
 // The bf16 GEMM's backend names and its environment override (MLACP_BF16_GEMM); the oneDNN part is in
 // bf16_gemm_onednn.cpp (built only with oneDNN).
 #include <mlacp/bf16_gemm.hpp>
+#include <mlacp/settings.hpp>
 
 #include <cstdlib>
 #include <stdexcept>
@@ -33,8 +34,8 @@ Bf16GemmBackend parse_bf16_gemm_backend(const std::string& value) {
 }
 
 Bf16GemmBackend bf16_gemm_backend_from_env() {
-  const char* value = std::getenv(bf16_gemm_env_var);
-  if (value == nullptr || value[0] == '\0') return Bf16GemmBackend::automatic;
+  const std::string& value = Settings::from_environment().bf16_gemm();
+  if (value.empty()) return Bf16GemmBackend::automatic;
   return parse_bf16_gemm_backend(value);
 }
 

@@ -3,6 +3,7 @@
 #include <mlacp/watchdog.hpp>
 
 #include <mlacp/error.hpp>
+#include <mlacp/settings.hpp>
 
 #include <time.h>
 #include <unistd.h>
@@ -54,10 +55,7 @@ std::int64_t nanoseconds(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-std::string trace_file_from_environment() {
-  const char* value = std::getenv("MLACP_TRACE");
-  return value != nullptr ? std::string(value) : std::string();
-}
+std::string trace_file_from_environment() { return Settings::from_environment().trace(); }
 
 struct Recorder {
   std::string trace_path = trace_file_from_environment();

@@ -5,6 +5,7 @@
 #include <mlacp/mesh.hpp>
 #include <mlacp/mpi/agreement.hpp>
 #include <mlacp/mpi/communicator.hpp>
+#include <mlacp/settings.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -21,21 +22,13 @@
 namespace mlacp {
 
 namespace {
-bool checked_by_default() {
-  const char* value = std::getenv("MLACP_CHECKED");
-  return value == nullptr || std::string(value) != "0";
-}
-bool check_finite_by_default() {
-  const char* value = std::getenv("MLACP_CHECK_FINITE");
-  return value != nullptr && std::string(value) != "0";
-}
 
 // The settings that decide which collectives run: every rank must hold the same value of each. Codes travel as
-// integers; `invalid_code` marks an environment value that could not be parsed.
-constexpr std::int64_t invalid_code = -1;
+// integers.
 const char* const reduce_scatter_setting =
     "the reduce-scatter algorithm (MLACP_REDUCE_SCATTER or set_reduce_scatter_algorithm)";
 const char* const checked_setting = "checked mode (MLACP_CHECKED or set_checked)";
+const char* const check_finite_setting = "the finiteness check (MLACP_CHECK_FINITE or set_check_finite)";
 
 std::string reduce_scatter_label(std::int64_t code) {
   return code == static_cast<std::int64_t>(ReduceScatterAlgorithm::mpi) ? "mpi" : "pairwise";
@@ -50,15 +43,15 @@ std::string ring_label(std::int64_t code) {
 }
 std::int64_t ring_code(const Ring& ring) { return ring.per_node ? ring_node_code : ring.size; }
 
-// The algorithm MLACP_REDUCE_SCATTER asks for, or invalid_code with `error` set.
-std::int64_t reduce_scatter_from_environment(std::string& error) {
-  const char* value = std::getenv("MLACP_REDUCE_SCATTER");
-  if (value == nullptr || std::string(value) == "pairwise")
-    return static_cast<std::int64_t>(ReduceScatterAlgorithm::pairwise);
-  if (std::string(value) == "mpi") return static_cast<std::int64_t>(ReduceScatterAlgorithm::mpi);
-  error = std::string("mlacp::Mesh: MLACP_REDUCE_SCATTER='") + value + "'; expected 'pairwise' or 'mpi'";
-  return invalid_code;
+// The algorithm MLACP_REDUCE_SCATTER asks for (pairwise where unset, or where it does not parse: Settings::error()
+// reports that).
+std::int64_t reduce_scatter_from(const Settings& settings) {
+  return static_cast<std::int64_t>(settings.reduce_scatter() == "mpi" ? ReduceScatterAlgorithm::mpi
+                                                                      : ReduceScatterAlgorithm::pairwise);
 }
+
+// setting_table's index of the first setting that does not parse, plus one; 0 when all parse.
+std::int64_t malformed_code(const Settings& settings) { return settings.first_malformed() + 1; }
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::ostringstream out;
@@ -112,8 +105,7 @@ Mesh::Mesh(MPI_Comm comm, Ring ring, Ownership ownership) : Mesh(comm, ownership
   build_levels(ring);
 }
 
-Mesh::Mesh(MPI_Comm comm, Ownership ownership, std::int64_t ring)
-    : checked_(checked_by_default()), check_finite_(check_finite_by_default()) {
+Mesh::Mesh(MPI_Comm comm, Ownership ownership, std::int64_t ring) {
   const bool finalized = mpi::finalized();
   if (!mpi::initialized() || finalized)
     throw UsageError(std::string("mlacp::Mesh: MPI is ") + (finalized ? "already finalized" : "not initialized") +
@@ -142,25 +134,32 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership, std::int64_t ring)
 
 void Mesh::agree_on_environment(std::int64_t ring) {
   const std::string where = "mlacp::Mesh";
-  std::string parse_error;
-  const std::int64_t algorithm = reduce_scatter_from_environment(parse_error);
+  const Settings settings = Settings::from_environment();  // the mesh's one read of the environment
+  checked_ = settings.checked();
+  check_finite_ = settings.check_finite();
+  const std::int64_t malformed = malformed_code(settings);
   // The ring travels with the settings (one allgather, as before): a rank asking for another ring than its peers
   // would split the communicator differently, or not at all, and hang them.
-  const auto all = gather_settings(comm_, size_, {algorithm, checked_ ? 1 : 0, ring}, where);
-  const auto algorithms = ranks_by_value(all, 3, 0);
-  if (const auto invalid = algorithms.find(invalid_code); invalid != algorithms.end()) {
-    if (!parse_error.empty()) throw InvalidArgument(parse_error);
-    throw InvalidArgument(where + ": MLACP_REDUCE_SCATTER is neither 'pairwise' nor 'mpi' on rank(s) " +
-                          rank_list(invalid->second) + " [the mesh was not created]");
+  constexpr std::size_t count = 5;
+  const auto all = gather_settings(
+      comm_, size_, {malformed, reduce_scatter_from(settings), checked_ ? 1 : 0, check_finite_ ? 1 : 0, ring}, where);
+  // A value that does not parse, on any rank: every rank refuses, the ranks that hold it with its text.
+  for (const auto& [code, holders] : ranks_by_value(all, count, 0)) {
+    if (code == 0) continue;
+    if (malformed != 0) throw InvalidArgument(where + ": " + settings.error() + " [the mesh was not created]");
+    const auto& info = setting_table[static_cast<std::size_t>(code - 1)];
+    throw InvalidArgument(where + ": " + info.variable + " does not parse on rank(s) " + rank_list(holders) +
+                          " (expected " + info.expected + ") [the mesh was not created]");
   }
   const std::string consequence = "the mesh was not created";
-  std::string error = disagreement(where, all, 3, 0, reduce_scatter_setting, reduce_scatter_label, consequence);
-  if (error.empty()) error = disagreement(where, all, 3, 1, checked_setting, checked_label, consequence);
-  if (error.empty()) error = disagreement(where, all, 3, 2, ring_setting, ring_label, consequence);
+  std::string error = disagreement(where, all, count, 1, reduce_scatter_setting, reduce_scatter_label, consequence);
+  if (error.empty()) error = disagreement(where, all, count, 2, checked_setting, checked_label, consequence);
+  if (error.empty()) error = disagreement(where, all, count, 3, check_finite_setting, checked_label, consequence);
+  if (error.empty()) error = disagreement(where, all, count, 4, ring_setting, ring_label, consequence);
   // Agreed, so every rank finds the same verdict on the ring size (the node layout is checked in build_levels).
   if (error.empty() && ring != ring_node_code) error = detail::group_by_ring(size_, static_cast<int>(ring)).error;
   if (!error.empty()) throw InvalidArgument(error);
-  reduce_scatter_ = static_cast<ReduceScatterAlgorithm>(algorithm);
+  reduce_scatter_ = static_cast<ReduceScatterAlgorithm>(reduce_scatter_from(settings));
 }
 
 void Mesh::build_levels(const Ring& ring) {

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/event_recorder.hpp>
+#include <mlacp/settings.hpp>
 #include <mlacp/watchdog.hpp>
 
 #include <atomic>
@@ -13,8 +14,7 @@ namespace mlacp {
 namespace {
 std::atomic<double>& timeout_value() {
   static std::atomic<double> value{[] {
-    const char* env = std::getenv("MLACP_WAIT_TIMEOUT_S");
-    const double seconds = env ? std::atof(env) : default_wait_timeout_s;
+    const double seconds = Settings::from_environment().wait_timeout_s(default_wait_timeout_s);
     return seconds > 0 ? seconds : 0.0;
   }()};
   return value;

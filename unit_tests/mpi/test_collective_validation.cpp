@@ -196,7 +196,8 @@ TEST(MeshSettings, EnvironmentThatDiffersAcrossRanksIsRefusedOnEveryRank) {
   }
   expect_invalid([] { mlacp::Mesh mesh(MPI_COMM_WORLD, mlacp::Mesh::Ownership::borrow); },
                  {on_last ? "MLACP_REDUCE_SCATTER='ring'; expected 'pairwise' or 'mpi'"
-                          : "MLACP_REDUCE_SCATTER is neither 'pairwise' nor 'mpi' on rank(s) " + std::to_string(last)});
+                          : "MLACP_REDUCE_SCATTER does not parse on rank(s) " + std::to_string(last) +
+                                " (expected 'pairwise' or 'mpi')"});
   if (on_last) {
     ASSERT_EQ(unsetenv("MLACP_REDUCE_SCATTER"), 0);
   }

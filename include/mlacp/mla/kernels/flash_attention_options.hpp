@@ -4,8 +4,8 @@
 #pragma once
 
 #include <mlacp/error.hpp>
+#include <mlacp/settings.hpp>
 
-#include <cstdlib>
 #include <string>
 
 namespace mlacp {
@@ -43,25 +43,9 @@ namespace detail {
 inline std::pair<int, int> flash_tiles(const FlashAttentionOptions& o, bool blas_path) {
   int q = blas_path ? flash_default_query_tile_blas : flash_default_query_tile_team;
   int k = blas_path ? flash_default_key_tile_blas : flash_default_key_tile_team;
-  if (const char* env = std::getenv("MLACP_ATTENTION_TILES"); env != nullptr && *env != '\0') {
-    const std::string s(env);
-    const auto x = s.find('x');
-    int eq = 0, ek = 0;
-    try {
-      std::size_t used_q = 0, used_k = 0;
-      if (x != std::string::npos) {
-        eq = std::stoi(s.substr(0, x), &used_q);
-        ek = std::stoi(s.substr(x + 1), &used_k);
-      }
-      if (x == std::string::npos || used_q != x || used_k != s.size() - x - 1) eq = ek = 0;
-    } catch (const std::exception&) {
-      eq = ek = 0;
-    }
-    if (eq <= 0 || ek <= 0)
-      throw InvalidArgument("mlacp: MLACP_ATTENTION_TILES='" + s +
-                            "'; expected QxK with two positive integers, e.g. 128x256");
-    q = eq;
-    k = ek;
+  if (const auto tiles = Settings::from_environment().attention_tiles(); tiles[0] > 0) {
+    q = tiles[0];
+    k = tiles[1];
   }
   if (o.query_tile != 0) q = o.query_tile;
   if (o.key_tile != 0) k = o.key_tile;
