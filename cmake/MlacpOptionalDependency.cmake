@@ -5,7 +5,7 @@
 #
 #   mlacp_optional_dependency(
 #     NAME <NAME>        switch MLACP_ENABLE_<NAME>: AUTO (default where unset), ON (fail when not found) or OFF
-#                        (or another CMake boolean); result MLACP_HAVE_<NAME>: ON or OFF (config.hpp's definition)
+#                        (or another CMake boolean); result MLACP_HAVE_<NAME>: ON or OFF (build_config.hpp's definition)
 #     FEATURE <text>     what it switches, for the status lines: "mlacp: <text> ON (<found>)" / "... OFF (...)"
 #     PACKAGE <text>     what is looked for: "<text> not found"
 #     HINT <text>        how to point CMake at it, ending the error when ON and not found

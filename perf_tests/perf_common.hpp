@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/config.hpp>
 #include <mlacp/mla/flop_count.hpp>
+#include <mlacp/mla/mla_config.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>

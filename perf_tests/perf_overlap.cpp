@@ -35,13 +35,13 @@
 #include <mpi.h>
 #include <mlacp/collectives.hpp>
 #include <mlacp/event_recorder.hpp>
-#include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/input_checks.hpp>
 #include <mlacp/mla/detail/latent_schedule.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/flash_attention.hpp>
 #include <mlacp/mla/kernels/token_segments.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/names.hpp>
 #include <mlacp/mla/pieces/latent_kv_linear.hpp>
 #include <mlacp/mla/pieces/output_projection.hpp>

@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/error.hpp>
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/config_fields.hpp>
 #include <mlacp/mla/document_layout.hpp>
+#include <mlacp/mla/mla_config.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <type_traits>
 #include <utility>
 
 namespace mlacp {
@@ -48,14 +51,13 @@ RingLayout parse_ring_layout(const std::string& name) {
 
 std::string MlaConfig::error(int /*group_size: any positive S and H run on any group*/) const {
   std::ostringstream out;
-  const std::pair<const char*, int> dims[] = {{"batch", batch}, {"seq", seq},   {"hidden", hidden}, {"heads", heads},
-                                              {"nope", nope},   {"rope", rope}, {"vdim", vdim},     {"latent", latent}};
-  for (const auto& [name, value] : dims) {
-    if (value <= 0) {
-      out << "mlacp::MlaConfig: " << name << " = " << value << "; expected a positive size";
-      return out.str();
+  for_each_config_field(*this, [&](const ConfigField& field, const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int>) {
+      if (field.size && value <= 0 && out.tellp() == 0)
+        out << "mlacp::MlaConfig: " << field.name << " = " << value << "; expected a positive size";
     }
-  }
+  });
+  if (out.tellp() != 0) return out.str();
   // Products the layer computes in int (GEMM dimensions, token rows) must fit in it: a wrapped size would allocate or
   // index the wrong amount.
   const std::pair<const char*, std::int64_t> products[] = {
@@ -105,15 +107,41 @@ std::string cu_seqlens_error(const std::vector<std::int64_t>& cu_seqlens, int se
   return "";
 }
 
-std::string MlaConfig::describe() const {
+namespace {
+
+/// A field's value in describe(): numbers as they print, flags as yes/no, enums by name, offsets as their count.
+template <class T>
+std::string described(const T& value) {
   std::ostringstream out;
-  out << "B=" << batch << " S=" << seq << " D=" << hidden << " H=" << heads << " dn=" << nope << " dr=" << rope
-      << " dv=" << vdim << " R=" << latent << " bias=" << (bias ? "yes" : "no") << " strategy=" << to_string(strategy)
-      << " wire=" << to_string(wire_dtype) << " ring_layout=" << to_string(ring_layout);
-  if (q_lora_rank != 0) out << " Rq=" << q_lora_rank;
-  if (softmax_scale != 0) out << " softmax_scale=" << softmax_scale;
-  if (!cu_seqlens.empty()) out << " documents=" << cu_seqlens.size() - 1;
+  if constexpr (std::is_same_v<T, bool>) {
+    out << (value ? "yes" : "no");
+  } else if constexpr (std::is_enum_v<T>) {
+    out << to_string(value);
+  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+    out << (value.empty() ? 1 : value.size() - 1);
+  } else {
+    out << value;
+  }
   return out.str();
+}
+
+}  // namespace
+
+std::string MlaConfig::describe() const {
+  // The sizes and the fields marked shown always; any other field only where it differs from MlaConfig's default.
+  const MlaConfig defaults;
+  std::string out;
+  for_each_config_field(*this, [&](const ConfigField& field, const auto& value) {
+    bool is_default = false;
+    for_each_config_field(defaults, [&](const ConfigField& f, const auto& d) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(d)>, std::decay_t<decltype(value)>>) {
+        if (std::string(f.name) == field.name) is_default = d == value;
+      }
+    });
+    if (field.size || field.shown || !is_default)
+      out += (out.empty() ? "" : " ") + std::string(field.symbol) + "=" + described(value);
+  });
+  return out;
 }
 
 }  // namespace mlacp

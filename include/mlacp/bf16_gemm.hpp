@@ -32,8 +32,8 @@
 // A plan is not thread-safe; each caller (the layer, a test) owns its own, like an FFT plan.
 #pragma once
 
+#include <mlacp/build_config.hpp>
 #include <mlacp/compat.hpp>
-#include <mlacp/config.hpp>
 #include <mlacp/error.hpp>
 
 #include <Kokkos_Core.hpp>

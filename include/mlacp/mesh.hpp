@@ -3,7 +3,7 @@
 #pragma once
 
 #include <mpi.h>
-#include <mlacp/config.hpp>
+#include <mlacp/build_config.hpp>
 
 #include <cstdint>
 #include <initializer_list>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #pragma once
 
-#include <mlacp/config.hpp>
+#include <mlacp/build_config.hpp>
 
 #include <iosfwd>
 #include <string>

@@ -21,8 +21,8 @@ from mpi4py import MPI as _MPI  # noqa: F401
 
 from . import _mlacp
 from ._mlacp import (CommunicationError, Error, InvalidArgument, MlaConfig, MlaRequiresGrad, MlaStrategy,
-                     OutOfMemoryError, ReduceScatterAlgorithm, RingLayout, UsageError, events, names, overlap_policy,
-                     set_overlap_policy, set_wait_timeout, wait_timeout)
+                     OutOfMemoryError, ReduceScatterAlgorithm, RingLayout, UsageError, WireDtype, events, names,
+                     overlap_policy, set_overlap_policy, set_wait_timeout, wait_timeout)
 from .attention import MlaAttention
 from .deepseek import from_deepseek_state_dict, to_deepseek_state_dict
 from .gradients import all_reduce_grads
@@ -39,6 +39,7 @@ _atexit.register(_mlacp._finalize_kokkos)
 __all__ = [
     "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
     "MlaStrategy", "OutOfMemoryError", "Plan", "ReduceScatterAlgorithm", "RingLayout", "TokenMap", "UsageError",
+    "WireDtype",
     "all_reduce_grads", "events", "from_deepseek_state_dict", "names", "overlap_policy", "plan", "read_machine", "set_overlap_policy",
     "set_wait_timeout", "to_deepseek_state_dict", "wait_timeout"
 ]

@@ -4,7 +4,7 @@
 
 #include <pybind11/pybind11.h>
 
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 
 namespace mlacp::python {
 

@@ -1,10 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// MlaConfig (the same field names as the C++ struct), MlaStrategy and MlaRequiresGrad.
+// MlaConfig (its fields from config_fields.hpp's table: the same names as the C++ struct), its enums and
+// MlaRequiresGrad.
 #include <mlacp/error.hpp>
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/config_fields.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/weights.hpp>
 
 #include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "bindings.hpp"
 
@@ -28,20 +35,77 @@ RingLayout ring_layout_of(const py::handle& value) {
 
 namespace {
 
+WireDtype wire_dtype_of(const py::handle& value) {
+  if (py::isinstance<py::str>(value)) return parse_wire_dtype(value.cast<std::string>());
+  return value.cast<WireDtype>();
+}
+
+// A field's value from Python: the enums also by name, the offsets from any sequence of ints. A value of another
+// type is a TypeError naming the field.
+template <class T>
+T field_from(const char* name, const py::handle& value) {
+  try {
+    if constexpr (std::is_same_v<T, MlaStrategy>) {
+      return strategy_of(value);
+    } else if constexpr (std::is_same_v<T, RingLayout>) {
+      return ring_layout_of(value);
+    } else if constexpr (std::is_same_v<T, WireDtype>) {
+      return wire_dtype_of(value);
+    } else {
+      return value.cast<T>();
+    }
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string("mlacp.MlaConfig: ") + name + " = " + py::repr(value).cast<std::string>() +
+                         " has the wrong type (" + py::str(py::type::of(value)).cast<std::string>() + ")");
+  }
+}
+
+// A field's value as Python writes it: enums as their quoted names.
+template <class T>
+std::string field_repr(const T& value) {
+  if constexpr (std::is_enum_v<T>) {
+    return std::string("'") + to_string(value) + "'";
+  } else {
+    return py::repr(py::cast(value)).template cast<std::string>();
+  }
+}
+
+// mlacp.MlaConfig(field=value, ...) over config_fields.hpp's table; cu_seqlens only when set.
 std::string repr(const MlaConfig& c) {
-  auto flag = [](bool b) { return b ? std::string("True") : std::string("False"); };
-  return "mlacp.MlaConfig(batch=" + std::to_string(c.batch) + ", seq=" + std::to_string(c.seq) +
-         ", hidden=" + std::to_string(c.hidden) + ", heads=" + std::to_string(c.heads) +
-         ", nope=" + std::to_string(c.nope) + ", rope=" + std::to_string(c.rope) + ", vdim=" + std::to_string(c.vdim) +
-         ", latent=" + std::to_string(c.latent) + ", q_lora_rank=" + std::to_string(c.q_lora_rank) +
-         ", softmax_scale=" + py::repr(py::float_(c.softmax_scale)).cast<std::string>() + ", bias=" + flag(c.bias) +
-         ", strategy='" + to_string(c.strategy) +
-         "', rope_base=" + py::repr(py::float_(c.rope_base)).cast<std::string>() +
-         ", rms_eps=" + py::repr(py::float_(c.rms_eps)).cast<std::string>() + ", overlap=" + flag(c.overlap) +
-         ", ring_layout='" + to_string(c.ring_layout) + "'" +
-         (c.cu_seqlens.empty() ? std::string()
-                               : ", cu_seqlens=" + py::repr(py::cast(c.cu_seqlens)).cast<std::string>()) +
-         ")";
+  std::string out = "mlacp.MlaConfig(";
+  bool first = true;
+  for_each_config_field(c, [&](const ConfigField& field, const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, std::vector<std::int64_t>>) {
+      if (value.empty()) return;
+    }
+    out += (first ? "" : ", ") + std::string(field.name) + "=" + field_repr(value);
+    first = false;
+  });
+  return out + ")";
+}
+
+// MlaConfig(**keywords): each keyword a field of the table; anything else is a TypeError naming it and the fields.
+MlaConfig from_keywords(const py::kwargs& keywords) {
+  MlaConfig c;
+  std::size_t used = 0;
+  for_each_config_field(c, [&](const ConfigField& field, auto& member) {
+    if (!keywords.contains(field.name)) return;
+    member = field_from<std::decay_t<decltype(member)>>(field.name, keywords[field.name]);
+    ++used;
+  });
+  if (used != keywords.size()) {
+    std::string names;
+    for_each_config_field(c, [&](const ConfigField& field, const auto&) {
+      names += (names.empty() ? "" : ", ") + std::string(field.name);
+    });
+    for (const auto& item : keywords) {
+      const std::string key = py::str(item.first).cast<std::string>();
+      bool known = false;
+      for_each_config_field(c, [&](const ConfigField& field, const auto&) { known = known || key == field.name; });
+      if (!known) throw py::type_error("mlacp.MlaConfig: unexpected keyword '" + key + "'; expected one of " + names);
+    }
+  }
+  return c;
 }
 
 }  // namespace
@@ -55,69 +119,37 @@ void bind_config(py::module_& m) {
                         "mlacp.TokenMap has the map).")
       .value("contiguous", RingLayout::contiguous)
       .value("zigzag", RingLayout::zigzag);
+  py::enum_<WireDtype>(m, "WireDtype", "What a float layer's collectives move (mlacp::WireDtype).")
+      .value("same", WireDtype::same)
+      .value("bf16", WireDtype::bfloat16)
+      .value("bf16_all", WireDtype::bfloat16_all);
 
+  auto config =
+      py::class_<MlaConfig>(m, "MlaConfig",
+                            "The dimensions and choices of one MLA block (mlacp::MlaConfig; seq is the global "
+                            "sequence length S). Keyword arguments only, one per field (mlacp/mla/config_fields.hpp); "
+                            "the enums also take their names ('latent', 'zigzag', 'bf16').")
+          .def(py::init(&from_keywords))
+          .def(py::init<const MlaConfig&>(), py::arg("other"), "A copy.");
+  // One attribute per field of the table, read and written as the keywords are.
   const MlaConfig defaults;
-  py::class_<MlaConfig>(m, "MlaConfig",
-                        "The dimensions of one MLA block (mlacp::MlaConfig; seq is the global sequence length S).")
-      .def(py::init([](int batch, int seq, int hidden, int heads, int nope, int rope, int vdim, int latent,
-                       int q_lora_rank, double softmax_scale, bool bias, const py::object& strategy, double rope_base,
-                       double rms_eps, bool overlap, std::vector<std::int64_t> cu_seqlens,
-                       const py::object& ring_layout) {
-             MlaConfig c;
-             c.batch = batch;
-             c.seq = seq;
-             c.hidden = hidden;
-             c.heads = heads;
-             c.nope = nope;
-             c.rope = rope;
-             c.vdim = vdim;
-             c.latent = latent;
-             c.q_lora_rank = q_lora_rank;
-             c.softmax_scale = softmax_scale;
-             c.bias = bias;
-             c.strategy = strategy_of(strategy);
-             c.rope_base = rope_base;
-             c.rms_eps = rms_eps;
-             c.overlap = overlap;
-             c.cu_seqlens = std::move(cu_seqlens);
-             c.ring_layout = ring_layout_of(ring_layout);
-             return c;
-           }),
-           py::kw_only(), py::arg("batch") = 0, py::arg("seq") = 0, py::arg("hidden") = 0, py::arg("heads") = 0,
-           py::arg("nope") = 0, py::arg("rope") = 0, py::arg("vdim") = 0, py::arg("latent") = 0,
-           py::arg("q_lora_rank") = defaults.q_lora_rank, py::arg("softmax_scale") = defaults.softmax_scale,
-           py::arg("bias") = defaults.bias, py::arg("strategy") = "latent", py::arg("rope_base") = defaults.rope_base,
-           py::arg("rms_eps") = defaults.rms_eps, py::arg("overlap") = defaults.overlap,
-           py::arg("cu_seqlens") = std::vector<std::int64_t>{},
-           py::arg("ring_layout") = to_string(defaults.ring_layout))
-      .def(py::init<const MlaConfig&>(), py::arg("other"), "A copy.")
-      .def_readwrite("batch", &MlaConfig::batch)
-      .def_readwrite("seq", &MlaConfig::seq)
-      .def_readwrite("hidden", &MlaConfig::hidden)
-      .def_readwrite("heads", &MlaConfig::heads)
-      .def_readwrite("nope", &MlaConfig::nope)
-      .def_readwrite("rope", &MlaConfig::rope)
-      .def_readwrite("vdim", &MlaConfig::vdim)
-      .def_readwrite("latent", &MlaConfig::latent)
-      .def_readwrite("q_lora_rank", &MlaConfig::q_lora_rank,
-                     "Rq: 0 projects the query with one dense w_q; > 0 factors it (w_qa, g_q, w_qb; docs/spec.md "
-                     "step 1)")
-      .def_readwrite("softmax_scale", &MlaConfig::softmax_scale,
-                     "The attention's softmax scale: 0 means 1/sqrt(nope + rope), a positive value replaces it")
-      .def_readwrite("bias", &MlaConfig::bias)
-      .def_property(
-          "strategy", [](const MlaConfig& c) { return c.strategy; },
-          [](MlaConfig& c, const py::object& s) { c.strategy = strategy_of(s); }, "MlaStrategy or 'latent'/'expanded'")
-      .def_readwrite("rope_base", &MlaConfig::rope_base)
-      .def_readwrite("rms_eps", &MlaConfig::rms_eps)
-      .def_readwrite("overlap", &MlaConfig::overlap)
-      .def_readwrite("cu_seqlens", &MlaConfig::cu_seqlens,
-                     "Packed documents: offsets 0 < ... < seq over the global sequence (empty: one document)")
-      .def_property(
-          "ring_layout", [](const MlaConfig& c) { return c.ring_layout; },
-          [](MlaConfig& c, const py::object& l) { c.ring_layout = ring_layout_of(l); },
-          "The ring's token layout on a two-level mesh: RingLayout or 'contiguous'/'zigzag' (mlacp.TokenMap)")
-      .def("qk_dim", &MlaConfig::qk_dim)
+  for_each_config_field(defaults, [&](const ConfigField& field, const auto& prototype) {
+    using T = std::decay_t<decltype(prototype)>;
+    const char* name = field.name;  // a string literal of the table: lives as long as the program
+    auto member = [name](MlaConfig& c) -> T& {
+      T* found = nullptr;
+      for_each_config_field(c, [&](const ConfigField& f, auto& slot) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(slot)>, T>) {
+          if (std::string(name) == f.name) found = &slot;
+        }
+      });
+      return *found;
+    };
+    config.def_property(
+        field.name, [member](MlaConfig& c) { return member(c); },
+        [member, name](MlaConfig& c, const py::object& value) { member(c) = field_from<T>(name, value); }, field.help);
+  });
+  config.def("qk_dim", &MlaConfig::qk_dim)
       .def("q_lora", &MlaConfig::q_lora, "Whether the query is factored (q_lora_rank > 0).")
       .def("attention_scale", &MlaConfig::attention_scale,
            "The softmax scale the attention uses: softmax_scale when set (> 0), else 1/sqrt(nope + rope).")

@@ -3,7 +3,7 @@
 // mlacp.read_machine (python/mlacp/plan.py): the plan's rows as dicts, the same table mlacp-plan prints. Host logic
 // only: no Kokkos, no MPI.
 #include <mlacp/error.hpp>
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/model/machine.hpp>
 #include <mlacp/model/planner.hpp>
 

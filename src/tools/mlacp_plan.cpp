@@ -14,7 +14,7 @@
 //   mpirun -np 4 mlacp-plan --calibrate --out machine.json [--quick] [--repeats N] [--ranks-per-node G]
 #include <mpi.h>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/model/calibrate.hpp>
 #include <mlacp/model/machine.hpp>
 #include <mlacp/model/planner.hpp>
@@ -23,8 +23,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>

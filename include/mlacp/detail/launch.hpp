@@ -6,9 +6,9 @@
 
 #include <mlacp/allocation.hpp>
 #include <mlacp/async_collective.hpp>
+#include <mlacp/build_config.hpp>
 #include <mlacp/collective_bytes.hpp>
 #include <mlacp/compat.hpp>
-#include <mlacp/config.hpp>
 #include <mlacp/detail/block_layout.hpp>
 #include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/detail/collective_validation.hpp>
@@ -19,7 +19,7 @@
 
 #include <Kokkos_Core.hpp>
 // The NCCL backend (cuda_runtime.h, nccl.h) only where a collective can run on it: builds with NCCL configured in
-// (<mlacp/config.hpp>) and Kokkos' CUDA backend, where it specialises detail::TransportFor<Kokkos::Cuda>. Every
+// (<mlacp/build_config.hpp>) and Kokkos' CUDA backend, where it specialises detail::TransportFor<Kokkos::Cuda>. Every
 // translation unit of such a build sees the same two macros, hence the same specialisation.
 #if MLACP_HAVE_NCCL && defined(KOKKOS_ENABLE_CUDA)
 #include <mlacp/nccl/transport.hpp>

@@ -4,7 +4,7 @@
 // RoPE, softmax and the collectives are left out, as a roofline against the GEMM rate wants.
 #pragma once
 
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 
 namespace mlacp {
 

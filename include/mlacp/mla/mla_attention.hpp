@@ -11,12 +11,12 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/diagnostics.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/expanded_schedule.hpp>
 #include <mlacp/mla/detail/input_checks.hpp>
 #include <mlacp/mla/detail/latent_schedule.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>
 #include <mlacp/mla/kernels/flash_attention.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/weights.hpp>
 #include <mlacp/progress.hpp>
 #include <mlacp/view_types.hpp>

@@ -9,7 +9,7 @@
 // flag_word) is in weights.hpp, after MlaParameters.
 #pragma once
 
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 
 #include <array>
 #include <cstddef>

@@ -5,7 +5,7 @@
 #include <mlacp/allocation.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/parameter_table.hpp>
 #include <mlacp/view_types.hpp>
 

@@ -7,7 +7,7 @@
 // (strategy, U, C, layout) choice. docs/model.md ("The model") has the formulas.
 #pragma once
 
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/model/machine.hpp>
 
 #include <string>

@@ -9,7 +9,7 @@
 #pragma once
 
 #include <mpi.h>
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/model/layer_model.hpp>
 #include <mlacp/model/machine.hpp>
 #include <mlacp/model/planner.hpp>

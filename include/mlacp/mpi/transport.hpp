@@ -2,8 +2,8 @@
 // The MPI backend of the collectives: for every execution space, the transport unless nccl/transport.hpp takes over.
 #pragma once
 
+#include <mlacp/build_config.hpp>
 #include <mlacp/compat.hpp>
-#include <mlacp/config.hpp>
 #include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/detail/transport.hpp>
 #include <mlacp/error.hpp>

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <mpi.h>
-#include <mlacp/config.hpp>
+#include <mlacp/build_config.hpp>
 
 #if MLACP_HAVE_NCCL
 #include <cuda_runtime.h>

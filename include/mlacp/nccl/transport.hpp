@@ -13,7 +13,7 @@
 // mesh is parked instead of waited.
 #pragma once
 
-#include <mlacp/config.hpp>
+#include <mlacp/build_config.hpp>
 
 #if MLACP_HAVE_NCCL
 #include <cuda_runtime.h>

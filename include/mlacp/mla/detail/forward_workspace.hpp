@@ -17,10 +17,10 @@
 #pragma once
 
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/pieces/input_a2a.hpp>
 #include <mlacp/mla/pieces/output_projection.hpp>
 #include <mlacp/view_types.hpp>

@@ -7,8 +7,8 @@
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/detail/finite_check.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/config.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/parameter_table.hpp>
 #include <mlacp/mla/weights.hpp>
 

@@ -7,13 +7,13 @@
 
 #include <mlacp/compat.hpp>
 #include <mlacp/mesh.hpp>
-#include <mlacp/mla/config.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
 #include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/attention_problem.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/weights.hpp>
 #include <mlacp/partition.hpp>
 #include <mlacp/token_map.hpp>

@@ -17,7 +17,7 @@
 // Everything here depends only on Facts (no sizes, no data), so the model can walk it for a rank it never runs.
 #pragma once
 
-#include <mlacp/mla/config.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/names.hpp>
 
 #include <utility>

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// MlaConfig's fields as one table: the one place that lists them. describe(), the size checks of error(), the Python
+// binding (its keywords, attributes and repr) and the tools' flags and JSON read it, so that a new field is one row
+// here (and its member in mla_config.hpp) instead of an edit in each of them.
+#pragma once
+
+#include <mlacp/mla/mla_config.hpp>
+
+namespace mlacp {
+
+/// What one row says of a field.
+struct ConfigField {
+  const char* name;    ///< the C++ member, the Python keyword and attribute, the tools' flag (--name, '_' as '-')
+  const char* symbol;  ///< its key in describe() (cu_seqlens: "documents", their count) and in the tools' JSON
+  const char* help;    ///< one line for --help and the Python docstrings
+  bool size = false;   ///< a dimension: error() demands a positive value, describe() always shows it
+  bool shown = false;  ///< describe() always shows it (other fields: where they differ from the default)
+};
+
+/// Calls f(field, member) for each field of `config` (an MlaConfig, const or not), in the order describe() and the
+/// JSON list them. The members are int, double, bool, MlaStrategy, WireDtype, RingLayout and
+/// std::vector<std::int64_t>.
+template <class Config, class F>
+void for_each_config_field(Config& c, F&& f) {
+  f(ConfigField{"batch", "B", "B, the batch size", true}, c.batch);
+  f(ConfigField{"seq", "S", "S, the global sequence length", true}, c.seq);
+  f(ConfigField{"hidden", "D", "D, the model width", true}, c.hidden);
+  f(ConfigField{"heads", "H", "H, the global head count", true}, c.heads);
+  f(ConfigField{"nope", "dn", "dn, qk_nope_head_dim", true}, c.nope);
+  f(ConfigField{"rope", "dr", "dr, qk_rope_head_dim (even)", true}, c.rope);
+  f(ConfigField{"vdim", "dv", "dv, v_head_dim", true}, c.vdim);
+  f(ConfigField{"latent", "R", "R, kv_lora_rank", true}, c.latent);
+  f(ConfigField{"q_lora_rank", "Rq", "Rq: 0 projects the query with one dense w_q; > 0 factors it (w_qa, g_q, w_qb)"},
+    c.q_lora_rank);
+  f(ConfigField{"softmax_scale", "softmax_scale", "the attention's softmax scale: 0 means 1/sqrt(nope + rope)"},
+    c.softmax_scale);
+  f(ConfigField{"bias", "bias", "b_q, b_kvb and b_o present", false, true}, c.bias);
+  f(ConfigField{"strategy", "strategy", "how keys and values reach the heads: 'latent' or 'expanded'", false, true},
+    c.strategy);
+  f(ConfigField{"rope_base", "rope_base", "RoPE's base"}, c.rope_base);
+  f(ConfigField{"rms_eps", "rms_eps", "the RMSNorms' epsilon"}, c.rms_eps);
+  f(ConfigField{"overlap", "overlap", "overlap each collective with its independent compute (false: wait at once)"},
+    c.overlap);
+  f(ConfigField{"cu_seqlens", "documents", "packed documents: offsets 0 < ... < seq (empty: one document)"},
+    c.cu_seqlens);
+  f(ConfigField{"max_documents", "max_documents", "per-call packed documents that need no allocation"},
+    c.max_documents);
+  f(ConfigField{"wire_dtype", "wire", "what a float layer's collectives move: 'same', 'bf16' or 'bf16_all'", false,
+                true},
+    c.wire_dtype);
+  f(ConfigField{"ring_layout", "ring_layout", "the ring's token layout: 'contiguous' or 'zigzag'", false, true},
+    c.ring_layout);
+}
+
+}  // namespace mlacp
