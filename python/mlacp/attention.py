@@ -18,41 +18,23 @@ computed in bf16 (``compute_dtype=torch.bfloat16``, or automatically under ``tor
 dtype=torch.bfloat16)``: the weights are cast into bf16 copies the module owns, and the float gradients go to the
 float parameters' ``.grad``). See MlaAttention.
 """
-import collections
 import math
 import weakref
 
 import torch
 
 from . import _mlacp
+from .deepseek import from_deepseek_state_dict, to_deepseek_state_dict
+from .parameters import parameter_shapes, parameter_table
+from .token_map import TokenMap
 
 
-class ParameterRow(collections.namedtuple("ParameterRow", "name shape present flag kind gradient")):
-    """One row of mlacp's parameter table (mlacp/mla/parameter_table.hpp) for a configuration: ``name`` (attribute,
-    state_dict key), ``shape``, ``present`` (whether the configuration has it: biases only with config.bias),
-    ``flag`` (the MlaRequiresGrad field of its gradient), ``kind`` ('weight', 'bias' or 'norm_gain') and
-    ``gradient`` (its gradient's value type: 'weight', the weight's dtype)."""
-
-
-def parameter_table(config):
-    """The C++ library's parameter table for ``config``: a ParameterRow per parameter, in registration order."""
-    return [ParameterRow(*row) for row in _mlacp.parameter_table(config)]
-
-
-# docs/spec.md's weights, in the order the module registers them (and the state_dict lists them): the C++ table's.
-PARAMETER_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()))
-BIAS_NAMES = tuple(row.name for row in parameter_table(_mlacp.MlaConfig()) if row.kind == "bias")
 _LAYERS = {
     torch.float32: _mlacp.Layer_float32,
     torch.float64: _mlacp.Layer_float64,
     torch.bfloat16: _mlacp.Layer_bfloat16
 }
 _DTYPES = "torch.float32, torch.float64 or torch.bfloat16"
-
-
-def parameter_shapes(config):
-    """{name: shape} of docs/spec.md's weights for ``config`` (those it has: biases only with config.bias)."""
-    return {row.name: row.shape for row in parameter_table(config) if row.present}
 
 
 def _gradient_dtype(row, weight_dtype):
@@ -385,8 +367,6 @@ class MlaAttention(torch.nn.Module):
     def token_map(self):
         """Which global tokens each rank holds (mlacp.TokenMap of the mesh and the configuration's ring layout): x and
         dy are this rank's tokens of it (``token_map.shard(x, mesh)``), y and dx come back in it."""
-        from .token_map import TokenMap  # token_map imports nothing of this module; imported here to keep it light
-
         return TokenMap.of(self.mesh, self.config.seq, self.config.ring_layout)
 
     @property
@@ -411,15 +391,11 @@ class MlaAttention(torch.nn.Module):
         load_state_dict). A missing or unexpected key, or a wrong shape, raises mlacp.InvalidArgument naming it.
         ``rope_interleave=True`` for checkpoints whose RoPE rotates interleaved pairs (DeepSeek's): their rope rows
         are permuted into docs/spec.md's rotate-half order."""
-        from .deepseek import from_deepseek_state_dict
-
         self.load_state_dict(from_deepseek_state_dict(state_dict, self.config, prefix, rope_interleave))
 
     def deepseek_state_dict(self, prefix="", rope_interleave=False):
         """This module's parameters under DeepSeek-V2/V3's attention keys (the inverse of load_deepseek_state_dict;
         detached tensors, copies where ``rope_interleave`` permutes rows)."""
-        from .deepseek import to_deepseek_state_dict
-
         own = {n: p.detach() for n, p in self.named_parameters()}
         return to_deepseek_state_dict(own, self.config, prefix, rope_interleave)
 

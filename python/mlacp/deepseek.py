@@ -30,6 +30,7 @@ same attention scores; saving with ``rope_interleave=True`` applies the inverse.
 import torch
 
 from . import _mlacp
+from .parameters import parameter_shapes, parameter_table
 
 # mlacp name -> DeepSeek (HF) key, for the dense query (q_lora_rank = 0) and for q-LoRA.
 _COMMON = {
@@ -57,8 +58,6 @@ _UNSUPPORTED = {
 
 def deepseek_names(config):
     """{mlacp name: DeepSeek key} for the parameters ``config`` has (biases only with config.bias)."""
-    from .attention import parameter_table  # attention imports this module
-
     names = Q_LORA_NAMES if config.q_lora_rank > 0 else DENSE_NAMES
     return {row.name: names[row.name] for row in parameter_table(config) if row.present}
 
@@ -99,8 +98,6 @@ def from_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=Fals
     prefix are ignored). A missing key, a key under the prefix that is not in the table, or a tensor of another
     shape raises mlacp.InvalidArgument naming it (and the expected shape). ``rope_interleave``: the checkpoint's
     RoPE rotates interleaved pairs (DeepSeek's default): its rope rows are permuted into docs/spec.md's halves."""
-    from .attention import parameter_shapes
-
     names = deepseek_names(config)
     shapes = parameter_shapes(config)
     where = "mlacp.from_deepseek_state_dict"

@@ -9,7 +9,7 @@ import torch
 from conftest import small_config
 
 import mlacp
-from mlacp.attention import BIAS_NAMES, PARAMETER_NAMES, parameter_shapes, parameter_table
+from mlacp.parameters import BIAS_NAMES, PARAMETER_NAMES, parameter_shapes, parameter_table
 
 
 def last(comm):
