@@ -34,7 +34,7 @@ Bf16GemmBackend parse_bf16_gemm_backend(const std::string& value) {
 }
 
 Bf16GemmBackend bf16_gemm_backend_from_env() {
-  const std::string& value = Settings::from_environment().bf16_gemm();
+  const std::string value = Settings::from_environment().bf16_gemm();
   if (value.empty()) return Bf16GemmBackend::automatic;
   return parse_bf16_gemm_backend(value);
 }

@@ -46,16 +46,16 @@ Settings Settings::from_environment() {
   return s;
 }
 
-const std::string& Settings::value(const char* variable) const { return values[index_of(variable)]; }
+std::string Settings::value(const char* variable) const { return values[index_of(variable)]; }
 
 bool Settings::checked() const { return value("MLACP_CHECKED") != "0"; }
 
 bool Settings::check_finite() const {
-  const std::string& v = value("MLACP_CHECK_FINITE");
+  const std::string v = value("MLACP_CHECK_FINITE");
   return !v.empty() && v != "0";
 }
 
-const std::string& Settings::reduce_scatter() const { return value("MLACP_REDUCE_SCATTER"); }
+std::string Settings::reduce_scatter() const { return value("MLACP_REDUCE_SCATTER"); }
 
 std::array<int, 2> Settings::attention_tiles() const {
   const std::size_t i = index_of("MLACP_ATTENTION_TILES");
@@ -68,7 +68,7 @@ std::array<int, 2> Settings::attention_tiles() const {
   return {q, k};
 }
 
-const std::string& Settings::bf16_gemm() const { return value("MLACP_BF16_GEMM"); }
+std::string Settings::bf16_gemm() const { return value("MLACP_BF16_GEMM"); }
 
 int Settings::wgrad_panels() const {
   const std::size_t i = index_of("MLACP_WGRAD_PANELS");
@@ -78,10 +78,10 @@ int Settings::wgrad_panels() const {
   return panels;
 }
 
-const std::string& Settings::trace() const { return value("MLACP_TRACE"); }
+std::string Settings::trace() const { return value("MLACP_TRACE"); }
 
 double Settings::wait_timeout_s(double fallback) const {
-  const std::string& s = value("MLACP_WAIT_TIMEOUT_S");
+  const std::string s = value("MLACP_WAIT_TIMEOUT_S");
   if (s.empty()) return fallback;
   char* end = nullptr;
   errno = 0;

@@ -46,17 +46,18 @@ struct Settings {
   /// Reads every variable of setting_table (the library's only getenv of them).
   static Settings from_environment();
 
-  const std::string& value(const char* variable) const;
+  /// The variable's text (by value: a Settings is often a temporary).
+  std::string value(const char* variable) const;
 
-  bool checked() const;                       ///< MLACP_CHECKED: on unless "0"
-  bool check_finite() const;                  ///< MLACP_CHECK_FINITE: off unless set and not "0"
-  const std::string& reduce_scatter() const;  ///< MLACP_REDUCE_SCATTER's text ("" where unset: pairwise)
+  bool checked() const;                ///< MLACP_CHECKED: on unless "0"
+  bool check_finite() const;           ///< MLACP_CHECK_FINITE: off unless set and not "0"
+  std::string reduce_scatter() const;  ///< MLACP_REDUCE_SCATTER's text ("" where unset: pairwise)
   /// MLACP_ATTENTION_TILES as {query tile, key tile}; {0, 0} where unset. Throws InvalidArgument where malformed.
   std::array<int, 2> attention_tiles() const;
-  const std::string& bf16_gemm() const;  ///< "" where unset (the automatic choice)
+  std::string bf16_gemm() const;  ///< "" where unset (the automatic choice)
   /// MLACP_WGRAD_PANELS; 0 where unset. Throws InvalidArgument where it is not a positive integer.
   int wgrad_panels() const;
-  const std::string& trace() const;  ///< "" where unset
+  std::string trace() const;  ///< "" where unset
   /// MLACP_WAIT_TIMEOUT_S; `fallback` where unset or malformed (it is read where nothing may throw: Mesh
   /// construction reports a malformed value through error()).
   double wait_timeout_s(double fallback) const;

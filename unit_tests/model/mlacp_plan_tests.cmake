@@ -46,7 +46,7 @@ mlacp_add_plan_test(
 mlacp_add_plan_test(
   plan_two_node_cpu_restricted
   EXIT 0
-  EXPECT "recommendation: latent U=4 C=2 contiguous: predicted" "Rq=384 documents=2 dtype=bf16"
+  EXPECT "recommendation: latent U=4 C=2 contiguous: predicted" "R=256 Rq=384 bias=no" "documents=2 wire=same ring_layout=zigzag dtype=bf16"
   REJECT "  2   [a-z]+ U=" "expanded U=" "C=[0-9] zigzag"
   ARGS ${_mlacp_plan_layer} --q-lora 384 --cu-seqlens 0,1000,4096 --dtype bf16 --nodes 2 --ranks-per-node 4 --strategy
        latent --ring 2 --layout contiguous --machine ${_mlacp_plan_machine})
