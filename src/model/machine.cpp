@@ -423,8 +423,6 @@ class Schema {
 
 }  // namespace
 
-std::string json_quoted(const std::string& text) { return json_text(Json(text)); }
-
 std::string machine_to_json(const MachineParams& m) {
   const auto link = [](const LinkCost& l) {
     return Json{{"alpha_s", l.alpha_s}, {"beta_s_per_byte", l.beta_s_per_byte}};
