@@ -235,7 +235,7 @@ int run(int argc, char** argv) {
             << std::right << std::setw(7) << "S" << std::setw(4) << "h" << std::setw(10) << "tiles" << std::setw(11)
             << "fwd ms" << std::setw(11) << "bwd ms" << std::setw(10) << "GFLOP/s" << std::setw(10) << "GEMM"
             << std::setw(10) << "fraction\n";
-  std::vector<std::string> json_rows;
+  Json json_rows = Json::array();
   for (const auto& r : rows) {
     const double total = r.forward_s + r.backward_s, achieved = r.flops / total;
     const std::string tiles = r.tq ? std::to_string(r.tq) + "x" + std::to_string(r.tk) : "-";
@@ -257,7 +257,7 @@ int run(int argc, char** argv) {
                             .num("flops", r.flops)
                             .num("gemm_rate_flops", r.rate)
                             .num("fraction_of_gemm_rate", achieved / r.rate)
-                            .text());
+                            .json());
   }
   std::cout << "\npacked documents (cu_seqlens) against the same S as one document, default tiles:\n";
   std::cout << std::left << std::setw(8) << "dtype" << std::setw(16) << "head shape" << std::setw(14) << "core"
@@ -265,7 +265,7 @@ int run(int argc, char** argv) {
             << "one fwd ms" << std::setw(13) << "one bwd ms" << std::setw(13) << "packed fwd" << std::setw(13)
             << "packed bwd" << std::setw(15) << "tiles visited" << std::setw(10) << "skipped" << std::setw(11)
             << "elements" << std::setw(9) << "speedup\n";
-  std::vector<std::string> json_packed;
+  Json json_packed = Json::array();
   for (const auto& r : packed_rows) {
     const double skipped = 1.0 - static_cast<double>(r.tiles_visited) / static_cast<double>(r.tiles_causal);
     const double speedup = (r.one_forward_s + r.one_backward_s) / (r.packed_forward_s + r.packed_backward_s);
@@ -295,12 +295,12 @@ int run(int argc, char** argv) {
                               .num("fraction_of_tiles_skipped", skipped)
                               .num("fraction_of_causal_elements", r.element_fraction)
                               .num("speedup", speedup)
-                              .text());
+                              .json());
   }
   JsonObject doc = header("mlacp-perf-attention", o, size, o.repeats_or(2, 5));
-  doc.raw("results", jlist(json_rows));
-  doc.raw("packed_documents", jlist(json_packed));
-  write_json(o.json, doc.text());
+  doc.set("results", json_rows);
+  doc.set("packed_documents", json_packed);
+  write_json(o.json, doc.json());
   return 0;
 }
 

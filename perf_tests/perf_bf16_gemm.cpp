@@ -115,7 +115,7 @@ int run(int argc, char** argv) {
               << "  oneDNN impl\n";
   }
 
-  std::vector<std::string> json_rows;
+  Json json_rows = Json::array();
   const Space space;
   for (const auto& sh : shapes) {
     const std::int64_t ar = sh.ta ? sh.k : sh.m, ac = sh.ta ? sh.m : sh.k;
@@ -156,7 +156,7 @@ int run(int argc, char** argv) {
                 JsonObject()
                     .num("median_s", samples[i + 1].median())
                     .num("ratio_to_float", samples[i + 1].median() / float_s)
-                    .raw("times_s", jarr(samples[i + 1].times)));
+                    .set("times_s", samples[i + 1].times));
       best = std::min(best, samples[i + 1].median());
     }
     if (rank == 0) {
@@ -186,14 +186,14 @@ int run(int argc, char** argv) {
                             .str("auto_choice", mlacp::bf16_gemm_backend_name(choice.backend))
                             .obj("auto_choice_timings_s", auto_timings)
                             .str("onednn_impl", impl)
-                            .text());
+                            .json());
   }
   JsonObject doc = header("mlacp-perf-bf16-gemm", o, size, repeats);
   JsonObject environment;
   for (const auto& [k, v] : env) environment.str(k, v);
   doc.str("cpu_model", model).str("cpu_flags", flags).str("onednn_isa", isa).obj("environment", environment);
-  doc.raw("results", jlist(json_rows));
-  if (rank == 0) write_json(o.json, doc.text());
+  doc.set("results", json_rows);
+  if (rank == 0) write_json(o.json, doc.json());
   return 0;
 }
 

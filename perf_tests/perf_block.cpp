@@ -81,18 +81,16 @@ double communication_time(const std::vector<mlacp::Event>& events) {
   return total;
 }
 
-// The events of every rank as JSON on rank 0 ("" elsewhere).
-std::string gather_events(const std::vector<mlacp::Event>& events, MPI_Comm comm) {
+// The events of every rank as JSON on rank 0 (null elsewhere).
+Json gather_events(const std::vector<mlacp::Event>& events, MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  std::string local;
-  for (std::size_t i = 0; i < events.size(); ++i)
-    local += (i ? ",\n" : "\n") + JsonObject()
-                                      .str("kind", mlacp::to_string(events[i].kind))
-                                      .str("name", events[i].name)
-                                      .num("t", events[i].time_s)
-                                      .text();
+  Json list = Json::array();
+  for (const mlacp::Event& e : events)
+    list.push_back(JsonObject().str("kind", mlacp::to_string(e.kind)).str("name", e.name).num("t", e.time_s).json());
+  // Gathered as text: each rank's list, parsed again on rank 0.
+  const std::string local = list.dump(-1, ' ', false, Json::error_handler_t::replace);
   int length = static_cast<int>(local.size());
   std::vector<int> lengths(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
   MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
@@ -106,23 +104,20 @@ std::string gather_events(const std::vector<mlacp::Event>& events, MPI_Comm comm
     all.resize(static_cast<std::size_t>(total));
   }
   MPI_Gatherv(local.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, comm);
-  if (rank != 0) return "";
-  std::vector<std::string> ranks;
-  for (int r = 0; r < size; ++r)
-    ranks.push_back(JsonObject()
-                        .num("rank", r)
-                        .raw("events", "[" +
-                                           all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
-                                                      static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])) +
-                                           "\n]")
-                        .text());
-  return jlist(ranks);
+  if (rank != 0) return Json();
+  Json ranks = Json::array();
+  for (int r = 0; r < size; ++r) {
+    const auto at = static_cast<std::size_t>(r);
+    const std::string text = all.substr(static_cast<std::size_t>(offsets[at]), static_cast<std::size_t>(lengths[at]));
+    ranks.push_back(JsonObject().num("rank", r).set("events", Json::parse(text)).json());
+  }
+  return ranks;
 }
 
 struct Result {
   std::string strategy;
   Samples overlapped, blocking, compute, comm;
-  std::string timeline;
+  Json timeline;                    // rank 0's gathered events (null elsewhere and without --timeline)
   std::vector<mlacp::Event> trace;  // this rank's events of the timeline's backward, inside one enclosing slice
 };
 
@@ -378,7 +373,7 @@ int run(int argc, char** argv) {
       .str("method",
            "T_comm = sum over collectives of (wait_end - launch) in the blocking backward's event record (transfer and "
            "unpack); T_compute = T_blocking - T_comm; per rank, max over ranks, median over repeats");
-  std::vector<std::string> docs, timelines;
+  Json docs = Json::array(), timelines = Json::array();
   std::vector<Result> results;
   for (const auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
     Result r = run_strategy(c, strategy, mesh, warmup, repeats, !timeline_path.empty(), !trace_path.empty());
@@ -394,13 +389,13 @@ int run(int argc, char** argv) {
                        .num("comm_over_compute", tm / tc)
                        .num("hidden_fraction_of_comm", (tb - tov) / tm)
                        .obj("roofline", roofline_json(flops, gemm, flops.backward, tov))
-                       .text());
+                       .json());
     if (!r.timeline.empty())
       timelines.push_back(
-          JsonObject().str("strategy", r.strategy).raw("overlap", "true").raw("ranks", r.timeline).text());
+          JsonObject().str("strategy", r.strategy).set("overlap", true).set("ranks", r.timeline).json());
     results.push_back(std::move(r));
   }
-  doc.raw("strategies", jlist(docs));
+  doc.set("strategies", docs);
   if (!trace_path.empty()) {
     std::vector<mlacp::Event> trace;
     for (const Result& r : results) trace.insert(trace.end(), r.trace.begin(), r.trace.end());
@@ -459,14 +454,12 @@ int run(int argc, char** argv) {
   const char* bytes_formula =
       "8 * (B*s*(2*H*(dn+dr) + 2*H*dv + (R+dr)) + B*S*(R+dr)) per rank, s = S/P: Q and dQ all-to-alls, O and dO "
       "all-to-alls, payload all-gather (send), latent reduce-scatter (send)";
-  std::vector<std::string> collective_names;
-  for (const auto& n : pack.collectives) collective_names.push_back(jstr(n));
   doc.obj("packing", JsonObject()
                          .str("what",
                               "latent forward + backward, overlapped: documents packed with cu_seqlens (B=1) vs "
                               "padded to the longest (B = documents, S = longest rounded up to a multiple of P)")
                          .num("documents", pack_docs)
-                         .raw("lengths", jarr(lengths))
+                         .set("lengths", lengths)
                          .num("packed_S", real_tokens)
                          .num("padded_S", pack.padded_seq)
                          .num("tokens_real", real_tokens)
@@ -480,11 +473,11 @@ int run(int argc, char** argv) {
                          .num("bytes_per_rank_padded", pack.padded_bytes)
                          .num("bytes_padded_over_packed", pack.padded_bytes / pack.packed_bytes)
                          .str("bytes_formula", bytes_formula)
-                         .raw("collectives_per_step", jlist(collective_names)));
+                         .set("collectives_per_step", pack.collectives));
   if (few_heads_wanted) {
-    std::vector<std::string> cells;
+    Json cells = Json::array();
     for (std::size_t i = 0; i < few.labels.size(); ++i)
-      cells.push_back(JsonObject().str("config", few.labels[i]).samples("forward_backward", few.samples[i]).text());
+      cells.push_back(JsonObject().str("config", few.labels[i]).samples("forward_backward", few.samples[i]).json());
     doc.obj("few_heads",
             JsonObject()
                 .str("what",
@@ -494,7 +487,7 @@ int run(int argc, char** argv) {
                 .num("H", few.heads)
                 .num("U", few.ulysses)
                 .num("C", few.ring)
-                .raw("cells", jlist(cells))
+                .set("cells", cells)
                 .num("latent_ring_over_flat", few.samples[1].median() / few.samples[0].median())
                 .num("expanded_ring_over_flat", few.samples[3].median() / few.samples[2].median()));
   }
@@ -544,11 +537,11 @@ int run(int argc, char** argv) {
       std::cout << "; ring/flat latent " << fixed(few.samples[1].median() / few.samples[0].median(), 2) << ", expanded "
                 << fixed(few.samples[3].median() / few.samples[2].median(), 2) << "\n";
     }
-    write_json(o.json, doc.text());
+    write_json(o.json, doc.json());
     if (!timeline_path.empty()) {
       JsonObject t = header("mlacp-perf-block timeline", o, P, 1);
-      t.raw("timelines", jlist(timelines));
-      write_json(timeline_path, t.text());
+      t.set("timelines", timelines);
+      write_json(timeline_path, t.json());
     }
   }
   return 0;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // Shared by the perf_tests: command line, the timing protocol (warm-up, repeats, per-iteration time = max over ranks,
-// median), the GEMM rate a roofline is measured against, a minimal JSON writer and machine facts.
+// median), the GEMM rate a roofline is measured against, the reports' JSON objects and machine facts.
 #pragma once
 
 #include <mpi.h>
@@ -11,9 +11,12 @@
 #include <mlacp/mla/mla_config.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -240,65 +243,31 @@ class Region : public compat::ScopedRegion {
 };
 
 // ---- JSON -----------------------------------------------------------------------------------------------------------
-// Values are kept as their JSON text; objects keep insertion order.
+// nlohmann/json's ordered_json: keys in the order written, the order the reports have always had.
+using Json = nlohmann::ordered_json;
 
-inline std::string jstr(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-inline std::string jnum(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream s;
-  s << std::setprecision(9) << v;
-  return s.str();
-}
-
-inline std::string jarr(const std::vector<double>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + jnum(v[i]);
-  return out + "]";
-}
-
-inline std::string jlist(const std::vector<std::string>& items) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ",\n" : "\n") + items[i];
-  return out + (items.empty() ? "]" : "\n]");
-}
-
+// A report's object, built by chained calls: JsonObject().str("benchmark", name).num("P", P).
 class JsonObject {
  public:
-  JsonObject& raw(const std::string& key, const std::string& json) {
-    items_.emplace_back(key, json);
+  JsonObject& set(const std::string& key, Json v) {
+    value_[key] = std::move(v);
     return *this;
   }
-  JsonObject& num(const std::string& key, double v) { return raw(key, jnum(v)); }
-  JsonObject& str(const std::string& key, const std::string& v) { return raw(key, jstr(v)); }
-  JsonObject& obj(const std::string& key, const JsonObject& v) { return raw(key, v.text()); }
+  // A whole number (P, repeats, a byte count) is written as an integer, as the readers index and count with them;
+  // one that is not finite as null.
+  JsonObject& num(const std::string& key, double v) {
+    if (v == std::floor(v) && std::fabs(v) <= 9007199254740992.0) return set(key, static_cast<std::int64_t>(v));
+    return set(key, v);
+  }
+  JsonObject& str(const std::string& key, const std::string& v) { return set(key, v); }
+  JsonObject& obj(const std::string& key, const JsonObject& v) { return set(key, v.json()); }
   JsonObject& samples(const std::string& key, const Samples& s) {
-    return obj(key, JsonObject().num("median_s", s.median()).num("min_s", s.min()).raw("times_s", jarr(s.times)));
+    return obj(key, JsonObject().num("median_s", s.median()).num("min_s", s.min()).set("times_s", s.times));
   }
-  std::string text() const {
-    std::string out = "{";
-    for (std::size_t i = 0; i < items_.size(); ++i)
-      out += (i ? ", " : "") + jstr(items_[i].first) + ": " + items_[i].second;
-    return out + "}";
-  }
+  const Json& json() const { return value_; }
 
  private:
-  std::vector<std::pair<std::string, std::string>> items_;
+  Json value_ = Json::object();
 };
 
 // The roofline fields of a report: the block's FLOPs per rank (mlacp/mla/flop_count.hpp), the GEMM rate, and for a
@@ -345,18 +314,19 @@ inline JsonObject header(const std::string& benchmark, const Options& o, int nra
       .str("transport", o.transport)
       .str("rate", o.rate)
       .num("P", nranks)
-      .raw("quick", o.quick ? "true" : "false")
+      .set("quick", o.quick)
       .num("warmup", o.warmup)
       .num("repeats", repeats)
       .str("protocol", "per iteration: barrier, body, fence, time = max over ranks (MPI_Allreduce MAX); median");
   return h;
 }
 
-inline void write_json(const std::string& path, const std::string& text) {
+// Writes `doc` to `path` (nothing when `path` is ""), indented; bytes that are not UTF-8 become U+FFFD.
+inline void write_json(const std::string& path, const Json& doc) {
   if (path.empty()) return;
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write " + path);
-  out << text << "\n";
+  out << doc.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   std::cout << "wrote " << path << "\n";
 }
 

@@ -95,7 +95,7 @@ int run(int argc, char** argv) {
   const std::vector<int> panel_counts = o.quick ? std::vector<int>{8} : std::vector<int>{8, 16, 32};
   // A small collective kept pending during the library's GEMM, so that it runs in panels and polls between them.
   Tensor4 token("token", 1, P, P, 1);
-  std::vector<std::string> gemm_docs;
+  Json gemm_docs = Json::array();
   std::vector<std::string> gemm_lines;
   double worst_default = 1e9;
   {
@@ -135,7 +135,7 @@ int run(int argc, char** argv) {
           .num("flops", 2.0 * g.n * g.out * g.in)
           .samples("direct_blas", samples[0])
           .num("direct_gflops", 2.0 * g.n * g.out * g.in / td * 1e-9);
-      std::vector<std::string> per_panels;
+      Json per_panels = Json::array();
       std::string line = "  " + g.name + " [N=" + std::to_string(g.n) + ", out=" + std::to_string(g.out) +
                          ", in=" + std::to_string(g.in) + "] direct " + ms(td) + "ms (" +
                          fixed(2.0 * g.n * g.out * g.in / td * 1e-9, 1) + " GFLOP/s);";
@@ -148,21 +148,21 @@ int run(int argc, char** argv) {
                                  .num("effective_panels", effective)
                                  .samples("library", samples[1 + i])
                                  .num("efficiency", eff)
-                                 .text());
+                                 .json());
         line += " p=" + std::to_string(panel_counts[i]) + "(" + std::to_string(effective) + "): " + fixed(eff, 3);
         if (panel_counts[i] == default_policy.panels) worst_default = std::min(worst_default, eff);
       }
-      gd.raw("library_panelled", jlist(per_panels));
-      gemm_docs.push_back(gd.text());
+      gd.set("library_panelled", per_panels);
+      gemm_docs.push_back(gd.json());
       gemm_lines.push_back(line);
     }
   }
-  doc.raw("gemm_efficiency", jlist(gemm_docs));
+  doc.set("gemm_efficiency", gemm_docs);
   doc.num("gemm_efficiency_worst_at_default_panels", worst_default);
 
   // ---- exchange efficiency ----------------------------------------------------------------------------------------
   // [1, s, H, d] token-local -> head-local (gather 1, scatter 2), the dO all-to-all's layout, at two sizes.
-  std::vector<std::string> exchange_docs;
+  Json exchange_docs = Json::array();
   std::vector<std::string> exchange_lines;
   double worst_exchange = 1e9;
   {
@@ -213,18 +213,19 @@ int run(int argc, char** argv) {
                                   .num("library_mean_wait_s", wait_s / lib_runs)
                                   .num("efficiency", eff)
                                   .num("efficiency_vs_ialltoall", tn / tl)
-                                  .text());
+                                  .json());
       exchange_lines.push_back("  all-to-all " + fixed(8.0 * static_cast<double>(total) / 1048576.0, 1) +
                                " MiB/rank: library " + ms(tl) + "ms (launch " + ms(launch_s / lib_runs) +
                                "ms incl. pack, wait " + ms(wait_s / lib_runs) + "ms incl. unpack), raw MPI_Alltoall " +
                                ms(tr) + "ms, raw Ialltoall+Wait " + ms(tn) + "ms: efficiency " + fixed(eff, 3));
     }
   }
-  doc.raw("exchange_efficiency", jlist(exchange_docs));
+  doc.set("exchange_efficiency", exchange_docs);
   doc.num("exchange_efficiency_worst", worst_exchange);
 
   // ---- reduce-scatter algorithms ----------------------------------------------------------------------------------
-  std::vector<std::string> rs_docs, rs_lines;
+  Json rs_docs = Json::array();
+  std::vector<std::string> rs_lines;
   {
     Region region("reduce-scatter algorithms");
     const int rows = o.quick ? 1024 : 8192, C = 128;
@@ -252,12 +253,12 @@ int run(int argc, char** argv) {
                           .samples("raw_mpi_reduce_scatter_block", samples[2])
                           .num("raw_over_pairwise", tr / tp)
                           .num("raw_over_library_mpi", tr / tm)
-                          .text());
+                          .json());
     rs_lines.push_back("  " + fixed(8.0 * static_cast<double>(total) / 1048576.0, 1) + " MiB/rank: pairwise " + ms(tp) +
                        "ms, library with MPI_Ireduce_scatter_block " + ms(tm) + "ms, raw MPI_Reduce_scatter_block " +
                        ms(tr) + "ms: raw/pairwise " + fixed(tr / tp, 2) + ", raw/library-mpi " + fixed(tr / tm, 2));
   }
-  doc.raw("reduce_scatter", jlist(rs_docs));
+  doc.set("reduce_scatter", rs_docs);
 
   // ---- transfer CPU cost ------------------------------------------------------------------------------------------
   std::string cpu_line;
@@ -314,7 +315,7 @@ int run(int argc, char** argv) {
     for (const auto& l : rs_lines) std::cout << l << "\n";
     std::cout << "transfer CPU cost (the machine's busy time while only the transfer runs; all ranks share it):\n"
               << cpu_line << "\n";
-    write_json(o.json, doc.text());
+    write_json(o.json, doc.json());
   }
   return 0;
 }

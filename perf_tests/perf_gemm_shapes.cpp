@@ -484,7 +484,7 @@ JsonObject run_configuration(const Configuration& cfg, const mlacp::Mesh& mesh, 
       std::printf("    %-60s %9.3f ms\n", rest_phases[i].second.c_str(), rest_phases[i].first * 1e3);
   }
 
-  std::vector<std::string> shape_rows, kernel_rows;
+  Json shape_rows = Json::array(), kernel_rows = Json::array();
   for (const auto& r : rows)
     shape_rows.push_back(JsonObject()
                              .str("gemm", r.key)
@@ -497,10 +497,10 @@ JsonObject run_configuration(const Configuration& cfg, const mlacp::Mesh& mesh, 
                              .num("layer_over_alone", r.layer_s / r.alone_s)
                              .num("alone_flops_per_s", r.calls * r.shape.flops() / r.alone_s)
                              .num("alone_over_square", r.calls * r.shape.flops() / r.alone_s / square.flops_per_s)
-                             .text());
-  for (const auto& [t, label] : kernels) kernel_rows.push_back(JsonObject().str("label", label).num("s", t).text());
-  std::vector<std::string> rest_rows;
-  for (const auto& [t, phase] : rest_phases) rest_rows.push_back(JsonObject().str("phase", phase).num("s", t).text());
+                             .json());
+  for (const auto& [t, label] : kernels) kernel_rows.push_back(JsonObject().str("label", label).num("s", t).json());
+  Json rest_rows = Json::array();
+  for (const auto& [t, phase] : rest_phases) rest_rows.push_back(JsonObject().str("phase", phase).num("s", t).json());
   return JsonObject()
       .str("name", title)
       .str("shape", cfg.shape_name)
@@ -522,9 +522,9 @@ JsonObject run_configuration(const Configuration& cfg, const mlacp::Mesh& mesh, 
                               .num("rest", rest_s)
                               .num("total_profiled", profiled_s))
       .num("attention_flops", attention_flops)
-      .raw("gemms", jlist(shape_rows))
-      .raw("kernels_rank0", jlist(kernel_rows))
-      .raw("rest_by_phase_rank0", jlist(rest_rows));
+      .set("gemms", shape_rows)
+      .set("kernels_rank0", kernel_rows)
+      .set("rest_by_phase_rank0", rest_rows);
 }
 
 template <class T>
@@ -558,7 +558,7 @@ int run_benchmark(int argc, char** argv) {
   JsonObject doc = header("perf_gemm_shapes", o, mesh.size(), run.iters);
   doc.str("cpu_model", model).str("cpu_flags", flags);
   doc.num("hook_ns_without_tool", hook_without * 1e9).num("hook_ns_with_region_callback", hook_with * 1e9);
-  std::vector<std::string> results, rates;
+  Json results = Json::array(), rates = Json::array();
   for (const auto& type : dtypes) {
     if (type != "float" && type != "double") throw std::invalid_argument("--dtypes " + type + ": float or double");
     const GemmRate square =
@@ -567,7 +567,7 @@ int run_benchmark(int argc, char** argv) {
       std::cout << "square GEMM rate " << type << " " << square.shape << ": " << fixed(square.flops_per_s * 1e-9, 2)
                 << " GFLOP/s per rank\n";
     rates.push_back(
-        JsonObject().str("dtype", type).str("shape", square.shape).num("flops_per_s", square.flops_per_s).text());
+        JsonObject().str("dtype", type).str("shape", square.shape).num("flops_per_s", square.flops_per_s).json());
     for (const auto& shape : shapes)
       for (const auto& strategy : strategies)
         for (const auto& rq : q_loras) {
@@ -578,11 +578,11 @@ int run_benchmark(int argc, char** argv) {
           if (!error.empty()) throw std::invalid_argument("configuration " + shape + ": " + error);
           results.push_back((type == "float" ? run_configuration<float>(cfg, mesh, run, square, type)
                                              : run_configuration<double>(cfg, mesh, run, square, type))
-                                .text());
+                                .json());
         }
   }
-  doc.raw("square_rates", jlist(rates)).raw("results", jlist(results));
-  if (mesh.rank() == 0) write_json(o.json, doc.text());
+  doc.set("square_rates", rates).set("results", results);
+  if (mesh.rank() == 0) write_json(o.json, doc.json());
   return 0;
 }
 

@@ -191,7 +191,7 @@ struct Split {
     return JsonObject()
         .str("seq_counts", seq.str())
         .str("head_counts", heads.str())
-        .raw("uneven", seq.uniform() && heads.uniform() ? "false" : "true");
+        .set("uneven", !(seq.uniform() && heads.uniform()));
   }
 };
 
@@ -1128,13 +1128,13 @@ PairMeasurement measure_sequential_and_overlapped(const PairRun& run, const Sett
 
 // The opt-in experiment: the piece unpanelled (panels = 1) with a progress thread polling mlacp::progress() every
 // 50 or 500 us, and the compute alone with the thread (its slowdown). Returns the JSON list and the report line.
-std::pair<std::string, std::string> measure_progress_thread(const PairRun& run, const PairMeasurement& m,
-                                                            const Settings& settings, MPI_Comm comm) {
+std::pair<Json, std::string> measure_progress_thread(const PairRun& run, const PairMeasurement& m,
+                                                     const Settings& settings, MPI_Comm comm) {
   Region r("progress thread");
   const Pair& p = run.pair;
   auto& policy = mlacp::overlap_policy();
   policy.panels = 1;
-  std::vector<std::string> docs;
+  Json docs = Json::array();
   std::string line = "  " + run.label + " (panels=1 + progress thread):";
   const auto overlapped = overlapped_piece(run);
   for (const int interval : {50, 500}) {
@@ -1148,21 +1148,21 @@ std::pair<std::string, std::string> measure_progress_thread(const PairRun& run, 
                        .samples("compute_with_thread", c)
                        .num("E", m.e_of(s.median()))
                        .num("pair_over_ideal", m.ideal_of(s.median()))
-                       .text());
+                       .json());
     line += "  " + std::to_string(interval) + "us: E=" + fixed(m.e_of(s.median()), 2) + " compute x" +
             fixed(c.median() / m.tc(), 2);
   }
   policy = settings.default_policy;
-  return {jlist(docs), line};
+  return {docs, line};
 }
 
 // The balance sweep (library pairs only): E at the edges of the 1.5x band, compute longer (comm/compute 0.67) and
 // compute shorter (1.5), each calibrated and measured as above with its own compute, collective and blocking piece.
 // Leaves run.pair at the last size calibrated. Returns the JSON list and the report line.
-std::pair<std::string, std::string> measure_balance(PairRun& run, const PairSpec& spec, double e_balanced,
-                                                    const Settings& settings, MPI_Comm comm) {
+std::pair<Json, std::string> measure_balance(PairRun& run, const PairSpec& spec, double e_balanced,
+                                             const Settings& settings, MPI_Comm comm) {
   Region r("balance sweep");
-  std::vector<std::string> docs;
+  Json docs = Json::array();
   std::string line = "  " + run.label + ":  1.00:" + fixed(e_balanced, 2);
   for (const double target : {1.0 / 1.5, 1.5}) {
     calibrate(run, spec, target, run.dim, settings, comm);
@@ -1182,10 +1182,10 @@ std::pair<std::string, std::string> measure_balance(PairRun& run, const PairSpec
                        .samples("blocking_sequence", ts[3])
                        .num("E", overlap_e(c, m, b, pt))
                        .num("pair_over_ideal", pair_over_ideal(c, m, b, pt))
-                       .text());
+                       .json());
     line += "  " + fixed(m / c, 2) + ":" + fixed(overlap_e(c, m, b, pt), 2);
   }
-  return {jlist(docs), line};
+  return {docs, line};
 }
 
 // One table row of the report.
@@ -1202,12 +1202,14 @@ struct PhaseRow {
 
 // What the report prints on rank 0, collected pair by pair.
 struct Report {
-  std::vector<std::string> pair_docs;
+  Json pair_docs = Json::array();
   std::vector<Row> table;
   std::vector<PhaseRow> phases;
   std::vector<std::string> sweep_lines, balance_lines;
-  std::vector<std::string> uneven_lines, uneven_docs;  // E even against E uneven, per library pair
-  std::vector<std::string> ring_lines, ring_docs;      // the ring step pairs beside their raw-MPI ceilings
+  std::vector<std::string> uneven_lines;  // E even against E uneven, per library pair
+  Json uneven_docs = Json::array();
+  std::vector<std::string> ring_lines;  // the ring step pairs beside their raw-MPI ceilings
+  Json ring_docs = Json::array();
 };
 
 JsonObject pair_json(const PairRun& run, const PairMeasurement& m, const Settings& settings) {
@@ -1243,7 +1245,7 @@ JsonObject pair_json(const PairRun& run, const PairMeasurement& m, const Setting
       .num("E", m.e_of(tp))
       .str("pair_over_ideal_is", "overlapped / (blocking - min(compute, comm))")
       .num("pair_over_ideal", m.ideal_of(tp))
-      .raw("within_1_5x", std::max(tc, tm) / std::min(tc, tm) <= 1.5 ? "true" : "false");
+      .set("within_1_5x", std::max(tc, tm) / std::min(tc, tm) <= 1.5);
   if (m.polled)
     pd.obj("with_progress_between_kernels", JsonObject()
                                                 .str("what", "mlacp::progress() after each non-GEMM step too")
@@ -1255,9 +1257,9 @@ JsonObject pair_json(const PairRun& run, const PairMeasurement& m, const Setting
 
 // The panel sweep's JSON list and report line: the piece with OverlapPolicy::panels = 1 (one GEMM call: progress only
 // before and after it) .. 32, E against the same compute-alone, collective-alone and blocking medians.
-std::pair<std::string, std::string> panel_sweep_result(const PairRun& run, const PairMeasurement& m,
-                                                       const Settings& settings) {
-  std::vector<std::string> docs;
+std::pair<Json, std::string> panel_sweep_result(const PairRun& run, const PairMeasurement& m,
+                                                const Settings& settings) {
+  Json docs = Json::array();
   std::string line = "  " + run.label + ":";
   for (std::size_t i = 0; i < m.by_panels.size(); ++i) {
     const Samples& sp = m.by_panels[i];
@@ -1270,10 +1272,10 @@ std::pair<std::string, std::string> panel_sweep_result(const PairRun& run, const
                        .samples("overlapped_pair", sp)
                        .num("E", e)
                        .num("pair_over_ideal", m.ideal_of(sp.median()))
-                       .text());
+                       .json());
     line += "  p=" + std::to_string(settings.panel_counts[i]) + ":" + fixed(e, 2);
   }
-  return {jlist(docs), line};
+  return {docs, line};
 }
 
 // One pair in one mode, from calibration to its entries in the report. Returns its E.
@@ -1298,19 +1300,19 @@ double benchmark_pair(const PairSpec& spec, bool raw, const Settings& settings, 
   if (settings.panel_sweep) {
     auto [docs, line] = panel_sweep_result(run, m, settings);
     report.sweep_lines.push_back(line);
-    pd.raw("panel_sweep", docs);
+    pd.set("panel_sweep", docs);
   }
   if (settings.progress_thread) {
     auto [docs, line] = measure_progress_thread(run, m, settings, comm);
     report.sweep_lines.push_back(line);
-    pd.raw("progress_thread", docs);
+    pd.set("progress_thread", docs);
   }
   if (settings.balance_sweep && !raw) {
     auto [docs, line] = measure_balance(run, spec, m.e_of(tp), settings, comm);
     report.balance_lines.push_back(line);
-    pd.raw("balance_sweep", docs);
+    pd.set("balance_sweep", docs);
   }
-  report.pair_docs.push_back(pd.text());
+  report.pair_docs.push_back(pd.json());
   return m.e_of(tp);
 }
 
@@ -1330,7 +1332,7 @@ void benchmark_uneven(const mlacp::Mesh& mesh, const std::vector<double>& even_e
     const double e = benchmark_pair(specs[i], false, plain, mesh.comm(), report);
     report.uneven_lines.push_back("  " + specs[i].name + ":  even " + fixed(even_e[i], 2) + "  uneven " + fixed(e, 2));
     report.uneven_docs.push_back(
-        JsonObject().str("pair", specs[i].name).num("E_even", even_e[i]).num("E_uneven", e).text());
+        JsonObject().str("pair", specs[i].name).num("E_even", even_e[i]).num("E_uneven", e).json());
   }
 }
 
@@ -1413,7 +1415,7 @@ void benchmark_ring(const mlacp::Mesh& mesh, const Settings& settings, Report& r
       report.phases.push_back(PhaseRow{run.label, m.phases, m.tc()});
       Settings plain = settings;
       plain.panel_sweep = false;
-      report.pair_docs.push_back(pair_json(run, m, plain).text());
+      report.pair_docs.push_back(pair_json(run, m, plain).json());
     }
     const double tc = ts[0].median(), tm = ts[1].median(), tm_raw = ts[2].median();
     const double tp = ts[3].median(), tp_raw = ts[4].median(), tb_raw = ts[6].median();
@@ -1446,10 +1448,10 @@ void benchmark_ring(const mlacp::Mesh& mesh, const Settings& settings, Report& r
                  "(overlapped_library - overlapped_raw) / min(compute, comm_raw) = "
                  "E_raw - E_library_on_raw_baseline")
             .num("gap", gap)
-            .raw("within_0_05_of_ceiling", gap <= 0.05 ? "true" : "false")
+            .set("within_0_05_of_ceiling", gap <= 0.05)
             .num("pair_over_ideal_library", ideal[0])
             .num("pair_over_ideal_raw_mpi", ideal[1])
-            .text());
+            .json());
   }
 }
 
@@ -1525,12 +1527,12 @@ int run(int argc, char** argv) {
     }
   if (settings.uneven && !settings.only_ring) benchmark_uneven(mesh, even_e, settings, report);
   if (settings.ring) benchmark_ring(mesh, settings, report);
-  doc.raw("pairs", jlist(report.pair_docs));
-  if (settings.uneven && !settings.only_ring) doc.raw("uneven_vs_even", jlist(report.uneven_docs));
-  if (settings.ring) doc.raw("ring_step_vs_raw_mpi", jlist(report.ring_docs));
+  doc.set("pairs", report.pair_docs);
+  if (settings.uneven && !settings.only_ring) doc.set("uneven_vs_even", report.uneven_docs);
+  if (settings.ring) doc.set("ring_step_vs_raw_mpi", report.ring_docs);
   if (mesh.rank() == 0) {
     print_report(report, o, settings, mesh.size());
-    write_json(o.json, doc.text());
+    write_json(o.json, doc.json());
   }
   return 0;
 }

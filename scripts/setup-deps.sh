@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git clang-format
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
+  nlohmann-json3-dev
   libgtest-dev
   python3 python3-numpy python3-matplotlib
   python3-torch python3-mpi4py pybind11-dev python3-pytest

@@ -5,6 +5,8 @@
 #include <mlacp/error.hpp>
 #include <mlacp/settings.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <time.h>
 #include <unistd.h>
 
@@ -169,22 +171,11 @@ std::ptrdiff_t find(const std::vector<Event>& list, EventKind kind, const std::s
 
 namespace {
 
-// A JSON string literal of `text`.
+// A JSON string literal of `text`, escaped by nlohmann/json (bytes that are not UTF-8 become U+FFFD). The rest of
+// the document is written here: one event per line, and times as exact decimal microseconds, which a double (what
+// the library would write) cannot hold for a clock read in nanoseconds.
 std::string quoted(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + '"';
+  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // Nanoseconds as microseconds with three decimals, exact: 1234567 -> "1234.567".

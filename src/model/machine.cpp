@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// MachineParams: the GEMM curve's reading, the checks, and the JSON file format (a small reader and writer for this
-// one schema, so that the planner needs no JSON dependency).
+// MachineParams: the GEMM curve's reading, the checks, and the JSON file format (nlohmann/json parses and writes it;
+// the schema's checks, which name the file and the key, are here).
 #include <mlacp/error.hpp>
 #include <mlacp/model/machine.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <initializer_list>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -49,12 +51,6 @@ int bytes_of(Dtype dtype) noexcept {
 }
 
 namespace {
-
-std::string number_text(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 std::string short_number(double v) {
   char buf[40];
@@ -212,300 +208,103 @@ std::string MachineParams::error() const {
 
 namespace {
 
-/// A parsed JSON value; objects keep their keys in order.
-struct Json {
-  enum class Type { null, boolean, number, string, array, object };
-  Type type = Type::null;
-  bool boolean = false;
-  double number = 0;
-  std::string text;  ///< the string, or the number as written
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
-};
+/// Keys kept in the order written: machine_to_json's order on output (name first), a file's own on input (so that
+/// the first unknown key named is the file's first).
+using Json = nlohmann::ordered_json;
 
-/// The value as JSON text, cut short for a message.
+/// `v` as JSON text; bytes that are not UTF-8 (a name set in code may hold any) become U+FFFD instead of throwing.
+std::string json_text(const Json& v, int indent = -1) {
+  return v.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
+/// `key` as a JSON string, for a message.
+std::string quoted(const std::string& key) { return json_text(Json(key)); }
+
+/// The value as JSON text with a space after each separator, cut short for a message.
 std::string shown(const Json& v) {
   std::string s;
-  switch (v.type) {
-    case Json::Type::null:
-      s = "null";
-      break;
-    case Json::Type::boolean:
-      s = v.boolean ? "true" : "false";
-      break;
-    case Json::Type::number:
-      s = v.text;
-      break;
-    case Json::Type::string:
-      s = json_quoted(v.text);
-      break;
-    case Json::Type::array:
-      s = "[";
-      for (std::size_t i = 0; i < v.items.size(); ++i) s += (i ? ", " : "") + shown(v.items[i]);
-      s += "]";
-      break;
-    case Json::Type::object:
-      s = "{";
-      for (std::size_t i = 0; i < v.members.size(); ++i) {
-        s += (i ? ", " : "") + json_quoted(v.members[i].first) + ": " + shown(v.members[i].second);
-      }
-      s += "}";
-      break;
+  if (v.is_array()) {
+    s = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + shown(v[i]);
+    s += "]";
+  } else if (v.is_object()) {
+    s = "{";
+    bool first = true;
+    for (const auto& item : v.items()) {
+      s += (first ? "" : ", ") + quoted(item.key()) + ": " + shown(item.value());
+      first = false;
+    }
+    s += "}";
+  } else {
+    s = json_text(v);
   }
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
 
-class Reader {
- public:
-  Reader(const std::string& text, const std::string& where) : text_(text), where_(where) {}
-
-  Json document() {
-    skip_space();
-    Json v = value(0);
-    skip_space();
-    if (pos_ != text_.size()) fail("expected the end of the text after the top-level value");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    std::size_t line = 1, column = 1;
-    for (std::size_t i = 0; i < pos_ && i < text_.size(); ++i) {
-      if (text_[i] == '\n') {
-        ++line;
-        column = 1;
-      } else {
-        ++column;
-      }
-    }
-    std::string got = pos_ < text_.size() ? "\"" + text_.substr(pos_, 12) + "\"" : "the end of the text";
-    const auto nl = got.find('\n');
-    if (nl != std::string::npos) got = got.substr(0, nl) + "\"";
-    throw InvalidArgument(where_ + ": line " + std::to_string(line) + ", column " + std::to_string(column) + ": " +
-                          what + ", got " + got + " (not valid JSON)");
-  }
-
-  /// Steps over `c` when it is next; false (nothing consumed) otherwise.
-  bool consume(char c) {
-    if (pos_ >= text_.size() || text_[pos_] != c) return false;
-    ++pos_;
-    return true;
-  }
-
-  void skip_space() {
-    while (pos_ < text_.size() &&
-           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-
-  bool literal(const char* word) {
-    const std::string w(word);
-    if (text_.compare(pos_, w.size(), w) == 0) {
-      pos_ += w.size();
-      return true;
-    }
-    return false;
-  }
-
-  Json value(int depth) {
-    if (depth > 64) fail("expected nesting at most 64 deep");
-    if (pos_ >= text_.size()) fail("expected a value");
-    Json v;
-    const char c = text_[pos_];
-    if (c == '{') {
-      v.type = Json::Type::object;
-      ++pos_;
-      skip_space();
-      if (consume('}')) return v;
-      for (;;) {
-        skip_space();
-        if (pos_ >= text_.size() || text_[pos_] != '"') fail("expected a key in double quotes");
-        const std::size_t key_at = pos_;
-        std::string key = string();
-        for (const auto& m : v.members) {
-          if (m.first == key) {
-            pos_ = key_at;
-            fail("expected each key once, but " + json_quoted(key) + " repeats");
-          }
-        }
-        skip_space();
-        if (!consume(':')) fail("expected ':' after the key " + json_quoted(key));
-        skip_space();
-        Json member = value(depth + 1);
-        v.members.emplace_back(std::move(key), std::move(member));
-        skip_space();
-        if (consume(',')) continue;
-        if (consume('}')) return v;
-        fail("expected ',' or '}' in an object");
-      }
-    }
-    if (c == '[') {
-      v.type = Json::Type::array;
-      ++pos_;
-      skip_space();
-      if (consume(']')) return v;
-      for (;;) {
-        skip_space();
-        v.items.push_back(value(depth + 1));
-        skip_space();
-        if (consume(',')) continue;
-        if (consume(']')) return v;
-        fail("expected ',' or ']' in an array");
-      }
-    }
-    if (c == '"') {
-      v.type = Json::Type::string;
-      v.text = string();
-      return v;
-    }
-    if (literal("true")) {
-      v.type = Json::Type::boolean;
-      v.boolean = true;
-      return v;
-    }
-    if (literal("false")) {
-      v.type = Json::Type::boolean;
-      return v;
-    }
-    if (literal("null")) return v;
-    if (c == '-' || (c >= '0' && c <= '9')) return number();
-    fail("expected a value (an object, array, string, number, true, false or null)");
-  }
-
-  Json number() {
-    const std::size_t start = pos_;
-    const auto digits = [&] {
-      const std::size_t from = pos_;
-      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-      return pos_ > from;
-    };
-    if (text_[pos_] == '-') ++pos_;
-    if (!digits()) fail("expected digits in a number");
-    if (consume('.')) {
-      if (!digits()) fail("expected digits after the decimal point");
-    }
-    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
-      if (!digits()) fail("expected digits in the exponent");
-    }
-    Json v;
-    v.type = Json::Type::number;
-    v.text = text_.substr(start, pos_ - start);
-    v.number = std::strtod(v.text.c_str(), nullptr);
-    if (!std::isfinite(v.number)) {
-      pos_ = start;
-      fail("expected a number within double's range");
-    }
-    return v;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  unsigned hex4() {
-    if (pos_ + 4 > text_.size()) fail("expected four hex digits after \\u");
-    unsigned cp = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char h = text_[pos_++];
-      cp <<= 4;
-      if (h >= '0' && h <= '9') {
-        cp |= static_cast<unsigned>(h - '0');
-      } else if (h >= 'a' && h <= 'f') {
-        cp |= static_cast<unsigned>(h - 'a' + 10);
-      } else if (h >= 'A' && h <= 'F') {
-        cp |= static_cast<unsigned>(h - 'A' + 10);
-      } else {
-        --pos_;
-        fail("expected four hex digits after \\u");
-      }
-    }
-    return cp;
-  }
-
-  std::string string() {
-    ++pos_;  // the opening quote
+/// `text` parsed. Beyond JSON's grammar it refuses a key twice in one object (JSON leaves open which value counts;
+/// the parser would keep the last in silence) and nesting deeper than 64 (shown() recurses). A syntax error names the
+/// line and the column.
+Json parse(const std::string& text, const std::string& where) {
+  // Where the parser is: per open object its keys so far and the current one, per open array the current index.
+  struct Level {
+    bool object = false;
+    std::set<std::string> keys;
+    std::string key;
+    bool repeated = false;  // the current key came before in this object
+    std::size_t index = 0;
+  };
+  std::vector<Level> levels;
+  const auto path = [&] {
     std::string out;
-    for (;;) {
-      if (pos_ >= text_.size()) fail("expected the closing '\"' of a string");
-      const char c = text_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (static_cast<unsigned char>(c) < 0x20) fail("expected no raw control character in a string");
-      if (c != '\\') {
-        out += c;
-        ++pos_;
-        continue;
-      }
-      ++pos_;
-      if (pos_ >= text_.size()) fail("expected an escape after '\\'");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out += e;
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && text_.compare(pos_, 2, "\\u") == 0) {
-            pos_ += 2;
-            const unsigned low = hex4();
-            if (low >= 0xDC00 && low < 0xE000) {
-              cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-            } else {
-              append_utf8(out, cp);
-              cp = low;
-            }
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default:
-          --pos_;
-          fail("expected one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u after '\\'");
-      }
+    for (const Level& l : levels)
+      out += l.object ? (out.empty() ? "" : ".") + l.key : "[" + std::to_string(l.index) + "]";
+    return out;
+  };
+  // A value is complete (a scalar, or a container just closed): refused under a repeated key, counted in an array.
+  const auto complete = [&](const Json& value) {
+    if (levels.empty()) return;
+    if (levels.back().repeated) {
+      throw InvalidArgument(where + ": " + quoted(path()) + ": expected each key once, got it again with " +
+                            shown(value));
     }
+    if (!levels.back().object) ++levels.back().index;
+  };
+  const Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (depth >= 64) throw InvalidArgument(where + ": " + quoted(path()) + ": expected nesting at most 64 deep");
+        levels.emplace_back();
+        levels.back().object = event == Json::parse_event_t::object_start;
+        break;
+      case Json::parse_event_t::key: {
+        Level& level = levels.back();
+        level.key = parsed.get<std::string>();
+        level.repeated = !level.keys.insert(level.key).second;
+        break;
+      }
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        levels.pop_back();
+        complete(parsed);
+        break;
+      case Json::parse_event_t::value:
+        complete(parsed);
+        break;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text, check);
+  } catch (const Json::exception& e) {
+    // The parser's message without its id ("[json.exception.parse_error.101] "), which tells the file's author nothing.
+    std::string what = e.what();
+    const std::size_t id_end = what.find("] ");
+    if (what.rfind("[json.exception.", 0) == 0 && id_end != std::string::npos) what.erase(0, id_end + 2);
+    throw InvalidArgument(where + ": " + what + " (not valid JSON)");
   }
-
-  const std::string& text_;
-  const std::string& where_;
-  std::size_t pos_ = 0;
-};
+}
 
 /// Reads the schema's values out of a parsed document, naming the file and the key path in every error.
 class Schema {
@@ -513,18 +312,19 @@ class Schema {
   explicit Schema(const std::string& where) : where_(where) {}
 
   [[noreturn]] void fail(const std::string& key, const std::string& expected, const Json& got) const {
-    throw InvalidArgument(where_ + ": " + json_quoted(key) + ": expected " + expected + ", got " + shown(got));
+    throw InvalidArgument(where_ + ": " + quoted(key) + ": expected " + expected + ", got " + shown(got));
   }
 
   std::string string(const std::string& key, const Json& v) const {
-    if (v.type != Json::Type::string) fail(key, "a string", v);
-    return v.text;
+    if (!v.is_string()) fail(key, "a string", v);
+    return v.get<std::string>();
   }
 
   double number(const std::string& key, const Json& v, const char* expected, bool positive, double max = -1) const {
-    if (v.type != Json::Type::number) fail(key, expected, v);
-    if (v.number < 0 || (positive && v.number == 0) || (max >= 0 && v.number > max)) fail(key, expected, v);
-    return v.number;
+    if (!v.is_number()) fail(key, expected, v);
+    const double d = v.get<double>();
+    if (d < 0 || (positive && d == 0) || (max >= 0 && d > max)) fail(key, expected, v);
+    return d;
   }
 
   double non_negative(const std::string& key, const Json& v) const {
@@ -540,51 +340,49 @@ class Schema {
   }
 
   const Json& object(const std::string& key, const Json& v, const std::string& expected) const {
-    if (v.type != Json::Type::object) fail(key, expected, v);
+    if (!v.is_object()) fail(key, expected, v);
     return v;
   }
 
   /// Throws naming the first key of `v` not in `known`.
   void only(const std::string& key, const Json& v, std::initializer_list<const char*> known) const {
-    for (const auto& [name, member] : v.members) {
+    for (const auto& item : v.items()) {
       bool found = false;
-      for (const char* k : known) found = found || name == k;
+      for (const char* k : known) found = found || item.key() == k;
       if (!found) {
         std::string list;
-        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + json_quoted(k);
-        const std::string path = key.empty() ? name : key + "." + name;
-        throw InvalidArgument(where_ + ": " + json_quoted(path) + ": unknown key (expected one of " + list + ")");
+        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + quoted(k);
+        const std::string path = key.empty() ? item.key() : key + "." + item.key();
+        throw InvalidArgument(where_ + ": " + quoted(path) + ": unknown key (expected one of " + list + ")");
       }
     }
   }
 
   void dtype(const std::string& key, const std::string& name) const {
-    if (!known_dtype(name)) throw InvalidArgument(where_ + ": " + json_quoted(key) + unknown_dtype);
+    if (!known_dtype(name)) throw InvalidArgument(where_ + ": " + quoted(key) + unknown_dtype);
   }
 
   LinkCost link(const std::string& key, const Json& v) const {
     object(key, v, "an object {\"alpha_s\", \"beta_s_per_byte\"}");
     only(key, v, {"alpha_s", "beta_s_per_byte"});
     LinkCost out;
-    for (const auto& [name, member] : v.members) {
-      if (name == "alpha_s") out.alpha_s = non_negative(key + ".alpha_s", member);
-      if (name == "beta_s_per_byte") out.beta_s_per_byte = non_negative(key + ".beta_s_per_byte", member);
+    for (const auto& item : v.items()) {
+      if (item.key() == "alpha_s") out.alpha_s = non_negative(key + ".alpha_s", item.value());
+      if (item.key() == "beta_s_per_byte") out.beta_s_per_byte = non_negative(key + ".beta_s_per_byte", item.value());
     }
     return out;
   }
 
   std::vector<std::pair<double, double>> curve(const std::string& key, const Json& v) const {
-    if (v.type != Json::Type::array || v.items.empty()) {
-      fail(key, "a non-empty array of [n, flops] pairs", v);
-    }
+    if (!v.is_array() || v.empty()) fail(key, "a non-empty array of [n, flops] pairs", v);
     std::vector<std::pair<double, double>> points;
-    for (std::size_t i = 0; i < v.items.size(); ++i) {
-      const Json& p = v.items[i];
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const Json& p = v[i];
       const std::string at = key + "[" + std::to_string(i) + "]";
       const char* expected = "a pair [n, flops] of positive numbers";
-      if (p.type != Json::Type::array || p.items.size() != 2) fail(at, expected, p);
-      const double n = number(at, p.items[0], expected, true);
-      const double rate = number(at, p.items[1], expected, true);
+      if (!p.is_array() || p.size() != 2) fail(at, expected, p);
+      const double n = number(at, p[0], expected, true);
+      const double rate = number(at, p[1], expected, true);
       if (!points.empty() && !(n > points.back().first)) {
         fail(at, "n increasing (after n = " + short_number(points.back().first) + ")", p);
       }
@@ -597,31 +395,24 @@ class Schema {
     object(key, v, "an object {\"forward_flops\", \"backward_flops\"[, \"by_width\"]}");
     only(key, v, {"forward_flops", "backward_flops", "by_width"});
     AttentionRate out;
-    for (const auto& [name, member] : v.members) {
-      if (name == "forward_flops") out.forward_flops = non_negative(key + ".forward_flops", member);
-      if (name == "backward_flops") out.backward_flops = non_negative(key + ".backward_flops", member);
+    for (const auto& item : v.items()) {
+      if (item.key() == "forward_flops") out.forward_flops = non_negative(key + ".forward_flops", item.value());
+      if (item.key() == "backward_flops") out.backward_flops = non_negative(key + ".backward_flops", item.value());
     }
     return out;
   }
   /// The attention entry's optional "by_width" points ({} without).
   std::vector<AttentionWidthRate> attention_by_width(const std::string& key, const Json& v) const {
     std::vector<AttentionWidthRate> out;
-    for (const auto& [name, member] : v.members) {
-      if (name == "by_width") {
-        const std::string list = key + ".by_width";
-        if (member.type != Json::Type::array)
-          throw InvalidArgument(where_ + ": " + json_quoted(list) +
-                                ": expected an array of [width, forward_flops, backward_flops], got " + shown(member));
-        for (std::size_t i = 0; i < member.items.size(); ++i) {
-          const Json& point = member.items[i];
-          const std::string at = list + "[" + std::to_string(i) + "]";
-          if (point.type != Json::Type::array || point.items.size() != 3)
-            throw InvalidArgument(where_ + ": " + json_quoted(at) +
-                                  ": expected [width, forward_flops, backward_flops], got " + shown(point));
-          out.push_back({positive(at + "[0]", point.items[0]), positive(at + "[1]", point.items[1]),
-                         positive(at + "[2]", point.items[2])});
-        }
-      }
+    if (!v.contains("by_width")) return out;
+    const Json& list = v["by_width"];
+    const std::string at_list = key + ".by_width";
+    if (!list.is_array()) fail(at_list, "an array of [width, forward_flops, backward_flops]", list);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Json& point = list[i];
+      const std::string at = at_list + "[" + std::to_string(i) + "]";
+      if (!point.is_array() || point.size() != 3) fail(at, "[width, forward_flops, backward_flops]", point);
+      out.push_back({positive(at + "[0]", point[0]), positive(at + "[1]", point[1]), positive(at + "[2]", point[2])});
     }
     return out;
   }
@@ -632,108 +423,54 @@ class Schema {
 
 }  // namespace
 
-std::string json_quoted(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 std::string machine_to_json(const MachineParams& m) {
-  std::ostringstream out;
-  const auto link = [&](const LinkCost& l) {
-    return "{\"alpha_s\": " + number_text(l.alpha_s) + ", \"beta_s_per_byte\": " + number_text(l.beta_s_per_byte) + "}";
+  const auto link = [](const LinkCost& l) {
+    return Json{{"alpha_s", l.alpha_s}, {"beta_s_per_byte", l.beta_s_per_byte}};
   };
-  out << "{\n";
-  out << "  \"name\": " << json_quoted(m.name) << ",\n";
-  out << "  \"source\": " << json_quoted(m.source) << ",\n";
-  out << "  \"ranks_per_node\": " << m.ranks_per_node << ",\n";
-  out << "  \"intra\": " << link(m.intra) << ",\n";
-  out << "  \"inter\": " << link(m.inter) << ",\n";
-  out << "  \"gemm\": {";
-  bool first = true;
+  Json gemm = Json::object();
   for (const auto& [dtype, points] : m.gemm) {
-    out << (first ? "\n" : ",\n") << "    " << json_quoted(dtype) << ": [";
-    for (std::size_t i = 0; i < points.size(); ++i) {
-      out << (i ? ", " : "") << "[" << number_text(points[i].first) << ", " << number_text(points[i].second) << "]";
-    }
-    out << "]";
-    first = false;
+    Json curve = Json::array();
+    for (const auto& [n, rate] : points) curve.push_back(Json::array({n, rate}));
+    gemm[dtype] = std::move(curve);
   }
-  out << (first ? "},\n" : "\n  },\n");
-  out << "  \"attention\": {";
-  first = true;
+  Json attention = Json::object();
   for (const auto& [dtype, rate] : m.attention) {
-    out << (first ? "\n" : ",\n") << "    " << json_quoted(dtype)
-        << ": {\"forward_flops\": " << number_text(rate.forward_flops)
-        << ", \"backward_flops\": " << number_text(rate.backward_flops);
+    Json entry = {{"forward_flops", rate.forward_flops}, {"backward_flops", rate.backward_flops}};
     const auto points = m.attention_by_width.find(dtype);
     if (points != m.attention_by_width.end() && !points->second.empty()) {
-      out << ", \"by_width\": [";
-      for (std::size_t i = 0; i < points->second.size(); ++i) {
-        const auto& p = points->second[i];
-        out << (i ? ", " : "") << "[" << number_text(p.width) << ", " << number_text(p.forward_flops) << ", "
-            << number_text(p.backward_flops) << "]";
-      }
-      out << "]";
+      Json by_width = Json::array();
+      for (const auto& p : points->second)
+        by_width.push_back(Json::array({p.width, p.forward_flops, p.backward_flops}));
+      entry["by_width"] = std::move(by_width);
     }
-    out << "}";
-    first = false;
+    attention[dtype] = std::move(entry);
   }
-  out << (first ? "},\n" : "\n  },\n");
-  out << "  \"memory_bandwidth\": " << number_text(m.memory_bandwidth) << ",\n";
-  if (!m.elementwise_bandwidth.empty()) {
-    out << "  \"elementwise_bandwidth\": {";
-    first = true;
-    for (const auto& [dtype, rate] : m.elementwise_bandwidth) {
-      out << (first ? "" : ", ") << json_quoted(dtype) << ": " << number_text(rate);
-      first = false;
-    }
-    out << "},\n";
-  }
-  out << "  \"memory_per_rank_bytes\": " << number_text(m.memory_per_rank_bytes) << ",\n";
-  out << "  \"overlap_efficiency\": " << number_text(m.overlap_efficiency) << ",\n";
-  out << "  \"sync_s\": " << number_text(m.sync_s) << "\n";
-  out << "}\n";
-  return out.str();
+  Json doc = {{"name", m.name},
+              {"source", m.source},
+              {"ranks_per_node", m.ranks_per_node},
+              {"intra", link(m.intra)},
+              {"inter", link(m.inter)},
+              {"gemm", std::move(gemm)},
+              {"attention", std::move(attention)},
+              {"memory_bandwidth", m.memory_bandwidth}};
+  if (!m.elementwise_bandwidth.empty()) doc["elementwise_bandwidth"] = m.elementwise_bandwidth;
+  doc["memory_per_rank_bytes"] = m.memory_per_rank_bytes;
+  doc["overlap_efficiency"] = m.overlap_efficiency;
+  doc["sync_s"] = m.sync_s;
+  return json_text(doc, 2) + "\n";
 }
 
 MachineParams machine_from_json(const std::string& text, const std::string& where) {
-  const Json doc = Reader(text, where).document();
+  const Json doc = parse(text, where);
   const Schema schema(where);
-  if (doc.type != Json::Type::object) {
-    throw InvalidArgument(where + ": expected a JSON object at the top level, got " + shown(doc));
-  }
+  if (!doc.is_object()) throw InvalidArgument(where + ": expected a JSON object at the top level, got " + shown(doc));
   schema.only("", doc,
               {"name", "source", "ranks_per_node", "intra", "inter", "gemm", "attention", "memory_bandwidth",
                "elementwise_bandwidth", "memory_per_rank_bytes", "overlap_efficiency", "sync_s"});
   MachineParams m;
-  for (const auto& [key, v] : doc.members) {
+  for (const auto& item : doc.items()) {
+    const std::string& key = item.key();
+    const Json& v = item.value();
     if (key == "name") {
       m.name = schema.string(key, v);
     } else if (key == "source") {
@@ -744,25 +481,26 @@ MachineParams machine_from_json(const std::string& text, const std::string& wher
       (key == "intra" ? m.intra : m.inter) = schema.link(key, v);
     } else if (key == "gemm") {
       schema.object(key, v, "an object: dtype -> [[n, flops], ...]");
-      for (const auto& [dtype, points] : v.members) {
-        schema.dtype(key + "." + dtype, dtype);
-        m.gemm[dtype] = schema.curve(key + "." + dtype, points);
+      for (const auto& entry : v.items()) {
+        schema.dtype(key + "." + entry.key(), entry.key());
+        m.gemm[entry.key()] = schema.curve(key + "." + entry.key(), entry.value());
       }
     } else if (key == "attention") {
       schema.object(key, v, "an object: dtype -> {\"forward_flops\", \"backward_flops\"}");
-      for (const auto& [dtype, rate] : v.members) {
-        schema.dtype(key + "." + dtype, dtype);
-        m.attention[dtype] = schema.attention(key + "." + dtype, rate);
-        auto points = schema.attention_by_width(key + "." + dtype, rate);
-        if (!points.empty()) m.attention_by_width[dtype] = std::move(points);
+      for (const auto& entry : v.items()) {
+        const std::string at = key + "." + entry.key();
+        schema.dtype(at, entry.key());
+        m.attention[entry.key()] = schema.attention(at, entry.value());
+        auto points = schema.attention_by_width(at, entry.value());
+        if (!points.empty()) m.attention_by_width[entry.key()] = std::move(points);
       }
     } else if (key == "memory_bandwidth") {
       m.memory_bandwidth = schema.non_negative(key, v);
     } else if (key == "elementwise_bandwidth") {
       schema.object(key, v, "an object: dtype -> bytes per second");
-      for (const auto& [dtype, rate] : v.members) {
-        schema.dtype(key + "." + dtype, dtype);
-        m.elementwise_bandwidth[dtype] = schema.non_negative(key + "." + dtype, rate);
+      for (const auto& entry : v.items()) {
+        schema.dtype(key + "." + entry.key(), entry.key());
+        m.elementwise_bandwidth[entry.key()] = schema.non_negative(key + "." + entry.key(), entry.value());
       }
     } else if (key == "memory_per_rank_bytes") {
       m.memory_per_rank_bytes = schema.non_negative(key, v);

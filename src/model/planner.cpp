@@ -2,6 +2,8 @@
 #include <mlacp/error.hpp>
 #include <mlacp/model/planner.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -35,7 +37,8 @@ std::string time_text(double s) {
   return s >= 10 ? fixed(s, 2) + " s" : fixed(s * 1e3, s * 1e3 >= 100 ? 1 : 3) + " ms";
 }
 
-std::string json_number(double v) {
+/// A number for a message, to nine digits.
+std::string number_text(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
@@ -55,7 +58,7 @@ Plan plan(const PlanRequest& request, const MachineParams& machine) {
   if (!machine_error.empty())
     throw InvalidArgument("mlacp::model::plan: machine \"" + machine.name + "\": " + machine_error);
   if (request.memory_per_rank < 0)
-    throw InvalidArgument("mlacp::model::plan: memory per rank " + json_number(request.memory_per_rank) +
+    throw InvalidArgument("mlacp::model::plan: memory per rank " + number_text(request.memory_per_rank) +
                           ": expected a non-negative number of bytes (0: the machine's)");
   if (request.ring < 0 || (request.ring > 0 && P % request.ring != 0))
     throw InvalidArgument("mlacp::model::plan: ring " + std::to_string(request.ring) + ": expected a divisor of the " +
@@ -141,33 +144,51 @@ std::string format_plan(const Plan& plan) {
 }
 
 std::string plan_to_json(const Plan& plan) {
+  // Keys in the order written: the request before the rows, each row's choice before its figures.
+  using Json = nlohmann::ordered_json;
   const PlanRequest& r = plan.request;
   const MlaConfig& c = r.config;
-  std::ostringstream s;
-  s << "{\"tool\": \"mlacp-plan\", \"machine\": " << json_quoted(plan.machine)
-    << ", \"budget_bytes\": " << json_number(plan.budget) << ", \"request\": {\"batch\": " << c.batch
-    << ", \"seq\": " << c.seq << ", \"hidden\": " << c.hidden << ", \"heads\": " << c.heads << ", \"nope\": " << c.nope
-    << ", \"rope\": " << c.rope << ", \"vdim\": " << c.vdim << ", \"latent\": " << c.latent
-    << ", \"q_lora\": " << c.q_lora_rank << ", \"documents\": " << (c.cu_seqlens.empty() ? 1 : c.cu_seqlens.size() - 1)
-    << ", \"dtype\": " << json_quoted(to_string(r.dtype)) << ", \"nodes\": " << r.cluster.nodes
-    << ", \"ranks_per_node\": " << r.cluster.ranks_per_node << "}, \"rows\": [";
-  for (std::size_t i = 0; i < plan.rows.size(); ++i) {
-    const PlanRow& row = plan.rows[i];
+  Json rows = Json::array();
+  for (const PlanRow& row : plan.rows) {
     const Prediction& p = row.prediction;
-    s << (i ? ", " : "") << "{\"strategy\": " << json_quoted(to_string(p.choice.strategy))
-      << ", \"ulysses\": " << p.choice.ulysses << ", \"ring\": " << p.choice.ring
-      << ", \"layout\": " << json_quoted(p.choice.ring > 1 ? to_string(p.choice.layout) : "none")
-      << ", \"forward_s\": " << json_number(p.forward_s) << ", \"backward_s\": " << json_number(p.backward_s)
-      << ", \"total_s\": " << json_number(p.total_s()) << ", \"compute_s\": " << json_number(p.compute_s)
-      << ", \"communication_s\": " << json_number(p.communication_s) << ", \"exposed_s\": " << json_number(p.exposed_s)
-      << ", \"hidden_fraction\": " << json_number(p.hidden_fraction)
-      << ", \"bytes_intra\": " << json_number(p.bytes.intra) << ", \"bytes_inter\": " << json_number(p.bytes.inter)
-      << ", \"memory_bytes\": " << json_number(p.memory.total()) << ", \"fits\": " << (row.fits ? "true" : "false")
-      << ", \"why_not\": " << json_quoted(row.why_not) << "}";
+    rows.push_back({{"strategy", to_string(p.choice.strategy)},
+                    {"ulysses", p.choice.ulysses},
+                    {"ring", p.choice.ring},
+                    {"layout", p.choice.ring > 1 ? to_string(p.choice.layout) : "none"},
+                    {"forward_s", p.forward_s},
+                    {"backward_s", p.backward_s},
+                    {"total_s", p.total_s()},
+                    {"compute_s", p.compute_s},
+                    {"communication_s", p.communication_s},
+                    {"exposed_s", p.exposed_s},
+                    {"hidden_fraction", p.hidden_fraction},
+                    {"bytes_intra", p.bytes.intra},
+                    {"bytes_inter", p.bytes.inter},
+                    {"memory_bytes", p.memory.total()},
+                    {"fits", row.fits},
+                    {"why_not", row.why_not}});
   }
   const PlanRow* best = plan.best();
-  s << "], \"best\": " << (best ? std::to_string(best - plan.rows.data()) : std::string("null")) << "}\n";
-  return s.str();
+  const Json doc = {{"tool", "mlacp-plan"},
+                    {"machine", plan.machine},
+                    {"budget_bytes", plan.budget},
+                    {"request",
+                     {{"batch", c.batch},
+                      {"seq", c.seq},
+                      {"hidden", c.hidden},
+                      {"heads", c.heads},
+                      {"nope", c.nope},
+                      {"rope", c.rope},
+                      {"vdim", c.vdim},
+                      {"latent", c.latent},
+                      {"q_lora", c.q_lora_rank},
+                      {"documents", c.cu_seqlens.empty() ? 1 : c.cu_seqlens.size() - 1},
+                      {"dtype", to_string(r.dtype)},
+                      {"nodes", r.cluster.nodes},
+                      {"ranks_per_node", r.cluster.ranks_per_node}}},
+                    {"rows", std::move(rows)},
+                    {"best", best ? Json(best - plan.rows.data()) : Json()}};
+  return doc.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace mlacp::model

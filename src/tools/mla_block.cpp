@@ -35,6 +35,8 @@
 #include <mlacp/version.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -402,12 +404,12 @@ GemmRate gemm_rate(const mlacp::MlaConfig& c, int s, const mlacp::Mesh& mesh) {
   return rate;
 }
 
-// A JSON number (null when not finite).
-std::string jnum(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream out;
-  out << std::setprecision(9) << v;
-  return out.str();
+// Keys in the order written (the reports and check_dump.py read them by name; a person reads them in this order).
+using Json = nlohmann::ordered_json;
+
+// `v` as JSON text (a number that is not finite becomes null; bytes that are not UTF-8 become U+FFFD).
+std::string json_text(const Json& v, int indent = -1) {
+  return v.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
 // The reference's weights: the layer's own for float and double; for bf16, the float64 layer on the same values
@@ -465,9 +467,6 @@ AttentionBalance attention_balance(const Layer& layer, const View& x, const View
   out.cpu_min = -values[3];
   return out;
 }
-
-// A JSON string: `text` quoted, with quotes, backslashes and control characters escaped.
-std::string jstr(const std::string& text) { return mlacp::model::json_quoted(text); }
 
 // (predicted - measured) / measured, in percent.
 double error_percent(double predicted, double measured) { return (predicted - measured) / measured * 100.0; }
@@ -741,20 +740,28 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
         shapes["d" + name] = p.second;
       }
       for (const auto& [name, values] : got) dump<DumpT>(o.dump, name, values, shapes.at(name));
-      std::ofstream json(o.dump + "/config.json");
-      json << "{\n  \"batch\": " << c.batch << ",\n  \"seq\": " << c.seq << ",\n  \"hidden\": " << c.hidden
-           << ",\n  \"heads\": " << c.heads << ",\n  \"qk_nope_head_dim\": " << c.nope
-           << ",\n  \"qk_rope_head_dim\": " << c.rope << ",\n  \"v_head_dim\": " << c.vdim
-           << ",\n  \"kv_lora_rank\": " << c.latent << ",\n  \"q_lora_rank\": " << c.q_lora_rank
-           << ",\n  \"softmax_scale\": " << std::setprecision(17) << c.attention_scale() << std::setprecision(6)
-           << ",\n  \"bias\": " << (c.bias ? "true" : "false") << ",\n  \"dtype\": \"" << o.dtype
-           << "\",\n  \"strategy\": \"" << mlacp::to_string(c.strategy) << "\",\n  \"wire_dtype\": \""
-           << mlacp::to_string(c.wire_dtype) << "\",\n  \"ulysses_size\": " << mesh.ulysses_size()
-           << ",\n  \"ring_size\": " << mesh.ring_size() << ",\n  \"ring_layout\": \""
-           << mlacp::to_string(c.ring_layout) << "\",\n  \"seed\": " << o.seed << ",\n  \"ranks\": " << P
-           << ",\n  \"overlap\": " << (c.overlap ? "true" : "false") << ",\n  \"cu_seqlens\": [";
-      for (std::size_t i = 0; i < c.cu_seqlens.size(); ++i) json << (i ? ", " : "") << c.cu_seqlens[i];
-      json << "]\n}\n";
+      const Json config = {{"batch", c.batch},
+                           {"seq", c.seq},
+                           {"hidden", c.hidden},
+                           {"heads", c.heads},
+                           {"qk_nope_head_dim", c.nope},
+                           {"qk_rope_head_dim", c.rope},
+                           {"v_head_dim", c.vdim},
+                           {"kv_lora_rank", c.latent},
+                           {"q_lora_rank", c.q_lora_rank},
+                           {"softmax_scale", c.attention_scale()},
+                           {"bias", c.bias},
+                           {"dtype", o.dtype},
+                           {"strategy", mlacp::to_string(c.strategy)},
+                           {"wire_dtype", mlacp::to_string(c.wire_dtype)},
+                           {"ulysses_size", mesh.ulysses_size()},
+                           {"ring_size", mesh.ring_size()},
+                           {"ring_layout", mlacp::to_string(c.ring_layout)},
+                           {"seed", o.seed},
+                           {"ranks", P},
+                           {"overlap", c.overlap},
+                           {"cu_seqlens", c.cu_seqlens}};
+      std::ofstream(o.dump + "/config.json") << json_text(config, 2) << "\n";
       std::cout << "  dumped " << got.size() + 2 + params.size() + (c.cu_seqlens.empty() ? 0 : 1)
                 << " .npy files and config.json to " << o.dump << "\n";
     }
@@ -762,49 +769,66 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
     if (!o.json.empty()) {
       std::ofstream json(o.json);
       if (!json) throw std::runtime_error("cannot write " + o.json);
-      std::string list;
-      for (const double t : times) list += (list.empty() ? "" : ", ") + jnum(t);
-      json << "{\"tool\": \"mlacp-mla-block\", \"status\": \"ok\", \"config\": {\"B\": " << c.batch
-           << ", \"S\": " << c.seq << ", \"D\": " << c.hidden << ", \"H\": " << c.heads << ", \"dn\": " << c.nope
-           << ", \"dr\": " << c.rope << ", \"dv\": " << c.vdim << ", \"R\": " << c.latent
-           << ", \"Rq\": " << c.q_lora_rank << ", \"softmax_scale\": " << jnum(c.attention_scale())
-           << ", \"bias\": " << (c.bias ? "true" : "false") << "}, \"P\": " << P << ", \"dtype\": \"" << o.dtype
-           << "\", \"strategy\": \"" << mlacp::to_string(c.strategy) << "\", \"wire_dtype\": \""
-           << mlacp::to_string(c.wire_dtype) << "\", \"overlap\": " << (c.overlap ? "true" : "false")
-           << ", \"warmup\": " << o.warmup << ", \"iters\": " << o.iters
-           << ", \"ulysses_size\": " << mesh.ulysses_size() << ", \"ring_size\": " << mesh.ring_size()
-           << ", \"ring_layout\": \"" << mlacp::to_string(c.ring_layout) << "\""
-           << ", \"attention_pairs_max_over_min\": " << jnum(balance.pairs_ratio())
-           << ", \"attention_cpu_max_over_min\": " << jnum(balance.cpu_ratio())
-           << ", \"forward_workspace_bytes\": " << layer.forward_workspace_bytes()
-           << ", \"collective_bytes_per_iteration\": " << jnum(wire_bytes_per_iteration)
-           << ", \"protocol\": \"per iteration: barrier, forward + backward, fence, time = max over ranks; median\""
-           << ", \"time_median_s\": " << jnum(median) << ", \"time_min_s\": " << jnum(times.front())
-           << ", \"times_s\": [" << list << "], \"peak_rss_bytes\": " << jnum(peak_rss)
-           << ", \"peak_view_bytes\": " << jnum(view_peak);
-      if (!model.planned.empty()) json << ", \"planned\": " << jstr(model.planned);
+      Json report = {{"tool", "mlacp-mla-block"},
+                     {"status", "ok"},
+                     {"config",
+                      {{"B", c.batch},
+                       {"S", c.seq},
+                       {"D", c.hidden},
+                       {"H", c.heads},
+                       {"dn", c.nope},
+                       {"dr", c.rope},
+                       {"dv", c.vdim},
+                       {"R", c.latent},
+                       {"Rq", c.q_lora_rank},
+                       {"softmax_scale", c.attention_scale()},
+                       {"bias", c.bias}}},
+                     {"P", P},
+                     {"dtype", o.dtype},
+                     {"strategy", mlacp::to_string(c.strategy)},
+                     {"wire_dtype", mlacp::to_string(c.wire_dtype)},
+                     {"overlap", c.overlap},
+                     {"warmup", o.warmup},
+                     {"iters", o.iters},
+                     {"ulysses_size", mesh.ulysses_size()},
+                     {"ring_size", mesh.ring_size()},
+                     {"ring_layout", mlacp::to_string(c.ring_layout)},
+                     {"attention_pairs_max_over_min", balance.pairs_ratio()},
+                     {"attention_cpu_max_over_min", balance.cpu_ratio()},
+                     {"forward_workspace_bytes", layer.forward_workspace_bytes()},
+                     {"collective_bytes_per_iteration", wire_bytes_per_iteration},
+                     {"protocol", "per iteration: barrier, forward + backward, fence, time = max over ranks; median"},
+                     {"time_median_s", median},
+                     {"time_min_s", times.front()},
+                     {"times_s", times},
+                     {"peak_rss_bytes", peak_rss},
+                     {"peak_view_bytes", view_peak}};
+      if (!model.planned.empty()) report["planned"] = model.planned;
       if (model.prediction) {
         const mlacp::model::Prediction& p = *model.prediction;
-        json << ", \"predicted\": {\"machine\": " << jstr(model.machine)
-             << ", \"choice\": " << jstr(p.choice.describe()) << ", \"forward_s\": " << jnum(p.forward_s)
-             << ", \"backward_s\": " << jnum(p.backward_s) << ", \"total_s\": " << jnum(p.total_s())
-             << ", \"hidden_fraction\": " << jnum(p.hidden_fraction) << ", \"memory_bytes\": " << jnum(p.memory.total())
-             << ", \"bytes_intra\": " << jnum(p.bytes.intra) << ", \"bytes_inter\": " << jnum(p.bytes.inter) << "}";
+        report["predicted"] = {
+            {"machine", model.machine},         {"choice", p.choice.describe()}, {"forward_s", p.forward_s},
+            {"backward_s", p.backward_s},       {"total_s", p.total_s()},        {"hidden_fraction", p.hidden_fraction},
+            {"memory_bytes", p.memory.total()}, {"bytes_intra", p.bytes.intra},  {"bytes_inter", p.bytes.inter}};
       } else if (!model.machine.empty()) {
         // No "predicted" key then: the reports read its presence as "a prediction" (ring_report.py,
         // validate_report.py).
-        json << ", \"prediction_unavailable\": " << jstr(model.why_not);
+        report["prediction_unavailable"] = model.why_not;
       }
-      json << ", \"roofline\": {\"forward_flops\": " << jnum(flops.forward)
-           << ", \"backward_flops\": " << jnum(flops.backward)
-           << ", \"attention_forward_flops\": " << jnum(flops.attention_forward)
-           << ", \"attention_backward_flops\": " << jnum(flops.attention_backward)
-           << ", \"projections_forward_flops\": " << jnum(flops.projections_forward)
-           << ", \"projections_backward_flops\": " << jnum(flops.projections_backward)
-           << ", \"total_flops\": " << jnum(flops.total()) << ", \"gemm_rate_flops_per_s\": " << jnum(gemm.flops_per_s)
-           << ", \"gemm_shape\": \"" << gemm.shape << "\", \"flop_rate_per_s\": " << jnum(flops.total() / median)
-           << ", \"fraction_of_gemm_rate\": " << jnum(fraction) << "}, \"reference\": \"" << reference_status
-           << "\", \"max_relative_error\": " << jnum(worst) << "}\n";
+      report["roofline"] = {{"forward_flops", flops.forward},
+                            {"backward_flops", flops.backward},
+                            {"attention_forward_flops", flops.attention_forward},
+                            {"attention_backward_flops", flops.attention_backward},
+                            {"projections_forward_flops", flops.projections_forward},
+                            {"projections_backward_flops", flops.projections_backward},
+                            {"total_flops", flops.total()},
+                            {"gemm_rate_flops_per_s", gemm.flops_per_s},
+                            {"gemm_shape", gemm.shape},
+                            {"flop_rate_per_s", flops.total() / median},
+                            {"fraction_of_gemm_rate", fraction}};
+      report["reference"] = reference_status;
+      report["max_relative_error"] = worst;
+      json << json_text(report) << "\n";
       std::cout << "  wrote " << o.json << "\n";
     }
   }

@@ -217,6 +217,14 @@ TEST(Machine, JsonRoundTripKeepsEveryBit) {
   EXPECT_THROW(mlacp::model::write_machine(m, "/nonexistent-dir/x.json"), mlacp::Error);
 }
 
+TEST(Machine, JsonWritesBytesThatAreNotUtf8AsReplacementCharacters) {
+  // A name set in code may hold any bytes; the file is UTF-8, so the writer replaces them (U+FFFD) instead of failing.
+  MachineParams m = sample();
+  m.name = "bad \xFF byte";
+  const MachineParams back = mlacp::model::machine_from_json(mlacp::model::machine_to_json(m), "round trip");
+  EXPECT_EQ(back.name, "bad \xEF\xBF\xBD byte");
+}
+
 TEST(Machine, HandWrittenGpuClusterParses) {
   // A cluster described by hand: 8 GPUs per node on NVLink, 4 x 400 Gb/s InfiniBand per node; optional keys left out
   // (memory_bandwidth) take their defaults; JSON's own spellings (exponents, escapes, spacing) are accepted.
@@ -306,26 +314,34 @@ TEST(Machine, ParseErrorsNameFileKeyAndExpectation) {
             "\"by_width\"]}, got [1, 2]");
   EXPECT_EQ(parse_error(R"({"attention": {"bf16": {"forward_flops": true}}})"),
             "params.json: \"attention.bf16.forward_flops\": expected a non-negative number, got true");
-  // Syntax errors name the line and column.
-  EXPECT_EQ(parse_error("{\n  \"name\": \"x\",\n  \"source\" \"y\"\n}"),
-            "params.json: line 3, column 12: expected ':' after the key \"source\", got \"\"y\"\" (not valid JSON)");
-  EXPECT_EQ(parse_error(R"({"name": "x",})"),
-            "params.json: line 1, column 14: expected a key in double quotes, got \"}\" (not valid JSON)");
-  EXPECT_EQ(parse_error(R"({"name": "x"} extra)"),
-            "params.json: line 1, column 15: expected the end of the text after the top-level value, got \"extra\" "
-            "(not valid JSON)");
+  // A key twice in one object (JSON's grammar allows it; which value would count?), at any depth.
   EXPECT_EQ(parse_error(R"({"name": "x", "name": "y"})"),
-            "params.json: line 1, column 15: expected each key once, but \"name\" repeats, got \"\"name\": \"y\"}\" "
-            "(not valid JSON)");
+            "params.json: \"name\": expected each key once, got it again with \"y\"");
+  EXPECT_EQ(parse_error(R"({"gemm": {"float": [[1, 2]], "float": [[3, 4]]}})"),
+            "params.json: \"gemm.float\": expected each key once, got it again with [[3, 4]]");
+  EXPECT_EQ(parse_error(R"({"a": [{"b": 1, "b": {}}]})"),
+            "params.json: \"a[0].b\": expected each key once, got it again with {}");
+  EXPECT_NE(parse_error(std::string(100, '[') + std::string(100, ']')).find("expected nesting at most 64 deep"),
+            std::string::npos);
+  // Syntax errors name the line and column (nlohmann/json's words).
+  EXPECT_EQ(parse_error("{\n  \"name\": \"x\",\n  \"source\" \"y\"\n}"),
+            "params.json: parse error at line 3, column 14: syntax error while parsing object separator - unexpected "
+            "string literal; expected ':' (not valid JSON)");
+  EXPECT_EQ(parse_error(R"({"name": "x",})"),
+            "params.json: parse error at line 1, column 14: syntax error while parsing object key - unexpected '}'; "
+            "expected string literal (not valid JSON)");
+  EXPECT_EQ(parse_error(R"({"name": "x"} extra)"),
+            "params.json: parse error at line 1, column 15: syntax error while parsing value - invalid literal; last "
+            "read: '\"x\"} e'; expected end of input (not valid JSON)");
   EXPECT_EQ(parse_error(R"({"memory_bandwidth": 1e999})"),
-            "params.json: line 1, column 22: expected a number within double's range, got \"1e999}\" (not valid "
-            "JSON)");
+            "params.json: number overflow parsing '1e999' (not valid JSON)");
   EXPECT_EQ(parse_error(R"({"name": "x)"),
-            "params.json: line 1, column 12: expected the closing '\"' of a string, got the end of the text (not "
-            "valid JSON)");
+            "params.json: parse error at line 1, column 12: syntax error while parsing value - invalid string: "
+            "missing closing quote; last read: '\"x' (not valid JSON)");
   EXPECT_EQ(parse_error("[1, 2]"), "params.json: expected a JSON object at the top level, got [1, 2]");
   EXPECT_EQ(parse_error(""),
-            "params.json: line 1, column 1: expected a value, got the end of the text (not valid JSON)");
+            "params.json: parse error at line 1, column 1: syntax error while parsing value - unexpected end of "
+            "input; expected '[', '{', or a literal (not valid JSON)");
 }
 
 }  // namespace

@@ -99,10 +99,6 @@ struct MachineParams {
   std::string error() const;
 };
 
-/// `text` as a JSON string literal: quoted, with quotes, backslashes and control characters escaped (the machine
-/// file's, the plan's and the tools' JSON).
-std::string json_quoted(const std::string& text);
-
 /// The JSON text of `m` (the file format; keys as the members).
 std::string machine_to_json(const MachineParams& m);
 /// Parses the JSON text; throws InvalidArgument naming `where` (a file name), the key and what was expected.
