@@ -7,6 +7,7 @@
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/detail/finite_check.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/config_fields.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/parameter_table.hpp>
@@ -37,33 +38,26 @@ inline std::int64_t hash_offsets(const std::vector<std::int64_t>& offsets) {
   return out;
 }
 
-/// Every setting that changes which collective runs or which numbers come out; the doubles as their bit patterns
-/// (equal settings have equal bits, and the message names the setting).
+/// Every field of the configuration (config_fields.hpp's table), since each changes which collective runs, which
+/// numbers come out or what is allocated: integers, flags and enums as they are, doubles as their bit patterns (equal
+/// settings have equal bits), the document offsets as their count and hash. The message names the field.
 inline AgreementFields config_fields(const MlaConfig& c) {
-  auto bits = [](double v) {
-    std::int64_t b = 0;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-  };
-  return {{"batch", c.batch},
-          {"seq", c.seq},
-          {"hidden", c.hidden},
-          {"heads", c.heads},
-          {"nope", c.nope},
-          {"rope", c.rope},
-          {"vdim", c.vdim},
-          {"latent", c.latent},
-          {"q_lora_rank", c.q_lora_rank},
-          {"bias", c.bias},
-          {"strategy", static_cast<int>(c.strategy)},
-          {"overlap", c.overlap},
-          {"wire_dtype", static_cast<int>(c.wire_dtype)},
-          {"ring_layout", static_cast<int>(c.ring_layout)},
-          {"rope_base (bit pattern of the double)", bits(c.rope_base)},
-          {"rms_eps (bit pattern of the double)", bits(c.rms_eps)},
-          {"softmax_scale (bit pattern of the double)", bits(c.softmax_scale)},
-          {"cu_seqlens.size()", static_cast<std::int64_t>(c.cu_seqlens.size())},
-          {"cu_seqlens (FNV-1a hash of the offsets)", hash_offsets(c.cu_seqlens)}};
+  AgreementFields fields;
+  for_each_config_field(c, [&](const ConfigField& field, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    const std::string name = field.name;
+    if constexpr (std::is_same_v<T, double>) {
+      std::int64_t bits = 0;
+      std::memcpy(&bits, &value, sizeof bits);
+      fields.emplace_back(name + " (bit pattern of the double)", bits);
+    } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+      fields.emplace_back(name + ".size()", static_cast<std::int64_t>(value.size()));
+      fields.emplace_back(name + " (FNV-1a hash of the offsets)", hash_offsets(value));
+    } else {
+      fields.emplace_back(name, static_cast<std::int64_t>(value));
+    }
+  });
+  return fields;
 }
 
 /// The caller's gradient Views that are provided (allocated) must have exactly their weight's shape (dx: x's), else
