@@ -55,6 +55,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "config_flags.hpp"
 #include "npy.hpp"
 
 namespace {
@@ -110,6 +111,8 @@ const char* usage =
     "within --memory-per-rank BYTES (default: the machine's memory per rank).\n"
     "--q-lora Rq factors the query as DeepSeek-V2/V3 do (w_qa [Rq, D], RMSNorm g_q, w_qb [H*dqk, Rq]; 0: dense w_q);\n"
     "--softmax-scale X replaces the attention's 1/sqrt(dqk) (e.g. DeepSeek-V3's YaRN-adjusted scale).\n"
+    "Every MlaConfig field is a flag (src/tools/config_flags.hpp): --rope-base X, --rms-eps X, --max-documents N,\n"
+    "--q-lora-rank Rq (= --q-lora), --no-overlap (= --blocking), ...\n"
     "Kokkos' own options (--kokkos-threads=N, --kokkos-device-id=N, ...) pass through to Kokkos; --kokkos-help lists\n"
     "them.\n";
 
@@ -125,26 +128,29 @@ Options parse(int argc, char** argv) {
   c.rope = 4;
   c.vdim = 6;
   c.latent = 12;
-  const std::map<std::string, int*> ints = {
-      {"--batch", &c.batch}, {"--seq", &c.seq},       {"--hidden", &c.hidden},     {"--heads", &c.heads},
-      {"--nope", &c.nope},   {"--rope", &c.rope},     {"--vdim", &c.vdim},         {"--latent", &c.latent},
-      {"--iters", &o.iters}, {"--warmup", &o.warmup}, {"--q-lora", &c.q_lora_rank}};
+  const std::map<std::string, int*> ints = {{"--iters", &o.iters}, {"--warmup", &o.warmup}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own (--kokkos-threads=4): Kokkos reads them
-    if (flag == "--bias") {
-      c.bias = true;
-      continue;
-    }
-    if (flag == "--blocking") {
-      c.overlap = false;
-      continue;
-    }
     if (flag == "--no-reference") {
       o.reference = false;
       continue;
     }
     if (flag == "--help" || flag == "-h") throw std::invalid_argument("");
+    // The configuration's fields (config_flags.hpp: --batch ... --ring-layout, --bias, --blocking, --q-lora).
+    try {
+      const auto next = [&] {
+        if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+        return std::string(argv[++i]);
+      };
+      if (mlacp::tools::apply_config_flag(c, flag, next)) {
+        if (flag == "--strategy") o.strategy_given = true;
+        if (flag == "--ring-layout") o.layout_given = true;
+        continue;
+      }
+    } catch (const mlacp::Error& e) {
+      throw std::invalid_argument(e.what());
+    }
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[++i];
     try {
@@ -152,24 +158,15 @@ Options parse(int argc, char** argv) {
         std::size_t used = 0;
         *it->second = std::stoi(value, &used);
         if (used != value.size()) throw std::invalid_argument("");
-      } else if (flag == "--strategy") {
-        c.strategy = mlacp::parse_strategy(value);
-        o.strategy_given = true;
       } else if (flag == "--ring") {
         o.plan_ring = value == "plan";
         if (!o.plan_ring) o.ring = value == "node" ? mlacp::Ring::node() : mlacp::Ring(std::stoi(value));
-      } else if (flag == "--ring-layout") {
-        c.ring_layout = mlacp::parse_ring_layout(value);
-        o.layout_given = true;
       } else if (flag == "--machine") {
         o.machine = value;
       } else if (flag == "--memory-per-rank") {
         std::size_t used = 0;
         o.memory_per_rank = std::stod(value, &used);
         if (used != value.size() || !(o.memory_per_rank > 0)) throw std::invalid_argument("");
-      } else if (flag == "--wire-dtype") {
-        c.wire_dtype = mlacp::parse_wire_dtype(value);
-        if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;  // docs/spec.md's bf16 bound
       } else if (flag == "--dtype") {
         if (value != "float" && value != "double" && value != "bf16") throw std::invalid_argument("");
         o.dtype = value;
@@ -177,24 +174,8 @@ Options parse(int argc, char** argv) {
         o.seed = std::stoull(value);
       } else if (flag == "--dump") {
         o.dump = value;
-      } else if (flag == "--cu-seqlens") {
-        // Packed documents: comma-separated offsets 0 < a < b < ... < S (checked with the configuration).
-        c.cu_seqlens.clear();
-        std::size_t begin = 0;
-        while (begin <= value.size()) {
-          const std::size_t end = std::min(value.find(',', begin), value.size());
-          const std::string entry = value.substr(begin, end - begin);
-          std::size_t used = 0;
-          c.cu_seqlens.push_back(std::stoll(entry, &used));
-          if (used != entry.size()) throw std::invalid_argument("");
-          begin = end + 1;
-        }
       } else if (flag == "--json") {
         o.json = value;
-      } else if (flag == "--softmax-scale") {
-        std::size_t used = 0;
-        c.softmax_scale = std::stod(value, &used);
-        if (used != value.size()) throw std::invalid_argument("");
       } else if (flag == "--tolerance") {
         o.tolerance = std::stod(value);
       } else {
@@ -208,6 +189,8 @@ Options parse(int argc, char** argv) {
                                                                      : flag + " " + value + ": not a valid value");
     }
   }
+  // A bf16 wire's default tolerance is docs/spec.md's bf16 bound (an explicit --tolerance wins).
+  if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;
   if (o.iters < 1) throw std::invalid_argument("--iters " + std::to_string(o.iters) + ": expected at least 1");
   if (o.warmup < 0) throw std::invalid_argument("--warmup " + std::to_string(o.warmup) + ": expected at least 0");
   if (o.plan_ring && o.machine.empty()) throw std::invalid_argument("--ring plan needs --machine FILE");
