@@ -34,8 +34,8 @@ FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 
 
-def strip_code_lines(lines):
-    """(line number, text) of the lines outside fenced code blocks, with inline code spans blanked."""
+def outside_code(lines):
+    """(line number, text) of the lines outside fenced code blocks."""
     fence = None
     for number, line in enumerate(lines, 1):
         m = FENCE.match(line)
@@ -46,6 +46,12 @@ def strip_code_lines(lines):
             if m and m.group(1).startswith(fence):
                 fence = None
             continue
+        yield number, line
+
+
+def strip_code_lines(lines):
+    """(line number, text) of the lines outside fenced code blocks, with inline code spans blanked."""
+    for number, line in outside_code(lines):
         yield number, INLINE_CODE.sub(lambda c: " " * len(c.group(0)), line)
 
 
@@ -66,16 +72,7 @@ def anchors(path):
     if path not in _anchor_cache:
         seen = {}
         result = set()
-        fence = None
-        for line in path.read_text(encoding="utf-8").splitlines():
-            m = FENCE.match(line)
-            if fence is None and m:
-                fence = m.group(1)[0] * len(m.group(1))
-                continue
-            if fence is not None:
-                if m and m.group(1).startswith(fence):
-                    fence = None
-                continue
+        for _, line in outside_code(path.read_text(encoding="utf-8").splitlines()):
             h = HEADING.match(line)
             if not h:
                 continue
