@@ -15,6 +15,7 @@ struct ConfigField {
   const char* help;    ///< one line for --help and the Python docstrings
   bool size = false;   ///< a dimension: error() demands a positive value, describe() always shows it
   bool shown = false;  ///< describe() always shows it (other fields: where they differ from the default)
+  bool local = false;  ///< may differ across ranks (it sizes an allocation only): the layer does not agree on it
 };
 
 /// Calls f(field, member) for each field of `config` (an MlaConfig, const or not), in the order describe() and the
@@ -43,7 +44,8 @@ void for_each_config_field(Config& c, F&& f) {
     c.overlap);
   f(ConfigField{"cu_seqlens", "documents", "packed documents: offsets 0 < ... < seq (empty: one document)"},
     c.cu_seqlens);
-  f(ConfigField{"max_documents", "max_documents", "per-call packed documents that need no allocation"},
+  f(ConfigField{"max_documents", "max_documents", "per-call packed documents that need no allocation", false, false,
+                true},
     c.max_documents);
   f(ConfigField{"wire_dtype", "wire", "what a float layer's collectives move: 'same', 'bf16' or 'bf16_all'", false,
                 true},

@@ -38,13 +38,15 @@ inline std::int64_t hash_offsets(const std::vector<std::int64_t>& offsets) {
   return out;
 }
 
-/// Every field of the configuration (config_fields.hpp's table), since each changes which collective runs, which
-/// numbers come out or what is allocated: integers, flags and enums as they are, doubles as their bit patterns (equal
-/// settings have equal bits), the document offsets as their count and hash. The message names the field.
+/// Every field of the configuration (config_fields.hpp's table) but the rank-local ones (max_documents, which sizes an
+/// allocation only), since each changes which collective runs or which numbers come out: integers, flags and enums as
+/// they are, doubles as their bit patterns (equal settings have equal bits), the document offsets as their count and
+/// hash. The message names the field.
 inline AgreementFields config_fields(const MlaConfig& c) {
   AgreementFields fields;
   for_each_config_field(c, [&](const ConfigField& field, const auto& value) {
     using T = std::decay_t<decltype(value)>;
+    if (field.local) return;
     const std::string name = field.name;
     if constexpr (std::is_same_v<T, double>) {
       std::int64_t bits = 0;
