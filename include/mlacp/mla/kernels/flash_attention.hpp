@@ -211,7 +211,8 @@ class FlashAttentionCore {
       if (!blas) throw InvalidArgument(no_bf16_team);
     }
     if (q.extent(0) * q.extent(2) * q_rows.rows() == 0) return;
-    const auto [tq, tk] = tiles(blas);
+    const std::pair<int, int> tile_sizes = tiles(blas);
+    const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     using Mem = typename ExecSpace::memory_space;
     const auto host_docs = documents.host(seq);
     for (int s = 0; s < q_rows.segments(); ++s) {
@@ -265,7 +266,8 @@ class FlashAttentionCore {
       if (!blas) throw InvalidArgument(no_bf16_team);
     }
     if (q.extent(0) * q.extent(2) * q_rows.rows() * k_rows.rows() == 0 || !(do_dq || do_dk || do_dv)) return;
-    const auto [tq, tk] = tiles(blas);
+    const std::pair<int, int> tile_sizes = tiles(blas);
+    const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     using Mem = typename ExecSpace::memory_space;
     auto& ws = scratch<T, Mem>();
     const auto host_docs = documents.host(seq);
