@@ -55,11 +55,14 @@ const Slot& ensure_like(Slot& slot, const std::string& label, const Like& like) 
   return slot;
 }
 
-/// One value of the wire's conversion to D: float -> bf16 (round-to-nearest-even) or bf16 -> float. (A function of its
-/// own: nvcc refuses a device lambda whose captures are first used inside an `if constexpr`.)
+/// One value of the wire's conversion to D: float -> bf16 (round-to-nearest-even), bf16 -> float, or a copy (the same
+/// type: Kokkos' native bhalf_t, mlacp::bf16 on CUDA, converts to float only explicitly). (A function of its own: nvcc
+/// refuses a device lambda whose captures are first used inside an `if constexpr`.)
 template <class D, class S>
 KOKKOS_INLINE_FUNCTION D wire_value(const S& x) {
-  if constexpr (std::is_same_v<D, bf16>)
+  if constexpr (std::is_same_v<D, S>)
+    return x;
+  else if constexpr (std::is_same_v<D, bf16>)
     return compat::to_bf16(x);
   else
     return compat::to_float(x);
