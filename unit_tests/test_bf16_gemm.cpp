@@ -133,7 +133,7 @@ class Bf16Gemm : public ::testing::Test {
   void SetUp() override { unsetenv(mlacp::bf16_gemm_env_var); }
 };
 
-TEST_F(Bf16Gemm, FloatBlasIsAlwaysAvailableAndKokkosKernelsOnlyWithNativeBhalf) {
+TEST_F(Bf16Gemm, FloatBlasIsAlwaysAvailableAndKokkosKernelsOnlyWhereItTakesBf16) {
   EXPECT_TRUE(Plan::available(Bf16GemmBackend::float_blas));
   EXPECT_EQ(Plan::available(Bf16GemmBackend::kokkos_kernels), mlacp::detail::kokkos_kernels_gemm_takes_bf16);
   EXPECT_EQ(Plan::available(Bf16GemmBackend::onednn), MLACP_HAVE_ONEDNN && mlacp::detail::host_space<ExecSpace>);

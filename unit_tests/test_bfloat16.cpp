@@ -92,6 +92,26 @@ std::vector<std::uint16_t> round_on_device(const std::vector<float>& in) {
   return out;
 }
 
+// The kernels of the tests below are functions of their own: nvcc refuses a device lambda in a TEST body (gtest's
+// TestBody is a private member function).
+
+// wide = in widened to float, back = wide rounded to bf16 again, in a kernel on the default execution space.
+void widen_and_round_back(const Kokkos::View<bf16*, Space>& in, const Kokkos::View<float*, Space>& wide,
+                          const Kokkos::View<bf16*, Space>& back) {
+  Kokkos::parallel_for(
+      "widen and round back", Kokkos::RangePolicy<Space>(0, in.extent(0)), KOKKOS_LAMBDA(const std::size_t i) {
+        wide(i) = mlacp::compat::to_float(in(i));
+        back(i) = mlacp::compat::to_bf16(wide(i));
+      });
+}
+
+// y = x rounded to bf16 from double directly (bf16's own conversion), in a kernel on the default execution space.
+void round_doubles(const Kokkos::View<double*, Space>& x, const Kokkos::View<bf16*, Space>& y) {
+  Kokkos::parallel_for(
+      "round doubles", Kokkos::RangePolicy<Space>(0, x.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) { y(i) = bf16(x(i)); });
+}
+
 bool is_nan_bits(std::uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x007f) != 0; }
 
 TEST(Bfloat16, IsTwoBytesEverywhere) {
@@ -111,11 +131,7 @@ TEST(Bfloat16, EveryBitPatternWidensExactlyAndRoundsBackToItself) {
   auto hin = Kokkos::create_mirror_view(in);
   for (std::size_t i = 0; i < n; ++i) hin(i) = from_bits(static_cast<std::uint16_t>(i));
   Kokkos::deep_copy(in, hin);
-  Kokkos::parallel_for(
-      "widen and round back", Kokkos::RangePolicy<Space>(0, n), KOKKOS_LAMBDA(const std::size_t i) {
-        wide(i) = mlacp::compat::to_float(in(i));
-        back(i) = mlacp::compat::to_bf16(wide(i));
-      });
+  widen_and_round_back(in, wide, back);
   auto hwide = Kokkos::create_mirror_view(wide);
   auto hback = Kokkos::create_mirror_view(back);
   Kokkos::deep_copy(hwide, wide);
@@ -253,8 +269,7 @@ TEST(Bfloat16, DoublesAndIntsRoundOnceNotThroughFloat) {
   auto hx = Kokkos::create_mirror_view(x);
   for (std::size_t i = 0; i < n; ++i) hx(i) = cases[i].first;
   Kokkos::deep_copy(x, hx);
-  Kokkos::parallel_for(
-      "round doubles", Kokkos::RangePolicy<Space>(0, n), KOKKOS_LAMBDA(const std::size_t i) { y(i) = bf16(x(i)); });
+  round_doubles(x, y);
   auto hy = Kokkos::create_mirror_view(y);
   Kokkos::deep_copy(hy, y);
   for (std::size_t i = 0; i < n; ++i)

@@ -10,9 +10,9 @@
 //   ONEDNN_MAX_CPU_ISA=AVX2) oneDNN 2.6 has no bf16 matmul at all, and the plan takes float_blas instead.
 // - float_blas: A and B widened to float into the plan's workspace (Kokkos kernels, device-ready), then the float
 //   GEMM of compat::gemm (the BLAS TPL on host, cuBLAS/rocBLAS where Kokkos Kernels has them). Works everywhere.
-// - kokkos_kernels: KokkosBlas::gemm on the bf16 Views themselves, where Kokkos Kernels supports the type: builds
-//   whose bf16 is Kokkos' native bhalf_t (CUDA/HIP/SYCL). Host builds use mlacp::bfloat16, for which Kokkos Kernels
-//   has no ArithTraits (KokkosBlas::gemm does not compile), so there it is compiled out and reported unavailable.
+// - kokkos_kernels: KokkosBlas::gemm on the bf16 Views themselves (bf16 A and B, float C), where Kokkos Kernels takes
+//   them: no build so far (detail::kokkos_kernels_gemm_takes_bf16 says why), so it is compiled out and reported
+//   unavailable everywhere; the name stays, parsed and refused with the reason.
 //
 // The choice (Bf16GemmPlan): per call shape (transposes, m, n, k, beta zero or not, C's type), made on the shape's
 // first use and kept. `auto` times every candidate available for the call (one warm-up and three timed runs each,
@@ -69,8 +69,11 @@ std::string onednn_cpu_isa();
 
 namespace detail {
 
-/// Kokkos Kernels' gemm takes the bf16 type itself only where it is Kokkos' native bhalf_t.
-inline constexpr bool kokkos_kernels_gemm_takes_bf16 = !std::is_same_v<compat::bf16, mlacp::bfloat16>;
+/// Whether Kokkos Kernels' gemm takes bf16 A and B with a float C. No Kokkos Kernels checked does: host builds' bf16
+/// (mlacp::bfloat16) has no ArithTraits there, and on CUDA (Kokkos' native bhalf_t) Kokkos Kernels 4.6.02's generic
+/// gemm and gemv kernels convert A's values to C's type implicitly, which bhalf_t's explicit conversions refuse (a CUDA
+/// build of KokkosBlas::gemm on bhalf_t A, B and a float C does not compile).
+inline constexpr bool kokkos_kernels_gemm_takes_bf16 = false;
 
 template <class ExecSpace>
 inline constexpr bool host_space =
@@ -271,7 +274,7 @@ class Bf16GemmPlan {
         return MLACP_HAVE_ONEDNN ? "oneDNN runs on host execution spaces only"
                                  : "built without oneDNN: MLACP_HAVE_ONEDNN is 0";
       case Bf16GemmBackend::kokkos_kernels:
-        return "Kokkos Kernels' gemm takes bf16 only where it is Kokkos' native bhalf_t (CUDA/HIP/SYCL builds)";
+        return "Kokkos Kernels' gemm takes no bf16 A and B with a float C (Kokkos Kernels 4.6.02 not even on CUDA)";
       default:
         return "";
     }

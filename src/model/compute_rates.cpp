@@ -270,7 +270,8 @@ ElementwiseTime time_elementwise_t(bool quick, int repeats, double min_run_s, co
       y(std::string("mlacp::calibrate y"), 1, tokens, width);
   const View3<T> dy(std::string("mlacp::calibrate dy"), 1, tokens, width),
       dx(std::string("mlacp::calibrate dx"), 1, tokens, width);
-  const Kokkos::View<T*, Mem> gain(std::string("mlacp::calibrate gain"), width);
+  // LayoutRight as RMSNorm requires (a rank-1 View's default on CUDA is LayoutLeft; on host it is LayoutRight).
+  const Kokkos::View<T*, Kokkos::LayoutRight, Mem> gain(std::string("mlacp::calibrate gain"), width);
   const Kokkos::View<A*, Mem> dgain(std::string("mlacp::calibrate dgain"), width);
   const Kokkos::View<A*, Mem> rstd(std::string("mlacp::calibrate rstd"), tokens);
   fill(x, 1);

@@ -156,11 +156,6 @@ class Simulation {
       t_ = end;
     }
   }
-  /// A collective waited right after its launch.
-  void blocking(const char* name, const CollectiveCost& cost) {
-    Handle h = launch(name, cost);
-    wait(name, h);
-  }
 
  private:
   void add(const char* name, ScheduleEvent::Kind kind, double start, double end) {

@@ -203,7 +203,9 @@ std::vector<double> to_host(const ViewType& v) {
   std::vector<double> out;
   if (v.data() == nullptr) return out;
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  out.assign(h.data(), h.data() + h.size());
+  out.reserve(h.size());
+  // Explicitly: Kokkos' native bhalf_t (mlacp::bf16 on CUDA) converts to double only explicitly.
+  for (std::size_t i = 0; i < h.size(); ++i) out.push_back(static_cast<double>(h.data()[i]));
   return out;
 }
 

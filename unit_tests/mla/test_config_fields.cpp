@@ -40,7 +40,7 @@ struct Changed {
 // MlaConfig's member count, by a structured binding: it compiles only while MlaConfig has exactly this many members.
 // A member added to mla_config.hpp fails it here: add its row to config_fields.hpp, then a name below.
 constexpr std::size_t config_members() {
-  auto binding = [](const mlacp::MlaConfig& c) {
+  [[maybe_unused]] auto binding = [](const mlacp::MlaConfig& c) {  // maybe_unused: nvcc ignores (void)binding
     const auto& [batch, seq, hidden, heads, nope, rope, vdim, latent, bias, q_lora_rank, softmax_scale, strategy,
                  rope_base, rms_eps, overlap, cu_seqlens, max_documents, wire_dtype, ring_layout] = c;
     (void)batch, (void)seq, (void)hidden, (void)heads, (void)nope, (void)rope, (void)vdim, (void)latent, (void)bias,

@@ -289,9 +289,11 @@ TEST(MlaPackedPerCall, BadOrDifferingPackingRaisesOnEveryRank) {
       {{1, 32}, "mlacp::MlaAttention::forward: cu_seqlens[0] = 1; expected 0"},
       {{0}, "mlacp::MlaAttention::forward: cu_seqlens has 1 entries; expected at least 2"}};
   const std::vector<std::int64_t> good = {0, 5, 6, 20, 32};
-  for (const auto& [offsets, message] : bad)
+  for (const auto& entry : bad) {
+    const std::vector<std::int64_t>& offsets = entry.first;  // not a structured binding: the lambda captures it
     mlacp::test::expect_error<mlacp::InvalidArgument>(
-        [&] { auto f = layer.forward(Space(), x, {}, last ? offsets : good); }, message);
+        [&] { auto f = layer.forward(Space(), x, {}, last ? offsets : good); }, entry.second);
+  }
   if (mesh.size() > 1) {
     mlacp::test::expect_error<mlacp::InvalidArgument>(
         [&] {

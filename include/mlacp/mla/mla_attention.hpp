@@ -32,6 +32,21 @@
 
 namespace mlacp {
 
+namespace detail {
+/// to[i] = round(to[i] + from[i]) over the contiguous spans of a float gradient and one of another type, one rounding
+/// per element. (A function template of its own: nvcc refuses a device lambda inside a generic lambda.)
+template <class ExecSpace, class From, class To>
+void add_staged_gradient(const ExecSpace& space, const From& mine, const To& theirs) {
+  using D = typename To::non_const_value_type;
+  const auto* from = mine.data();
+  auto* to = theirs.data();
+  Kokkos::parallel_for(
+      "mlacp::add the staged gradients",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(mine.size())),
+      KOKKOS_LAMBDA(const std::int64_t i) { to[i] = static_cast<D>(static_cast<float>(to[i]) + from[i]); });
+}
+}  // namespace detail
+
 /// Multi-head Latent Attention on a Ulysses group. Every rank holds all weights and its token shard x [B, s, D]:
 /// rank r owns the s = seq_partition().count(r) global tokens from seq_partition().offset(r), where the first S mod P
 /// ranks hold ceil(S/P) tokens and the others floor(S/P). In the attention it owns head_partition().count(r) heads
@@ -475,14 +490,7 @@ class MlaAttention {
     for_each_parameter(
         [&](const ParameterInfo&, const auto& mine, auto& theirs) {
           if (theirs.data() == nullptr) return;
-          using D = typename std::remove_reference_t<decltype(theirs)>::non_const_value_type;
-          const auto* from = mine.data();
-          auto* to = theirs.data();
-          Kokkos::parallel_for(
-              "mlacp::add the staged gradients",
-              Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0,
-                                                                              static_cast<std::int64_t>(mine.size())),
-              KOKKOS_LAMBDA(const std::int64_t i) { to[i] = static_cast<D>(static_cast<float>(to[i]) + from[i]); });
+          detail::add_staged_gradient(space, mine, theirs);
         },
         staged_, grads);
     staged_.dx = tensor3();

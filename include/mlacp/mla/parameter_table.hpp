@@ -57,10 +57,13 @@ inline const char* to_string(GradientType g) noexcept {
 
 /// One row of the table, without its member (the same for every value type and memory space).
 struct ParameterInfo {
+  // The pointer-to-member types are named: nvcc passes a declarator `bool MlaRequiresGrad::*flag` on to the host
+  // compiler as `bool (MlaRequiresGrad::*flag)`, which g++ warns about (-Wparentheses).
+  using flag_type = bool MlaRequiresGrad::*;
   const char* name;                           ///< docs/spec.md's name (state_dict key, dump file name)
   int rank;                                   ///< 1 or 2
   ParameterKind kind;                         ///< weight, bias or RMSNorm gain
-  bool MlaRequiresGrad::*flag;                ///< its gradient flag
+  flag_type flag;                             ///< its gradient flag
   ParameterShape (*shape)(const MlaConfig&);  ///< its shape for a configuration (valid or not: no check)
   bool (*present)(const MlaConfig&);          ///< whether the configuration has it (biases: config.bias)
   GradientType gradient;                      ///< its gradient's value type
@@ -69,8 +72,9 @@ struct ParameterInfo {
 /// A row of the table with its member of Params (an MlaParameters<T, MemSpace>).
 template <class Owner, class View>
 struct ParameterEntry {
+  using member_type = View Owner::*;  // named: see ParameterInfo::flag_type
   ParameterInfo info;
-  View Owner::*member;
+  member_type member;
 };
 
 namespace detail {

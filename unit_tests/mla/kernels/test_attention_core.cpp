@@ -157,6 +157,32 @@ std::vector<std::int64_t> random_packing(std::int64_t n_s, int cuts, std::uint32
   return cu;
 }
 
+// The kernels of the DocumentLayout tests are functions of their own: nvcc refuses a device lambda in a TEST body
+// (gtest's TestBody is a private member function).
+
+/// got(t, :) = doc_of, start_of and end_of of token t of the device offsets `docs`, answered in a kernel.
+template <class Docs>
+void document_queries_in_kernel(const Docs& docs, const Kokkos::View<std::int64_t* [3], MemSpace>& got) {
+  Kokkos::parallel_for(
+      "test_document_queries", Kokkos::RangePolicy<ExecSpace>(0, static_cast<int>(got.extent(0))),
+      KOKKOS_LAMBDA(const int t) {
+        got(t, 0) = docs.doc_of(t);
+        got(t, 1) = docs.start_of(t);
+        got(t, 2) = docs.end_of(t);
+      });
+}
+
+/// got(t, :) = start_of and end_of of token t of the device offsets `docs`, answered in a kernel.
+template <class Docs>
+void document_bounds_in_kernel(const Docs& docs, const Kokkos::View<std::int64_t* [2], MemSpace>& got) {
+  Kokkos::parallel_for(
+      "test_assigned_layout", Kokkos::RangePolicy<ExecSpace>(0, static_cast<int>(got.extent(0))),
+      KOKKOS_LAMBDA(const int t) {
+        got(t, 0) = docs.start_of(t);
+        got(t, 1) = docs.end_of(t);
+      });
+}
+
 std::string packing_string(const std::vector<std::int64_t>& cu) {
   std::string s;
   for (const auto c : cu) s += (s.empty() ? "" : ",") + std::to_string(c);
@@ -343,13 +369,7 @@ TEST(DocumentLayout, AnswersDocumentQueriesOnHostAndDevice) {
   EXPECT_EQ(documents.documents(), 10);
   EXPECT_FALSE(documents.single());
   Kokkos::View<std::int64_t* [3], MemSpace> got("got", n_s);
-  const auto docs = documents.offsets_for<ExecSpace>(n_s, "test");
-  Kokkos::parallel_for(
-      "test_document_queries", Kokkos::RangePolicy<ExecSpace>(0, n_s), KOKKOS_LAMBDA(const int t) {
-        got(t, 0) = docs.doc_of(t);
-        got(t, 1) = docs.start_of(t);
-        got(t, 2) = docs.end_of(t);
-      });
+  document_queries_in_kernel(documents.offsets_for<ExecSpace>(n_s, "test"), got);
   const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got);
   for (std::int64_t t = 0; t < n_s; ++t) {
     std::int64_t d = 0;
@@ -391,11 +411,7 @@ TEST(DocumentLayout, AssignReusesItsOffsetsAndAnswersAsANewLayout) {
       EXPECT_EQ(docs.offsets.data(), first_offsets) << "the offsets were reallocated within the capacity";
     }
     Kokkos::View<std::int64_t* [2], MemSpace> got("got", n_s);
-    Kokkos::parallel_for(
-        "test_assigned_layout", Kokkos::RangePolicy<ExecSpace>(0, n_s), KOKKOS_LAMBDA(const int t) {
-          got(t, 0) = docs.start_of(t);
-          got(t, 1) = docs.end_of(t);
-        });
+    document_bounds_in_kernel(docs, got);
     const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got);
     for (std::int64_t t = 0; t < n_s; ++t) {
       const std::int64_t start = cu.size() > 2 ? fresh.start_of(t) : 0, end = cu.size() > 2 ? fresh.end_of(t) : n_s;

@@ -143,7 +143,12 @@ struct ForwardPass {
   const MlaRequiresGrad& flags;
   W& w;
 
-  operator ForwardPass<T, ExecSpace>() const { return {x, flags, w}; }
+  // Only where W is a schedule's own workspace: to its own type the conversion would never be called (nvcc warns
+  // #554-D).
+  template <class V = W, std::enable_if_t<!std::is_same_v<V, ForwardWorkspace<T, ExecSpace>>, int> = 0>
+  operator ForwardPass<T, ExecSpace>() const {
+    return {x, flags, w};
+  }
 };
 
 /// A schedule's per-forward workspaces (W derives from ForwardWorkspace). A workspace is free when no Forward holds

@@ -51,20 +51,25 @@ inline TokenSegments segments_of(const std::vector<TokenRange>& ranges) {
   return segments;
 }
 
+/// `*dst` (+)= `src`, converting (accumulate: add; else `*dst` is not read). (A function of its own: nvcc refuses a
+/// device lambda whose captures are first used inside an `if constexpr`.)
+template <class Src, class Dst>
+KOKKOS_INLINE_FUNCTION void ring_value(const Src& src, Dst* dst, bool accumulate) {
+  if constexpr (std::is_same_v<Src, Dst>) {
+    *dst = accumulate ? Dst(*dst + src) : src;
+  } else {
+    const float widened = static_cast<float>(src);
+    *dst = accumulate ? static_cast<Dst>(static_cast<float>(*dst) + widened) : static_cast<Dst>(widened);
+  }
+}
+
 /// dst[i] (+)= src[i] over n values, converting (accumulate: add).
 template <class ExecSpace, class Src, class Dst>
 void ring_copy(const ExecSpace& space, const Src* src, Dst* dst, std::int64_t n, bool accumulate) {
   if (n == 0) return;
   Kokkos::parallel_for(
       "mlacp::ring accumulate", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        const float widened = static_cast<float>(src[i]);
-        if constexpr (std::is_same_v<Src, Dst>) {
-          dst[i] = accumulate ? Dst(dst[i] + src[i]) : src[i];
-        } else {
-          dst[i] = accumulate ? static_cast<Dst>(static_cast<float>(dst[i]) + widened) : static_cast<Dst>(widened);
-        }
-      });
+      KOKKOS_LAMBDA(const std::int64_t i) { ring_value(src[i], dst + i, accumulate); });
 }
 
 template <class T, class ExecSpace, class Core>

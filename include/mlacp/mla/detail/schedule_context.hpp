@@ -25,6 +25,23 @@
 
 namespace mlacp::detail {
 
+/// dst = src converted through float (bf16 widened or float rounded), two rank-4 Views of the same extents. (A free
+/// function: nvcc refuses a device lambda in a private member function.)
+template <class ExecSpace, class Src, class Dst>
+void convert_tensor4(const ExecSpace& space, const char* label, const Src& src, const Dst& dst) {
+  using D = typename Dst::non_const_value_type;
+  if (dst.size() == 0) return;
+  Kokkos::parallel_for(
+      label,
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Kokkos::IndexType<std::int64_t>>(
+          space, {0, 0, 0, 0},
+          {static_cast<std::int64_t>(dst.extent(0)), static_cast<std::int64_t>(dst.extent(1)),
+           static_cast<std::int64_t>(dst.extent(2)), static_cast<std::int64_t>(dst.extent(3))}),
+      KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c, const std::int64_t d) {
+        dst(a, b, c, d) = static_cast<D>(static_cast<float>(src(a, b, c, d)));
+      });
+}
+
 /// The layer's settings as its schedules read them. It refers to what the layer owns (the layer is not movable, so
 /// the references stay valid); the one-document RoPE table is a cache of this configuration, built on first use.
 template <class T, class ExecSpace, class Core>
@@ -291,17 +308,7 @@ class ScheduleContext {
   }
   template <class Src, class Dst>
   static void convert_4d(const ExecSpace& space, const char* label, const Src& src, const Dst& dst) {
-    using D = typename Dst::non_const_value_type;
-    if (dst.size() == 0) return;
-    Kokkos::parallel_for(
-        label,
-        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Kokkos::IndexType<std::int64_t>>(
-            space, {0, 0, 0, 0},
-            {static_cast<std::int64_t>(dst.extent(0)), static_cast<std::int64_t>(dst.extent(1)),
-             static_cast<std::int64_t>(dst.extent(2)), static_cast<std::int64_t>(dst.extent(3))}),
-        KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c, const std::int64_t d) {
-          dst(a, b, c, d) = static_cast<D>(static_cast<float>(src(a, b, c, d)));
-        });
+    convert_tensor4(space, label, src, dst);
   }
 
   /// The float copies a bf16 core call computes on (empty for float and double).

@@ -55,6 +55,19 @@ const Slot& ensure_like(Slot& slot, const std::string& label, const Like& like) 
   return slot;
 }
 
+/// One value of the wire's conversion to D: float -> bf16 (round-to-nearest-even), bf16 -> float, or a copy (the same
+/// type: Kokkos' native bhalf_t, mlacp::bf16 on CUDA, converts to float only explicitly). (A function of its own: nvcc
+/// refuses a device lambda whose captures are first used inside an `if constexpr`.)
+template <class D, class S>
+KOKKOS_INLINE_FUNCTION D wire_value(const S& x) {
+  if constexpr (std::is_same_v<D, S>)
+    return x;
+  else if constexpr (std::is_same_v<D, bf16>)
+    return compat::to_bf16(x);
+  else
+    return compat::to_float(x);
+}
+
 /// dst[i] = src[i] converted (float -> bf16 round-to-nearest-even, or bf16 -> float), over the contiguous spans of
 /// two Views of the same size, on `space`.
 template <class ExecSpace, class Src, class Dst>
@@ -66,12 +79,7 @@ void convert_wire(const ExecSpace& space, const char* label, const Src& src, con
   D* out = dst.data();
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        if constexpr (std::is_same_v<D, bf16>)
-          out[i] = compat::to_bf16(in[i]);
-        else
-          out[i] = compat::to_float(in[i]);
-      });
+      KOKKOS_LAMBDA(const std::int64_t i) { out[i] = wire_value<D>(in[i]); });
 }
 
 /// A launched collective whose result is a float View: either the plain collective, or its bf16 form on the wire,

@@ -137,7 +137,8 @@ class FlashAttentionCore {
       if (!blas) throw InvalidArgument(no_bf16_team);
     }
     if (q.extent(0) * q.extent(2) * pb.q_rows.rows() == 0) return;
-    const auto [tq, tk] = tiles(blas);
+    const std::pair<int, int> tile_sizes = tiles(blas);
+    const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
     const auto host_docs = pb.documents().host(pb.seq);
@@ -208,7 +209,8 @@ class FlashAttentionCore {
       if (do_dk) detail::zero_view(space, pb.dk);
       if (do_dv) detail::zero_view(space, pb.dv);
     }
-    const auto [tq, tk] = tiles(blas);
+    const std::pair<int, int> tile_sizes = tiles(blas);
+    const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
     auto& ws = scratch<T, Mem>();

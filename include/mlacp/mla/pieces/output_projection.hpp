@@ -87,6 +87,24 @@ void unpack_head_block(const ExecSpace& space, const U* block, const Tensor4View
         out[n * row + column + k] = convert_value<T>(block[i]);
       });
 }
+
+/// y [rows, D] = round(y_sum + bias), one rounding per element (bias empty: none). (A free function: nvcc refuses a
+/// device lambda in a private member function.)
+template <class ExecSpace, class Sum, class Bias, class Y>
+void round_sum_into(const ExecSpace& space, const Sum& y_sum, const Bias& bias, const Y& y) {
+  using T = typename Y::non_const_value_type;
+  using A = typename Sum::non_const_value_type;
+  const bool has_bias = bias.data() != nullptr;
+  Kokkos::parallel_for(
+      "mlacp::round y",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+          space, {0, 0}, {static_cast<std::int64_t>(y.extent(0)), static_cast<std::int64_t>(y.extent(1))}),
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
+        A v = y_sum(i, j);
+        if (has_bias) v += static_cast<A>(bias(j));
+        y(i, j) = convert_value<T>(v);
+      });
+}
 }  // namespace detail
 
 /// One forward invocation of the output projection and its backward (the reference's _OutputProjection).
@@ -322,18 +340,7 @@ class OutputProjection {
     detail::timeline::output_forward(steps, detail::timeline::part_facts(P, overlap));
     if constexpr (widened) {
       if (!first) {
-        // y = round(y_sum + b_o), one rounding per element.
-        const auto bias = b_o;
-        const bool has_bias = b_o.data() != nullptr;
-        Kokkos::parallel_for(
-            "mlacp::round y",
-            Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(space, {0, 0},
-                                                                                               {B * s, D}),
-            KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
-              A v = y_sum(i, j);
-              if (has_bias) v += static_cast<A>(bias(j));
-              y2(i, j) = detail::convert_value<T>(v);
-            });
+        detail::round_sum_into(space, y_sum, b_o, y2);
         return {y, local};
       }
     }

@@ -155,8 +155,11 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
         // Keys [k_first, k_end) of the range (relative to k_pos): those any query of the tile can see.
         const std::int64_t k_first = std::max(std::int64_t(0), docs.start_of(p0) - rg.k_pos);
         const std::int64_t k_end = std::min(rg.n_k, p0 + nq - rg.k_pos);
-        auto tile = [&](const auto& acc_i) {
-          using acc_type = typename std::decay_t<decltype(acc_i)>::non_const_value_type;
+        // O of the tile accumulates in acc_i: o's rows themselves (o in the accumulation type, not merged into) or the
+        // scratch, both a LayoutRight window in T. (Not a generic lambda: nvcc refuses device lambdas inside one.)
+        using acc_view = detail::Matrix<T, Mem, detail::Unmanaged>;
+        using acc_type = T;
+        auto tile = [&](const acc_view& acc_i) {
           Kokkos::parallel_for(
               "mlacp::flash_forward_start", policy(space, 0, nq), KOKKOS_LAMBDA(const std::int64_t r) {
                 m(r) = neg_inf;

@@ -146,8 +146,10 @@ void join_columns(const ExecSpace& space, const Left& left, const Right& right, 
         T* target = w + row * width;
         const auto* first = a + row * wa;
         const auto* second = b + row * wb;
-        for (int c = 0; c < wa; ++c) target[c] = first[c];
-        for (int c = 0; c < wb; ++c) target[wa + c] = second[c];
+        // static_cast: the halves may be bf16 and the whole float, and Kokkos' native bhalf_t (mlacp::bf16 on CUDA)
+        // widens only explicitly.
+        for (int c = 0; c < wa; ++c) target[c] = static_cast<T>(first[c]);
+        for (int c = 0; c < wb; ++c) target[wa + c] = static_cast<T>(second[c]);
       });
 }
 
