@@ -131,14 +131,9 @@ std::string MlaConfig::describe() const {
   // The sizes and the fields marked shown always; any other field only where it differs from MlaConfig's default.
   const MlaConfig defaults;
   std::string out;
-  for_each_config_field(*this, [&](const ConfigField& field, const auto& value) {
-    bool is_default = false;
-    for_each_config_field(defaults, [&](const ConfigField& f, const auto& d) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(d)>, std::decay_t<decltype(value)>>) {
-        if (std::string(f.name) == field.name) is_default = d == value;
-      }
-    });
-    if (field.size || field.shown || !is_default)
+  for_each_config_member([&](const ConfigField& field, auto member) {
+    const auto& value = this->*member;
+    if (field.size || field.shown || !(value == defaults.*member))
       out += (out.empty() ? "" : " ") + std::string(field.symbol) + "=" + described(value);
   });
   return out;

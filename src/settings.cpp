@@ -35,7 +35,41 @@ int positive_integer(const std::string& s) {
   return v;
 }
 
+/// QxK as {Q, K}, two positive integers; {0, 0} when malformed.
+std::array<int, 2> parse_tiles(const std::string& s) {
+  const auto x = s.find('x');
+  if (x == std::string::npos) return {0, 0};
+  const int q = positive_integer(s.substr(0, x)), k = positive_integer(s.substr(x + 1));
+  if (q <= 0 || k <= 0) return {0, 0};
+  return {q, k};
+}
+
+/// A finite number >= 0 (strtod syntax, the whole text), or -1.
+double parse_seconds(const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || *end != '\0' || errno != 0 || !std::isfinite(seconds) || seconds < 0) return -1;
+  return seconds;
+}
+
 }  // namespace
+
+namespace detail {
+bool any_setting(const std::string&) { return true; }
+bool reduce_scatter_setting(const std::string& value) { return value == "pairwise" || value == "mpi"; }
+bool tiles_setting(const std::string& value) { return parse_tiles(value)[0] > 0; }
+bool bf16_gemm_setting(const std::string& value) {
+  try {
+    parse_bf16_gemm_backend(value);
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
+  }
+}
+bool positive_integer_setting(const std::string& value) { return positive_integer(value) > 0; }
+bool seconds_setting(const std::string& value) { return parse_seconds(value) >= 0; }
+}  // namespace detail
 
 Settings Settings::from_environment() {
   Settings s;
@@ -61,11 +95,9 @@ std::array<int, 2> Settings::attention_tiles() const {
   const std::size_t i = index_of("MLACP_ATTENTION_TILES");
   const std::string& s = values[i];
   if (s.empty()) return {0, 0};
-  const auto x = s.find('x');
-  const int q = x == std::string::npos ? 0 : positive_integer(s.substr(0, x));
-  const int k = x == std::string::npos ? 0 : positive_integer(s.substr(x + 1));
-  if (q <= 0 || k <= 0) throw InvalidArgument("mlacp: " + refusal(i, s));
-  return {q, k};
+  const std::array<int, 2> tiles = parse_tiles(s);
+  if (tiles[0] <= 0) throw InvalidArgument("mlacp: " + refusal(i, s));
+  return tiles;
 }
 
 std::string Settings::bf16_gemm() const { return value("MLACP_BF16_GEMM"); }
@@ -83,30 +115,13 @@ std::string Settings::trace() const { return value("MLACP_TRACE"); }
 double Settings::wait_timeout_s(double fallback) const {
   const std::string s = value("MLACP_WAIT_TIMEOUT_S");
   if (s.empty()) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const double seconds = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || *end != '\0' || errno != 0 || !std::isfinite(seconds) || seconds < 0) return fallback;
-  return seconds;
+  const double seconds = parse_seconds(s);
+  return seconds < 0 ? fallback : seconds;
 }
 
 int Settings::first_malformed() const {
-  for (std::size_t i = 0; i < setting_table.size(); ++i) {
-    const std::string& v = values[i];
-    if (v.empty()) continue;
-    const std::string name = setting_table[i].variable;
-    bool ok = true;
-    try {
-      if (name == "MLACP_REDUCE_SCATTER") ok = v == "pairwise" || v == "mpi";
-      if (name == "MLACP_ATTENTION_TILES") attention_tiles();
-      if (name == "MLACP_BF16_GEMM") parse_bf16_gemm_backend(v);
-      if (name == "MLACP_WGRAD_PANELS") wgrad_panels();
-      if (name == "MLACP_WAIT_TIMEOUT_S") ok = wait_timeout_s(-1) >= 0;
-    } catch (const InvalidArgument&) {
-      ok = false;
-    }
-    if (!ok) return static_cast<int>(i);
-  }
+  for (std::size_t i = 0; i < setting_table.size(); ++i)
+    if (!values[i].empty() && !setting_table[i].well_formed(values[i])) return static_cast<int>(i);
   return -1;
 }
 

@@ -19,23 +19,34 @@
 
 namespace mlacp {
 
-/// One MLACP_* variable the library reads.
+/// Whether a non-empty value of one variable parses (settings.cpp defines one per kind of value).
+namespace detail {
+bool any_setting(const std::string& value);             ///< every value means something (e.g. "0" or not)
+bool reduce_scatter_setting(const std::string& value);  ///< 'pairwise' or 'mpi'
+bool tiles_setting(const std::string& value);           ///< QxK, two positive integers
+bool bf16_gemm_setting(const std::string& value);       ///< a Bf16GemmBackend's name
+bool positive_integer_setting(const std::string& value);
+bool seconds_setting(const std::string& value);  ///< a finite number >= 0
+}  // namespace detail
+
+/// One MLACP_* variable the library reads: one row of the table.
 struct SettingInfo {
-  const char* variable;  ///< e.g. "MLACP_CHECKED"
-  bool agreed;           ///< must hold the same value on every rank of a mesh
-  const char* expected;  ///< the values it takes, for error messages
+  const char* variable;                     ///< e.g. "MLACP_CHECKED"
+  bool agreed;                              ///< must hold the same value on every rank of a mesh
+  const char* expected;                     ///< the values it takes, for error messages
+  bool (*well_formed)(const std::string&);  ///< whether a set (non-empty) value parses
 };
 
 /// The variables, in the order of Settings' fields.
 inline constexpr std::array<SettingInfo, 8> setting_table{{
-    {"MLACP_CHECKED", true, "0 (off) or anything else (on, the default)"},
-    {"MLACP_CHECK_FINITE", true, "0 (off, the default) or anything else (on)"},
-    {"MLACP_REDUCE_SCATTER", true, "'pairwise' or 'mpi'"},
-    {"MLACP_ATTENTION_TILES", true, "QxK with two positive integers, e.g. 128x256"},
-    {"MLACP_BF16_GEMM", true, "auto, onednn, float_blas or kokkos_kernels"},
-    {"MLACP_WGRAD_PANELS", false, "a positive integer (1: no panels)"},
-    {"MLACP_TRACE", false, "a writable file path"},
-    {"MLACP_WAIT_TIMEOUT_S", false, "seconds, 0 to turn the watchdog off"},
+    {"MLACP_CHECKED", true, "0 (off) or anything else (on, the default)", &detail::any_setting},
+    {"MLACP_CHECK_FINITE", true, "0 (off, the default) or anything else (on)", &detail::any_setting},
+    {"MLACP_REDUCE_SCATTER", true, "'pairwise' or 'mpi'", &detail::reduce_scatter_setting},
+    {"MLACP_ATTENTION_TILES", true, "QxK with two positive integers, e.g. 128x256", &detail::tiles_setting},
+    {"MLACP_BF16_GEMM", true, "auto, onednn, float_blas or kokkos_kernels", &detail::bf16_gemm_setting},
+    {"MLACP_WGRAD_PANELS", false, "a positive integer (1: no panels)", &detail::positive_integer_setting},
+    {"MLACP_TRACE", false, "a writable file path", &detail::any_setting},
+    {"MLACP_WAIT_TIMEOUT_S", false, "seconds, 0 to turn the watchdog off", &detail::seconds_setting},
 }};
 
 /// The settings as the environment holds them now. Each field is the variable's text ("" where unset or empty); the

@@ -2,7 +2,7 @@
 //
 // mlacp-perf-overlap, pair (2): the dQ inverse all-to-all with the KV backward, run as the latent schedule's
 // backward steps (LatentSchedule::Backward) over a synthetic O(n) attention core.
-#include <mlacp/mesh.hpp>  // before input_checks.hpp, which uses Mesh without including it
+#include <mlacp/mesh.hpp>
 #include <mlacp/mla/detail/input_checks.hpp>
 #include <mlacp/mla/detail/latent_schedule.hpp>
 #include <mlacp/mla/detail/schedule_context.hpp>

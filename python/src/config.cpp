@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -95,14 +96,15 @@ MlaConfig from_keywords(const py::kwargs& keywords) {
   });
   if (used != keywords.size()) {
     std::string names;
-    for_each_config_field(c, [&](const ConfigField& field, const auto&) {
+    std::set<std::string> known;
+    for_each_config_member([&](const ConfigField& field, auto) {
       names += (names.empty() ? "" : ", ") + std::string(field.name);
+      known.insert(field.name);
     });
     for (const auto& item : keywords) {
       const std::string key = py::str(item.first).cast<std::string>();
-      bool known = false;
-      for_each_config_field(c, [&](const ConfigField& field, const auto&) { known = known || key == field.name; });
-      if (!known) throw py::type_error("mlacp.MlaConfig: unexpected keyword '" + key + "'; expected one of " + names);
+      if (known.count(key) == 0)
+        throw py::type_error("mlacp.MlaConfig: unexpected keyword '" + key + "'; expected one of " + names);
     }
   }
   return c;
@@ -132,22 +134,12 @@ void bind_config(py::module_& m) {
           .def(py::init(&from_keywords))
           .def(py::init<const MlaConfig&>(), py::arg("other"), "A copy.");
   // One attribute per field of the table, read and written as the keywords are.
-  const MlaConfig defaults;
-  for_each_config_field(defaults, [&](const ConfigField& field, const auto& prototype) {
-    using T = std::decay_t<decltype(prototype)>;
+  for_each_config_member([&](const ConfigField& field, auto member) {
+    using T = std::decay_t<decltype(MlaConfig().*member)>;
     const char* name = field.name;  // a string literal of the table: lives as long as the program
-    auto member = [name](MlaConfig& c) -> T& {
-      T* found = nullptr;
-      for_each_config_field(c, [&](const ConfigField& f, auto& slot) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(slot)>, T>) {
-          if (std::string(name) == f.name) found = &slot;
-        }
-      });
-      return *found;
-    };
     config.def_property(
-        field.name, [member](MlaConfig& c) { return member(c); },
-        [member, name](MlaConfig& c, const py::object& value) { member(c) = field_from<T>(name, value); }, field.help);
+        field.name, [member](const MlaConfig& c) { return c.*member; },
+        [member, name](MlaConfig& c, const py::object& value) { c.*member = field_from<T>(name, value); }, field.help);
   });
   config.def("qk_dim", &MlaConfig::qk_dim)
       .def("q_lora", &MlaConfig::q_lora, "Whether the query is factored (q_lora_rank > 0).")

@@ -18,40 +18,46 @@ struct ConfigField {
   bool local = false;  ///< may differ across ranks (it sizes an allocation only): the layer does not agree on it
 };
 
-/// Calls f(field, member) for each field of `config` (an MlaConfig, const or not), in the order describe() and the
-/// JSON list them. The members are int, double, bool, MlaStrategy, WireDtype, RingLayout and
-/// std::vector<std::int64_t>.
-template <class Config, class F>
-void for_each_config_field(Config& c, F&& f) {
-  f(ConfigField{"batch", "B", "B, the batch size", true}, c.batch);
-  f(ConfigField{"seq", "S", "S, the global sequence length", true}, c.seq);
-  f(ConfigField{"hidden", "D", "D, the model width", true}, c.hidden);
-  f(ConfigField{"heads", "H", "H, the global head count", true}, c.heads);
-  f(ConfigField{"nope", "dn", "dn, qk_nope_head_dim", true}, c.nope);
-  f(ConfigField{"rope", "dr", "dr, qk_rope_head_dim (even)", true}, c.rope);
-  f(ConfigField{"vdim", "dv", "dv, v_head_dim", true}, c.vdim);
-  f(ConfigField{"latent", "R", "R, kv_lora_rank", true}, c.latent);
+/// The table: calls f(field, &MlaConfig::member) for each field, in the order describe() and the JSON list them.
+/// The members are int, double, bool, MlaStrategy, WireDtype, RingLayout and std::vector<std::int64_t>. A caller that
+/// keeps a field (the Python binding's attributes, a tool's flag) keeps its pointer to member.
+template <class F>
+void for_each_config_member(F&& f) {
+  f(ConfigField{"batch", "B", "B, the batch size", true}, &MlaConfig::batch);
+  f(ConfigField{"seq", "S", "S, the global sequence length", true}, &MlaConfig::seq);
+  f(ConfigField{"hidden", "D", "D, the model width", true}, &MlaConfig::hidden);
+  f(ConfigField{"heads", "H", "H, the global head count", true}, &MlaConfig::heads);
+  f(ConfigField{"nope", "dn", "dn, qk_nope_head_dim", true}, &MlaConfig::nope);
+  f(ConfigField{"rope", "dr", "dr, qk_rope_head_dim (even)", true}, &MlaConfig::rope);
+  f(ConfigField{"vdim", "dv", "dv, v_head_dim", true}, &MlaConfig::vdim);
+  f(ConfigField{"latent", "R", "R, kv_lora_rank", true}, &MlaConfig::latent);
   f(ConfigField{"q_lora_rank", "Rq", "Rq: 0 projects the query with one dense w_q; > 0 factors it (w_qa, g_q, w_qb)"},
-    c.q_lora_rank);
+    &MlaConfig::q_lora_rank);
   f(ConfigField{"softmax_scale", "softmax_scale", "the attention's softmax scale: 0 means 1/sqrt(nope + rope)"},
-    c.softmax_scale);
-  f(ConfigField{"bias", "bias", "b_q, b_kvb and b_o present", false, true}, c.bias);
+    &MlaConfig::softmax_scale);
+  f(ConfigField{"bias", "bias", "b_q, b_kvb and b_o present", false, true}, &MlaConfig::bias);
   f(ConfigField{"strategy", "strategy", "how keys and values reach the heads: 'latent' or 'expanded'", false, true},
-    c.strategy);
-  f(ConfigField{"rope_base", "rope_base", "RoPE's base"}, c.rope_base);
-  f(ConfigField{"rms_eps", "rms_eps", "the RMSNorms' epsilon"}, c.rms_eps);
+    &MlaConfig::strategy);
+  f(ConfigField{"rope_base", "rope_base", "RoPE's base"}, &MlaConfig::rope_base);
+  f(ConfigField{"rms_eps", "rms_eps", "the RMSNorms' epsilon"}, &MlaConfig::rms_eps);
   f(ConfigField{"overlap", "overlap", "overlap each collective with its independent compute (false: wait at once)"},
-    c.overlap);
+    &MlaConfig::overlap);
   f(ConfigField{"cu_seqlens", "documents", "packed documents: offsets 0 < ... < seq (empty: one document)"},
-    c.cu_seqlens);
+    &MlaConfig::cu_seqlens);
   f(ConfigField{"max_documents", "max_documents", "per-call packed documents that need no allocation", false, false,
                 true},
-    c.max_documents);
+    &MlaConfig::max_documents);
   f(ConfigField{"wire_dtype", "wire", "what a float layer's collectives move: 'same', 'bf16' or 'bf16_all'", false,
                 true},
-    c.wire_dtype);
+    &MlaConfig::wire_dtype);
   f(ConfigField{"ring_layout", "ring_layout", "the ring's token layout: 'contiguous' or 'zigzag'", false, true},
-    c.ring_layout);
+    &MlaConfig::ring_layout);
+}
+
+/// Calls f(field, member) for each field of `config` (an MlaConfig, const or not): the table over one object.
+template <class Config, class F>
+void for_each_config_field(Config& c, F&& f) {
+  for_each_config_member([&](const ConfigField& field, auto pointer) { f(field, c.*pointer); });
 }
 
 }  // namespace mlacp

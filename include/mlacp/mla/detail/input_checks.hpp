@@ -7,6 +7,7 @@
 #include <mlacp/detail/collective_validation.hpp>
 #include <mlacp/detail/finite_check.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mesh.hpp>
 #include <mlacp/mla/config_fields.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/mla_config.hpp>
