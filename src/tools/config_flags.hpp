@@ -60,12 +60,25 @@ T parse_value(const std::string& text) {
   return value;
 }
 
+/// What a value of T looks like, for the message of one that does not parse.
+template <class T>
+const char* expected_value() {
+  if constexpr (std::is_same_v<T, int> || std::is_same_v<T, std::int64_t>)
+    return "expected an integer";
+  else if constexpr (std::is_same_v<T, double>)
+    return "expected a number";
+  else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>)
+    return "expected comma-separated offsets 0,a,...,S";
+  else
+    return "not a valid value";
+}
+
 }  // namespace detail
 
 /// Applies `flag` to `c` when it names a field of the table (or an alias): a switch directly, any other field from
 /// the value `next()` returns (it consumes the next argument). Returns false, changing nothing, when `flag` names no
-/// field. A value that does not parse is std::invalid_argument "FLAG VALUE: not a valid value" (mlacp::Error's
-/// message for the enums' names).
+/// field. A value that does not parse is std::invalid_argument "FLAG VALUE: expected an integer" (a number, offsets;
+/// mlacp::Error's message for the enums' names).
 inline bool apply_config_flag(MlaConfig& c, std::string flag, const std::function<std::string()>& next) {
   static const std::map<std::string, std::string> aliases = {{"--q-lora", "--q-lora-rank"},
                                                              {"--blocking", "--no-overlap"}};
@@ -94,7 +107,7 @@ inline bool apply_config_flag(MlaConfig& c, std::string flag, const std::functio
       try {
         member = detail::parse_value<T>(value);
       } catch (const std::logic_error&) {  // std::stoi's invalid_argument and out_of_range, our trailing characters
-        throw std::invalid_argument(flag + " " + value + ": not a valid value");
+        throw std::invalid_argument(flag + " " + value + ": " + detail::expected_value<T>());
       }
     }
   });
