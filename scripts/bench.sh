@@ -1,38 +1,49 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds build-release/ (CMake preset release), runs the perf suite at P = 2
-# on both transports (shared memory: plain mpirun; a simulated 2 Gbit/s cluster link: scripts/netns-link.sh), prints
-# the tables, and leaves the JSON files and the timeline PNG in perf_results/. Then the attention core against the
-# GEMM rate, mlacp-mla-block against the PyTorch peer (perf_tests/peers/, DeepSpeed-Ulysses style on gloo) side by
-# side in double, float and bf16, and a scaling sweep over S. The bf16 cells run `mlacp-mla-block --dtype bf16`
-# against the peer with torch.bfloat16 parameters (`--dtype bf16`); scripts/cpu_bf16_caps.py prints the CPU's bf16
-# capability beside them (model, avx512_bf16 / amx_bf16 / amx_tile, the ISA oneDNN dispatches to, torch's bf16
-# matmul kernel, OpenBLAS' core) and perf_results/peer_comparison.json carries it as "cpu_bf16_caps".
+# The main job: installs what is missing, builds build-release/ (CMake preset release) and measures mlacp at P = 2.
 #
-#   ./scripts/bench.sh                  # P = 2, both transports (about 8.5 minutes on a 2-core machine: 4 for the
-#                                       # overlap suite, 2 for the peer comparison, 2.5 for the sweep)
+# The default form prints the headline tables within about 10 minutes on 2 cores after the build:
+#   1. the performance model's calibration on the simulated 2 Gbit/s link (scripts/netns-link.sh; mlacp-plan
+#      --calibrate), whose machine file gives every mlacp-mla-block run its predicted time ("model ms");
+#   2. the overlap pairs on the link (mlacp-perf-overlap: each collective hidden behind its independent compute);
+#   3. mlacp-mla-block against the PyTorch peer (perf_tests/peers/, DeepSpeed-Ulysses style on gloo) on the link,
+#      double and float, the perf_block and DeepSeek-like shapes, both strategies, each beside the fraction of the
+#      GEMM rate it reaches and the model's prediction. bf16 cells run only on a CPU with bf16 instructions
+#      (avx512_bf16 or amx_bf16; scripts/cpu_bf16_caps.py decides and prints the CPU): without them torch 1.13 falls
+#      back to a path 22-31x slower than mlacp's, and those cells would tell nothing.
+# FULL=1 runs everything (about 47 minutes on a fresh 2-core machine): the suite (efficiency, overlap, block and its
+# timeline PNG) on shared memory and on the link, the calibration at P and at RING_NP on both transports, the
+# attention core against the GEMM rate, the GEMM shapes, the ring cells at P = 4, the peer comparison on both
+# transports with the q-LoRA shapes and bf16 on any CPU, the scaling sweep and a short validation of the model.
+# Each part's variable below selects it in either form (1 on, 0 off); its default is the form's.
+#
+#   ./scripts/bench.sh                  # the headline tables (the default form)
+#   FULL=1 ./scripts/bench.sh           # everything
 #   NP=4 ./scripts/bench.sh             # another group size (oversubscribes a small machine)
 #   RATE=10gbit ./scripts/bench.sh      # another link rate
 #   REPEATS=21 ./scripts/bench.sh       # more repeats per measurement
 #   SKIP_LINK=1 ./scripts/bench.sh      # shared memory only (no root needed for the run itself)
-#   SUITE=0 ./scripts/bench.sh          # skip the overlap suite above (only the peer comparison and sweep)
-#   CORE=0 ./scripts/bench.sh           # skip the attention core against the GEMM rate (CORE_SEQS=512,1024,2048)
-#   GEMM_SHAPES=0 ./scripts/bench.sh    # skip the layer's time split GEMM shape by shape against each shape alone
+#   SUITE=1                             # the whole overlap suite (efficiency, overlap, block + timeline PNG) on both
+#                                       # transports (default form: mlacp-perf-overlap on the link only)
+#   CORE=1                              # the attention core against the GEMM rate (CORE_SEQS=512,1024,2048)
+#   GEMM_SHAPES=1                       # the layer's time split GEMM shape by shape against each shape alone
 #                                       # (mlacp-perf-gemm-shapes at P = 1 and P = NP; about 4 minutes)
-#   PEER=0 ./scripts/bench.sh           # without the mlacp-vs-PyTorch-peer comparison (and sweep)
-#   BF16=0 ./scripts/bench.sh           # without the comparison's bf16 cells (double and float only)
-#   SWEEP=0 ./scripts/bench.sh          # without the scaling sweep S = 512 ... 16384 (a few minutes)
-#   RING=0 ./scripts/bench.sh           # without the ring attention cells (P = 4 on the two-level mesh: balance,
-#                                       # bytes and 2 x 2 vs 4 x 1 times at the DeepSeek-like shape; about 8 minutes)
+#   PEER=0                              # without the mlacp-vs-PyTorch-peer comparison (and sweep)
+#   PEER_TRANSPORTS="shm tcp-lo"        # the comparison's transports (default form: tcp-lo, the link)
+#   BF16=0 / BF16=1                     # the comparison's bf16 cells off / on whatever the CPU
+#   SWEEP=1                             # the scaling sweep S = 512 ... 16384 (a few minutes)
+#   RING=1                              # the ring attention cells (P = 4 on the two-level mesh: balance, bytes and
+#                                       # 2 x 2 vs 4 x 1 times at the DeepSeek-like shape; about 8 minutes)
 #   RING_NP=4 RING_ROUNDS=3 RING_SEQ=4096   # the ring cells' P, alternating rounds and S of the DeepSeek-like shape
 #   PEER_ITERS=9 PEER_WARMUP=2          # timed / untimed iterations of each comparison run (default 7 / 1)
-#   PEER_SHAPES="deepseek deepseek_qlora"  # which comparison shapes (default: block deepseek block_qlora deepseek_qlora)
+#   PEER_SHAPES="deepseek deepseek_qlora"  # which comparison shapes (default form: block deepseek; FULL: and
+#                                       # block_qlora deepseek_qlora)
 #   SWEEP_DTYPES=double                 # the sweep's dtypes (default "double float"; bf16 is accepted too)
 #   SWEEP_SEQS="512 1024 2048"          # the sweep's sequence lengths
-#   MODEL=0 ./scripts/bench.sh          # without the performance model: no calibration (mlacp-plan --calibrate on each
-#                                       # transport at P and at RING_NP, whose machine files give every
-#                                       # mlacp-mla-block run its predicted time beside the measured one: "model ms"),
-#                                       # no short validation on the simulated two-node cluster (validate-model.sh with
-#                                       # CASE_GROUPS=$RATE:block:float:same:0 ROUNDS=1; about 1 minute)
+#   MODEL=0                             # without the performance model: no calibration (mlacp-plan --calibrate),
+#                                       # no "model ms" beside the measured times
+#   VALIDATE=1                          # the model's short validation on the simulated two-node cluster
+#                                       # (validate-model.sh with CASE_GROUPS=$RATE:block:float:same:0 ROUNDS=1;
+#                                       # about 1 minute)
 #   PEER_MEM_GIB=10                     # per-rank address-space limit of the comparison runs (default: the smaller
 #                                       # of 10 GiB and 70% of the available memory / P)
 set -euo pipefail
@@ -43,6 +54,26 @@ out=${OUT_DIR:-$root/perf_results}
 np=${NP:-2}
 rate=${RATE:-2gbit}
 export RATE=$rate
+
+# The form and its parts (see the top): each part's variable wins; unset, it takes the form's default.
+full=0
+if [[ ${FULL:-0} != 0 ]]; then full=1; fi
+core=${CORE:-$full} gemm_shapes=${GEMM_SHAPES:-$full} ring=${RING:-$full} sweep=${SWEEP:-$full}
+validate=${VALIDATE:-$full} model=${MODEL:-1} peer=${PEER:-1}
+suite=${SUITE:-overlap} # overlap: the default form's mlacp-perf-overlap on the link only
+if ((full)) && [[ -z ${SUITE:-} ]]; then suite=1; fi
+link_transport=tcp-lo
+if [[ -n ${SKIP_LINK:-} ]]; then link_transport=shm; fi
+if [[ -n ${PEER_TRANSPORTS:-} ]]; then
+  read -r -a peer_transports <<<"$PEER_TRANSPORTS"
+elif ((full)) && [[ -z ${SKIP_LINK:-} ]]; then
+  peer_transports=(shm tcp-lo)
+else
+  peer_transports=("$link_transport")
+fi
+peer_shapes=${PEER_SHAPES:-block deepseek}
+if ((full)) && [[ -z ${PEER_SHAPES:-} ]]; then peer_shapes="block deepseek block_qlora deepseek_qlora"; fi
+bf16=${BF16:-$([[ $full == 1 ]] && echo 1 || echo auto)} # auto: only on a CPU with bf16 instructions
 
 "$root/scripts/setup-deps.sh"
 
@@ -85,23 +116,37 @@ machine_args() {  # <transport> <P>: "--machine FILE" when that calibration exis
   local f=$out/machine_$1_np$2.json
   if [[ -f $f ]]; then echo "--machine $f"; fi
 }
-if [[ ${MODEL:-1} != 0 ]]; then
+# The default form calibrates only what its runs use: P on the comparison's transports.
+if [[ $model != 0 ]]; then
   echo
   echo "==== performance model: calibration ===="
-  for cal_np in $(printf '%s\n' "$np" "${RING_NP:-4}" | sort -u); do
+  cal_nps=$np cal_transports=("${peer_transports[@]}")
+  if ((full)) || [[ $ring != 0 ]]; then cal_nps=$(printf '%s\n' "$np" "${RING_NP:-4}" | sort -u); fi
+  if ((full)); then
+    cal_transports=(shm)
+    if [[ -z ${SKIP_LINK:-} ]]; then cal_transports+=(tcp-lo); fi
+  fi
+  for cal_np in $cal_nps; do
     cal_mpirun=(mpirun -n "$cal_np")
     if mpirun --version 2>/dev/null | grep -q "Open MPI"; then cal_mpirun+=(--oversubscribe); fi
-    "${cal_mpirun[@]}" "$build_dir/src/mlacp-plan" --calibrate --out "$out/machine_shm_np$cal_np.json" |
-      sed 's/^/  shm: /' || echo "bench: calibration on shm at P = $cal_np failed"
-    if [[ -z ${SKIP_LINK:-} ]]; then
-      "$root/scripts/netns-link.sh" "${cal_mpirun[@]}" "$build_dir/src/mlacp-plan" --calibrate \
-        --out "$out/machine_tcp-lo_np$cal_np.json" | sed 's/^/  tcp-lo: /' ||
-        echo "bench: calibration on the link at P = $cal_np failed"
-    fi
+    for transport in "${cal_transports[@]}"; do
+      wrap=()
+      if [[ $transport != shm ]]; then wrap=("$root/scripts/netns-link.sh"); fi
+      "${wrap[@]}" "${cal_mpirun[@]}" "$build_dir/src/mlacp-plan" --calibrate \
+        --out "$out/machine_${transport}_np$cal_np.json" | sed "s/^/  $transport: /" ||
+        echo "bench: calibration on $transport at P = $cal_np failed"
+    done
   done
 fi
 
-if [[ ${SUITE:-1} != 0 ]]; then
+if [[ $suite == overlap ]]; then
+  echo
+  echo "==== overlap pairs, transport $link_transport, P = $np ===="
+  wrap=() rate_label=none
+  if [[ $link_transport != shm ]]; then wrap=("$root/scripts/netns-link.sh") rate_label=$rate; fi
+  "${wrap[@]}" "${mpirun_cmd[@]}" "$bin/mlacp-perf-overlap" "${common[@]}" --transport-label "$link_transport" \
+    --rate-label "$rate_label" --json "$out/overlap_${link_transport}_np$np.json"
+elif [[ $suite != 0 ]]; then
   run_suite shm none
   if [[ -z ${SKIP_LINK:-} ]]; then
     run_suite tcp-lo "$rate" "$root/scripts/netns-link.sh"
@@ -111,7 +156,7 @@ fi
 # ---- the attention core alone against the GEMM rate --------------------------------------------------------------
 # Every rank runs the same core work (P ranks load P cores, as in the layer); both dtypes, the perf_block head shape
 # (dqk = dv = 32) and a DeepSeek-like one (dqk = 192, dv = 128), and the reference core where it is quick to time.
-if [[ ${CORE:-1} != 0 ]]; then
+if [[ $core != 0 ]]; then
   echo
   echo "==== attention core, P = $np ===="
   "${mpirun_cmd[@]}" "$bin/mlacp-perf-attention" --seq "${CORE_SEQS:-512,1024,2048}" --shapes small,deepseek \
@@ -122,7 +167,7 @@ fi
 # mlacp-perf-gemm-shapes: forward + backward of both strategies at the perf_block and DeepSeek-like shapes, float and
 # double, without and with q-LoRA (Rq = 1536), profiled through Kokkos Tools (GEMM regions, kernels, waits), each GEMM
 # shape timed alone as the CPU's ceiling; at P = 1 and P = NP. perf_results/gemm_shapes/ holds the JSON.
-if [[ ${GEMM_SHAPES:-1} != 0 ]]; then
+if [[ $gemm_shapes != 0 ]]; then
   mkdir -p "$out/gemm_shapes"
   for p in 1 "$np"; do
     shapes_cmd=("${mpirun_cmd[@]}")
@@ -141,7 +186,7 @@ fi
 # from the formula, and the formula at H = 128), and the times of 2 x 2 against flat Ulysses 4 x 1 there, both
 # strategies, zigzag, float, RING_ROUNDS rounds alternating the order, on the link (shm with SKIP_LINK).
 # perf_results/ring.json holds the tables (perf_tests/peers/ring_report.py).
-if [[ ${RING:-1} != 0 ]]; then
+if [[ $ring != 0 ]]; then
   ring_runs=$out/ring_runs
   rm -rf "$ring_runs"
   mkdir -p "$ring_runs"
@@ -196,11 +241,11 @@ fi
 peer_script=$root/perf_tests/peers/ulysses_mla_torch.py
 block_bin=$build_dir/src/mlacp-mla-block
 runs=$out/peer_runs
-if [[ ${PEER:-1} != 0 ]] && ! /usr/bin/python3 -c 'import torch, mpi4py, numpy' 2>/dev/null; then
+if [[ $peer != 0 ]] && ! /usr/bin/python3 -c 'import torch, mpi4py, numpy' 2>/dev/null; then
   echo "bench: /usr/bin/python3 lacks torch, mpi4py or numpy: no PyTorch peer comparison"
-  PEER=0
+  peer=0
 fi
-if [[ ${PEER:-1} != 0 ]]; then
+if [[ $peer != 0 ]]; then
   rm -rf "$runs"
   mkdir -p "$runs"
   if [[ -n ${PEER_MEM_GIB:-} ]]; then
@@ -256,24 +301,35 @@ print("%.1f ms" % (d["time_median_s"] * 1e3) if d["status"] == "ok" else d["stat
     for tool in "${order[@]}"; do run_one "$tool" "$transport" "${prefix}_${tool}.json" "$@"; done
   }
 
-  transports=(shm)
-  if [[ -z ${SKIP_LINK:-} ]]; then transports+=(tcp-lo); fi
   dtypes=(double float)
   echo
   echo "==== mlacp vs the PyTorch peer, P = $np, ${PEER_ITERS:-7} iterations after ${PEER_WARMUP:-1} warm-up," \
     "address-space limit $((limit_bytes >> 20)) MiB per rank ===="
-  if [[ ${BF16:-1} != 0 ]]; then
+  if [[ $bf16 != 0 ]]; then
     # bf16 cells: mlacp's bf16 layer against the peer's torch.bfloat16 one. What bf16 runs on here (the probe
-    # never fails the run; its JSON goes into peer_comparison.json through peer_report.py).
-    dtypes+=(bf16)
+    # never fails the run; its JSON goes into peer_comparison.json through peer_report.py) decides them in the
+    # default form: without bf16 instructions torch 1.13's bf16 path is 22-31x slower than mlacp's.
     /usr/bin/python3 "$root/scripts/cpu_bf16_caps.py" --binary "$block_bin" --json "$runs/cpu_bf16_caps.json" ||
       echo "bench: scripts/cpu_bf16_caps.py failed (rc $?)"
+    if [[ $bf16 == auto ]]; then
+      has_bf16=$(/usr/bin/python3 -c 'import json, sys
+print(int(bool(json.load(open(sys.argv[1]))["cpu"]["bf16_instructions"])))' "$runs/cpu_bf16_caps.json" 2>/dev/null ||
+        echo 0)
+      if ((has_bf16)); then
+        dtypes+=(bf16)
+      else
+        echo "  bf16 cells skipped: this CPU has no bf16 instructions (avx512_bf16, amx_bf16), where torch 1.13's bf16" \
+          "falls back to a path 22-31x slower than mlacp's; BF16=1 runs them anyway"
+      fi
+    else
+      dtypes+=(bf16)
+    fi
   fi
-  for shape in ${PEER_SHAPES:-block deepseek block_qlora deepseek_qlora}; do
+  for shape in $peer_shapes; do
     declare -n dims="shape_$shape"
     for strategy in latent expanded; do
       for dtype in "${dtypes[@]}"; do
-        for transport in "${transports[@]}"; do
+        for transport in "${peer_transports[@]}"; do
           run_pair "$runs/cmp_${shape}_${strategy}_${dtype}_${transport}" "$transport" "${dims[@]}" \
             --strategy "$strategy" --dtype "$dtype" "${iters[@]}"
         done
@@ -283,7 +339,7 @@ print("%.1f ms" % (d["time_median_s"] * 1e3) if d["status"] == "ok" else d["stat
   done
 
   # The scaling sweep: the perf_block shape at growing S, latent, shm. Fewer iterations where one takes seconds.
-  if [[ ${SWEEP:-1} != 0 ]]; then
+  if [[ $sweep != 0 ]]; then
     echo
     echo "==== scaling sweep, P = $np, latent, shm, dtypes: ${SWEEP_DTYPES:-double float} ===="
     for seq in ${SWEEP_SEQS:-512 1024 2048 4096 8192 16384}; do
@@ -299,7 +355,7 @@ print("%.1f ms" % (d["time_median_s"] * 1e3) if d["status"] == "ok" else d["stat
   /usr/bin/python3 "$root/perf_tests/peers/peer_report.py" "$runs" "$out"
 fi
 # ---- the performance model against the simulated two-node cluster (short form of scripts/validate-model.sh) -------
-if [[ ${MODEL:-1} != 0 && -z ${SKIP_LINK:-} ]]; then
+if [[ $validate != 0 && -z ${SKIP_LINK:-} ]]; then
   echo
   echo "==== performance model: validation on 2 nodes x 1 rank at $rate (short form) ===="
   CASE_GROUPS="$rate:block:float:same:0" ROUNDS=1 BUILD_DIR=$build_dir OUT_DIR=$out/model \

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "config_flags.hpp"
+#include "config_json.hpp"
 #include "npy.hpp"
 
 namespace {
@@ -754,20 +755,12 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
     if (!o.json.empty()) {
       std::ofstream json(o.json);
       if (!json) throw std::runtime_error("cannot write " + o.json);
+      Json config_json = mlacp::tools::config_dims_json(c);  // B, S, D, H, dn, dr, dv, R, Rq from the table
+      config_json["softmax_scale"] = c.attention_scale();
+      config_json["bias"] = c.bias;
       Json report = {{"tool", "mlacp-mla-block"},
                      {"status", "ok"},
-                     {"config",
-                      {{"B", c.batch},
-                       {"S", c.seq},
-                       {"D", c.hidden},
-                       {"H", c.heads},
-                       {"dn", c.nope},
-                       {"dr", c.rope},
-                       {"dv", c.vdim},
-                       {"R", c.latent},
-                       {"Rq", c.q_lora_rank},
-                       {"softmax_scale", c.attention_scale()},
-                       {"bias", c.bias}}},
+                     {"config", config_json},
                      {"P", P},
                      {"dtype", o.dtype},
                      {"strategy", mlacp::to_string(c.strategy)},

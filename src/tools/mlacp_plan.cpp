@@ -19,6 +19,8 @@
 #include <mlacp/model/machine.hpp>
 #include <mlacp/model/planner.hpp>
 
+#include "config_flags.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cctype>
@@ -40,7 +42,8 @@ const char* usage =
     "usage: mlacp-plan --batch B --heads H --nope dn --rope dr --vdim dv --latent R [--q-lora Rq] --hidden D\n"
     "                  --seq S [--cu-seqlens 0,a,...,S] --dtype double|float|bf16 --nodes N --ranks-per-node G\n"
     "                  [--memory-per-rank BYTES] [--strategy latent|expanded] [--ring C] [--layout zigzag|contiguous]\n"
-    "                  [--wire-dtype same|bf16|bf16_all] --machine params.json [--json FILE]\n"
+    "                  [--wire-dtype same|bf16|bf16_all] [--<any MlaConfig field>] --machine params.json\n"
+    "                  [--json FILE]\n"
     "       mpirun -np P mlacp-plan --calibrate [--out params.json] [--quick] [--repeats N] [--ranks-per-node G]\n"
     "Plan: ranks every (strategy, U x C, layout) that runs the layer on N x G ranks by the model's forward + backward\n"
     "time on the machine params.json describes, and recommends the fastest that fits the memory per rank (BYTES: a\n"
@@ -95,25 +98,6 @@ double parse_bytes(const std::string& flag, const std::string& value) {
   return number * it->second;
 }
 
-std::vector<std::int64_t> parse_offsets(const std::string& flag, const std::string& value) {
-  std::vector<std::int64_t> out;
-  std::size_t begin = 0;
-  while (begin <= value.size()) {
-    const std::size_t end = std::min(value.find(',', begin), value.size());
-    const std::string entry = value.substr(begin, end - begin);
-    std::size_t used = 0;
-    try {
-      out.push_back(std::stoll(entry, &used));
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (used == 0 || used != entry.size())
-      throw UsageFailure(flag + " " + value + ": expected comma-separated offsets 0,a,...,S");
-    begin = end + 1;
-  }
-  return out;
-}
-
 // "80 GiB", "512 MiB", "3.2 kiB", "12 B".
 std::string format_bytes(double bytes) {
   static const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -136,17 +120,14 @@ struct PlanOptions {
   bool help = false;
 };
 
+// The plan's own flags (the request's choices, the cluster, the machine, the output) first; every other flag is an
+// MlaConfig field's, from config_fields.hpp's table (src/tools/config_flags.hpp, as mlacp-mla-block's).
 PlanOptions parse_plan(int argc, char** argv) {
   PlanOptions o;
   auto& r = o.request;
   auto& c = r.config;
   const std::map<std::string, int*> ints = {
-      {"--batch", &c.batch},         {"--heads", &c.heads},
-      {"--nope", &c.nope},           {"--rope", &c.rope},
-      {"--vdim", &c.vdim},           {"--latent", &c.latent},
-      {"--hidden", &c.hidden},       {"--seq", &c.seq},
-      {"--q-lora", &c.q_lora_rank},  {"--ring", &r.ring},
-      {"--nodes", &r.cluster.nodes}, {"--ranks-per-node", &r.cluster.ranks_per_node}};
+      {"--ring", &r.ring}, {"--nodes", &r.cluster.nodes}, {"--ranks-per-node", &r.cluster.ranks_per_node}};
   // Flags without a default: the layer's dimensions, its dtype, the cluster and the machine.
   std::vector<std::string> required = {"--batch",  "--heads", "--nope",  "--rope",  "--vdim",           "--latent",
                                        "--hidden", "--seq",   "--dtype", "--nodes", "--ranks-per-node", "--machine"};
@@ -157,34 +138,35 @@ PlanOptions parse_plan(int argc, char** argv) {
       return o;
     }
     if (flag.rfind("--", 0) != 0) throw UsageFailure("unexpected argument '" + flag + "'");
-    if (i + 1 >= argc) throw UsageFailure(flag + " needs a value");
-    const std::string value = argv[++i];
     required.erase(std::remove(required.begin(), required.end(), flag), required.end());
+    std::string value;
+    const auto next = [&]() -> const std::string& {  // the flag's value (a switch takes none)
+      if (i + 1 >= argc) throw UsageFailure(flag + " needs a value");
+      return value = argv[++i];
+    };
     try {
       if (auto it = ints.find(flag); it != ints.end()) {
-        *it->second = parse_int(flag, value);
+        *it->second = parse_int(flag, next());
       } else if (flag == "--dtype") {
-        r.dtype = model::parse_dtype(value);
+        r.dtype = model::parse_dtype(next());
       } else if (flag == "--strategy") {
-        r.strategy = mlacp::parse_strategy(value);
-      } else if (flag == "--layout") {
-        r.layout = mlacp::parse_ring_layout(value);
-      } else if (flag == "--cu-seqlens") {
-        c.cu_seqlens = parse_offsets(flag, value);
-      } else if (flag == "--wire-dtype") {
-        c.wire_dtype = mlacp::parse_wire_dtype(value);
+        r.strategy = mlacp::parse_strategy(next());
+      } else if (flag == "--layout" || flag == "--ring-layout") {
+        r.layout = mlacp::parse_ring_layout(next());
       } else if (flag == "--memory-per-rank") {
-        r.memory_per_rank = parse_bytes(flag, value);
+        r.memory_per_rank = parse_bytes(flag, next());
       } else if (flag == "--machine") {
-        o.machine = value;
+        o.machine = next();
       } else if (flag == "--json") {
-        o.json = value;
-      } else {
+        o.json = next();
+      } else if (!mlacp::tools::apply_config_flag(c, flag, next)) {
         throw UsageFailure("unknown flag " + flag);
       }
     } catch (const mlacp::Error& e) {
       // parse_dtype / parse_strategy / parse_ring_layout name the value; say which flag it came with.
       throw UsageFailure(flag + " " + value + ": " + e.what());
+    } catch (const std::invalid_argument& e) {  // apply_config_flag's "FLAG VALUE: expected ..."
+      throw UsageFailure(e.what());
     }
   }
   if (!required.empty()) {
