@@ -87,6 +87,19 @@ mlacp_add_plan_test(
   EXIT 2
   EXPECT "mlacp-plan: --heads sixteen: expected an integer" "usage: mlacp-plan"
   ARGS ${_mlacp_plan_layer} --heads sixteen --dtype float --nodes 2 --ranks-per-node 4 --machine ${_mlacp_plan_machine})
+# Every MlaConfig field is a flag, from the configuration table (src/tools/config_flags.hpp), as mlacp-mla-block's.
+mlacp_add_plan_test(
+  plan_table_flags
+  EXIT 0
+  EXPECT "rope_base=5000 .*overlap=no" "recommendation: "
+  ARGS ${_mlacp_plan_layer} --rope-base 5000 --no-overlap --q-lora-rank 384 --dtype float --nodes 2 --ranks-per-node 4
+       --machine ${_mlacp_plan_machine})
+mlacp_add_plan_test(
+  plan_table_flag_bad_value
+  EXIT 2
+  EXPECT "mlacp-plan: --max-documents many: expected an integer" "usage: mlacp-plan"
+  ARGS ${_mlacp_plan_layer} --max-documents many --dtype float --nodes 2 --ranks-per-node 4 --machine
+       ${_mlacp_plan_machine})
 mlacp_add_plan_test(
   plan_unknown_flag
   EXIT 2
