@@ -101,6 +101,14 @@ struct Split {
         .str("head_counts", heads.str())
         .set("uneven", !(seq.uniform() && heads.uniform()));
   }
+  // json() with the token and head counts every pair over heads reports: S, s, H, h.
+  JsonObject counts_json() const {
+    return json()
+        .num("S", static_cast<double>(seq.total()))
+        .num("s", s())
+        .num("H", static_cast<double>(heads.total()))
+        .num("h", h());
+  }
 };
 
 // The extra tokens and heads of the uneven case over the even one (P-1 each: every rank but the last gets one more).

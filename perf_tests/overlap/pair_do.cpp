@@ -73,11 +73,7 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven) {
             if (st->split.seq.uniform() && st->split.heads.uniform())
               p.launch_raw = raw_launcher(st->blocks.size(), mesh.comm(), P);
             p.sizes = [=]() {
-              return st->split.json()
-                  .num("S", static_cast<double>(S))
-                  .num("s", s)
-                  .num("H", H)
-                  .num("h", h)
+              return st->split.counts_json()
                   .num("dv", dv)
                   .num("D", D)
                   .num("comm_bytes_per_rank", 8.0 * s * H * dv)

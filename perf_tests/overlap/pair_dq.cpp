@@ -229,11 +229,7 @@ PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven) {
         };
         if (split.seq.uniform() && split.heads.uniform()) p.launch_raw = raw_launcher(st->dq.size(), mesh.comm(), P);
         p.sizes = [=]() {
-          return split.json()
-              .num("S", S)
-              .num("s", s)
-              .num("h", h)
-              .num("H", H)
+          return split.counts_json()
               .num("dn", dn)
               .num("dr", dr)
               .num("dv", dv)

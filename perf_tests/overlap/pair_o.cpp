@@ -84,11 +84,7 @@ PairSpec pair_o(const mlacp::Mesh& mesh, int rows) {
             };
             p.launch_raw = raw_launcher(st->attention_output.size(), mesh.comm(), P);
             p.sizes = [=]() {
-              return st->split.json()
-                  .num("S", static_cast<double>(S))
-                  .num("s", s)
-                  .num("H", H)
-                  .num("h", h)
+              return st->split.counts_json()
                   .num("dv", dv)
                   .num("D", D)
                   .num("comm_bytes_per_rank", 8.0 * S * h * dv)
