@@ -10,7 +10,9 @@
 #
 #   sudo ./scripts/compare_speed.sh BEFORE_BUILD AFTER_BUILD [OUT_DIR]      # ROUNDS=3 REPEATS=5 by default
 #
-# Needs root for the link (netns-link.sh); LINK=0 skips it.
+# Needs root for the link (netns-link.sh); LINK=0 skips it. OVERLAP=0 skips mlacp-perf-overlap (the long part: about
+# 6 minutes per run on the link, so that 2 rounds of everything take about 50 minutes on 2 cores);
+# `LINK=0 OVERLAP=0` is the short form (a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -33,13 +35,17 @@ for ((r = 1; r <= rounds; ++r)); do
     tag=${which}_r$r
     "${mpirun_cmd[@]}" "$b/perf_tests/mlacp-perf-block" --repeats "$repeats" --json "$out/block_shm_$tag.json" \
       > "$out/block_shm_$tag.txt" 2>&1
-    "${mpirun_cmd[@]}" "$b/perf_tests/mlacp-perf-overlap" --repeats "$repeats" --json "$out/overlap_shm_$tag.json" \
-      > "$out/overlap_shm_$tag.txt" 2>&1
+    if [[ ${OVERLAP:-1} == 1 ]]; then
+      "${mpirun_cmd[@]}" "$b/perf_tests/mlacp-perf-overlap" --repeats "$repeats" --json "$out/overlap_shm_$tag.json" \
+        > "$out/overlap_shm_$tag.txt" 2>&1
+    fi
     if [[ $link == 1 ]]; then
       "$root/scripts/netns-link.sh" "${mpirun_cmd[@]}" "$b/perf_tests/mlacp-perf-block" --repeats "$repeats" \
         --json "$out/block_link_$tag.json" > "$out/block_link_$tag.txt" 2>&1
-      "$root/scripts/netns-link.sh" "${mpirun_cmd[@]}" "$b/perf_tests/mlacp-perf-overlap" --repeats "$repeats" \
-        --json "$out/overlap_link_$tag.json" > "$out/overlap_link_$tag.txt" 2>&1
+      if [[ ${OVERLAP:-1} == 1 ]]; then
+        "$root/scripts/netns-link.sh" "${mpirun_cmd[@]}" "$b/perf_tests/mlacp-perf-overlap" --repeats "$repeats" \
+          --json "$out/overlap_link_$tag.json" > "$out/overlap_link_$tag.txt" 2>&1
+      fi
     fi
     for strategy in latent expanded; do
       "${mpirun_cmd[@]}" "$b/src/mlacp-mla-block" "${deepseek[@]}" --strategy "$strategy" \
