@@ -116,8 +116,9 @@ machine_args() {  # <transport> <P>: "--machine FILE" when that calibration exis
   local f=$out/machine_$1_np$2.json
   if [[ -f $f ]]; then echo "--machine $f"; fi
 }
-# The default form calibrates only what its runs use: P on the comparison's transports.
-if [[ $model != 0 ]]; then
+# The default form calibrates only what its runs use: P on the comparison's transports (and RING_NP for the ring
+# cells); nothing when neither the comparison nor the ring cells run.
+if [[ $model != 0 ]] && { ((full)) || [[ $peer != 0 || $ring != 0 ]]; }; then
   echo
   echo "==== performance model: calibration ===="
   cal_nps=$np cal_transports=("${peer_transports[@]}")

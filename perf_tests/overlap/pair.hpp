@@ -32,34 +32,34 @@ using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 using Vector = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
 using Waiter = std::function<void()>;
 
-// The transfer alone, as mlacp's GEMMs see it: a raw MPI request on pre-packed contiguous buffers, registered in
-// mlacp's progress registry (so the panelled GEMM polls it), without mlacp's buffer allocation, pack and unpack.
-class RawRequest final : public mlacp::detail::PendingTransport {
+// The transfer alone, as mlacp's GEMMs see it: the raw MPI requests of one launch on pre-packed contiguous buffers,
+// registered in mlacp's progress registry as one pending transport (so the panelled GEMM polls them), without mlacp's
+// buffer allocation, pack and unpack.
+class RawRequests final : public mlacp::detail::PendingTransport {
  public:
-  explicit RawRequest(MPI_Request request) : request_(request) { mlacp::detail::register_pending(this); }
-  ~RawRequest() override { complete_noexcept(); }
-  RawRequest(const RawRequest&) = delete;
-  RawRequest& operator=(const RawRequest&) = delete;
+  explicit RawRequests(std::vector<MPI_Request> requests) : requests_(std::move(requests)) {
+    mlacp::detail::register_pending(this);
+  }
+  ~RawRequests() override { complete_noexcept(); }
+  RawRequests(const RawRequests&) = delete;
+  RawRequests& operator=(const RawRequests&) = delete;
   bool test() override {
     int done = 0;
-    MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
     return done != 0;
   }
   void wait() override {
     mlacp::detail::unregister_pending(this);
-    MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
   }
   void complete_noexcept() noexcept override {
     mlacp::detail::unregister_pending(this);
-    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
   }
-  void progress() noexcept override {
-    int done = 0;
-    if (request_ != MPI_REQUEST_NULL) MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
-  }
+  void progress() noexcept override { (void)test(); }
 
  private:
-  MPI_Request request_;
+  std::vector<MPI_Request> requests_;
 };
 
 // Pre-packed buffers of `elements` doubles per rank and a launcher of a raw MPI_Ialltoall on them (every pair's
@@ -71,7 +71,7 @@ inline std::function<Waiter()> raw_launcher(std::size_t elements, MPI_Comm comm,
     MPI_Request request = MPI_REQUEST_NULL;
     const int count = static_cast<int>(elements / static_cast<std::size_t>(P));
     MPI_Ialltoall(send->data(), count, MPI_DOUBLE, recv->data(), count, MPI_DOUBLE, comm, &request);
-    auto held = std::make_shared<RawRequest>(request);
+    auto held = std::make_shared<RawRequests>(std::vector<MPI_Request>{request});
     return [held, send, recv]() { held->wait(); };
   };
 }
@@ -136,7 +136,7 @@ struct Pair {
   // The piece's backward with its collective (after prepare): `overlap` true: the compute runs while the collective
   // is in flight; false: the wait comes right after the launch.
   std::function<void(bool overlap)> piece;
-  std::function<Waiter()> launch_raw;  // the same bytes, raw MPI on pre-packed buffers (RawRequest)
+  std::function<Waiter()> launch_raw;  // the same bytes, raw MPI on pre-packed buffers (RawRequests)
   std::function<JsonObject()> sizes;
   std::function<JsonObject()> breakdown;  // optional: per-step times of one round, a fence after each step
   // optional: the compute, and the overlapped piece, with mlacp::progress() also called between the steps that do not

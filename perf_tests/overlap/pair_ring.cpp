@@ -33,34 +33,6 @@ struct RingStream {
   int tag;
 };
 
-// Raw MPI requests of one launch, registered in mlacp's progress registry as one pending transport.
-class RawRequests final : public mlacp::detail::PendingTransport {
- public:
-  explicit RawRequests(std::vector<MPI_Request> requests) : requests_(std::move(requests)) {
-    mlacp::detail::register_pending(this);
-  }
-  ~RawRequests() override { complete_noexcept(); }
-  RawRequests(const RawRequests&) = delete;
-  RawRequests& operator=(const RawRequests&) = delete;
-  bool test() override {
-    int done = 0;
-    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
-    return done != 0;
-  }
-  void wait() override {
-    mlacp::detail::unregister_pending(this);
-    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
-  }
-  void complete_noexcept() noexcept override {
-    mlacp::detail::unregister_pending(this);
-    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
-  }
-  void progress() noexcept override { (void)test(); }
-
- private:
-  std::vector<MPI_Request> requests_;
-};
-
 PairSpec pair_ring(const mlacp::Mesh& mesh, bool backward, bool expanded, int heads, bool quick) {
   const int dn = 128, dr = 64, dqk = dn + dr, dv = 128, R = 512;
   const int h = heads;

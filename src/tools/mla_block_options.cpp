@@ -80,9 +80,7 @@ Options parse(int argc, char** argv) {
     const std::string value = argv[++i];
     try {
       if (auto it = ints.find(flag); it != ints.end()) {
-        std::size_t used = 0;
-        *it->second = std::stoi(value, &used);
-        if (used != value.size()) throw std::invalid_argument("");
+        *it->second = mlacp::tools::detail::parse_value<int>(value);
       } else if (flag == "--ring") {
         o.plan_ring = value == "plan";
         if (!o.plan_ring) o.ring = value == "node" ? mlacp::Ring::node() : mlacp::Ring(std::stoi(value));

@@ -62,16 +62,13 @@ struct UsageFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An integer flag of the plan's own, parsed as the configuration's are (config_flags.hpp).
 int parse_int(const std::string& flag, const std::string& value) {
-  std::size_t used = 0;
-  int out = 0;
   try {
-    out = std::stoi(value, &used);
+    return mlacp::tools::detail::parse_value<int>(value);
   } catch (const std::logic_error&) {
-    used = 0;
+    throw UsageFailure(flag + " " + value + ": " + mlacp::tools::detail::expected_value<int>());
   }
-  if (used == 0 || used != value.size()) throw UsageFailure(flag + " " + value + ": expected an integer");
-  return out;
 }
 
 // A byte count: a non-negative number (strtod syntax) with an optional unit, decimal (kB MB GB TB) or binary (KiB
