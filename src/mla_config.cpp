@@ -3,6 +3,7 @@
 #include <mlacp/mla/config_fields.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/mla_config.hpp>
+#include <mlacp/mla/wire_policy.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -22,23 +23,15 @@ MlaStrategy parse_strategy(const std::string& name) {
   throw InvalidArgument("mlacp: strategy '" + name + "' is not known; expected 'latent' or 'expanded'");
 }
 
-const char* to_string(WireDtype wire) noexcept {
-  switch (wire) {
-    case WireDtype::bfloat16:
-      return "bf16";
-    case WireDtype::bfloat16_all:
-      return "bf16_all";
-    case WireDtype::same:
-      break;
-  }
-  return "same";
-}
+const char* to_string(WireDtype wire) noexcept { return wire_policy(wire).name; }
 
 WireDtype parse_wire_dtype(const std::string& name) {
-  if (name == "same") return WireDtype::same;
-  if (name == "bf16") return WireDtype::bfloat16;
-  if (name == "bf16_all") return WireDtype::bfloat16_all;
-  throw InvalidArgument("mlacp: wire dtype '" + name + "' is not known; expected 'same', 'bf16' or 'bf16_all'");
+  std::string names;
+  for (const auto& row : wire_policies) {
+    if (name == row.name) return row.dtype;
+    names += std::string(names.empty() ? "" : ", ") + "'" + row.name + "'";
+  }
+  throw InvalidArgument("mlacp: wire dtype '" + name + "' is not known; expected one of " + names);
 }
 
 const char* to_string(RingLayout layout) noexcept { return layout == RingLayout::contiguous ? "contiguous" : "zigzag"; }

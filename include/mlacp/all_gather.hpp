@@ -3,6 +3,7 @@
 #pragma once
 
 #include <mlacp/detail/launch.hpp>
+#include <mlacp/wire/coded_collective.hpp>
 
 namespace mlacp {
 
@@ -84,6 +85,31 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace
   launch.extend_lifetime(send);
   launch.extend_lifetime(receive.owner);
   return detail::start(space, mesh, std::move(launch));
+}
+
+/// launch_all_gather with the payload moved as `codec` (wire/codecs.hpp; as launch_all_to_all's codec form: encoded
+/// into a pooled buffer before the launch, decoded into the result at wait(); a row-scaled codec refuses `dim` being
+/// the innermost dimension).
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace& space, const ViewType& view, int dim,
+                                                                 const Mesh& mesh, const std::string& name,
+                                                                 const collective_result_t<ViewType>& into,
+                                                                 WireCodec codec) {
+  return detail::launch_coded<detail::CodecUse::move>(
+      space, mesh, view, into, name, dim, -1, codec,
+      [&](const auto& v, const auto& r) { return launch_all_gather(space, v, dim, mesh, name, r); });
+}
+
+/// The uneven launch_all_gather with the payload moved as `codec`.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_gather(const ExecSpace& space, const ViewType& view, int dim,
+                                                                 const Partition& part, const Mesh& mesh,
+                                                                 const std::string& name,
+                                                                 const collective_result_t<ViewType>& into,
+                                                                 WireCodec codec) {
+  return detail::launch_coded<detail::CodecUse::move>(
+      space, mesh, view, into, name, dim, -1, codec,
+      [&](const auto& v, const auto& r) { return launch_all_gather(space, v, dim, part, mesh, name, r); });
 }
 
 }  // namespace mlacp

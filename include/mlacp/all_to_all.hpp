@@ -3,6 +3,7 @@
 #pragma once
 
 #include <mlacp/detail/launch.hpp>
+#include <mlacp/wire/coded_collective.hpp>
 
 namespace mlacp {
 
@@ -121,6 +122,39 @@ AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace
   launch.send_blocks = detail::peer_blocks(scatter, scattered.outer, scattered.inner);
   launch.recv_blocks = detail::peer_blocks(gather, gathered.outer, gathered.inner);
   return detail::all_to_all_start(space, view, mesh, std::move(launch), sent, receive);
+}
+
+/// launch_all_to_all with the payload moved as `codec` (wire/codecs.hpp): WireCodec::same is the plain collective;
+/// another codec encodes `view` on `space` into a pooled staging buffer before the launch, moves the wire values, and
+/// decodes them into the result (`into`, or a View it allocates) at wait(), on `space`. The handle keeps the staging
+/// buffers; the recorded launch, wait and completion are the collective's own. P == 1 returns `view` (nothing
+/// encoded). Beyond the plain collective's errors, InvalidArgument before anything is encoded or launched: a value
+/// type the codec does not carry (bf16 and fp8_e4m3 carry float), and for a row-scaled codec (fp8_e4m3) a gathered
+/// or scattered dimension that is the innermost one.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace& space, const ViewType& view,
+                                                                 int gather_dim, int scatter_dim, const Mesh& mesh,
+                                                                 const std::string& name,
+                                                                 const collective_result_t<ViewType>& into,
+                                                                 WireCodec codec) {
+  return detail::launch_coded<detail::CodecUse::move>(
+      space, mesh, view, into, name, gather_dim, scatter_dim, codec, [&](const auto& v, const auto& r) {
+        return launch_all_to_all(space, v, gather_dim, scatter_dim, mesh, name, r);
+      });
+}
+
+/// The uneven launch_all_to_all with the payload moved as `codec` (as the even form's).
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_all_to_all(const ExecSpace& space, const ViewType& view,
+                                                                 int gather_dim, int scatter_dim,
+                                                                 const Partition& gather, const Partition& scatter,
+                                                                 const Mesh& mesh, const std::string& name,
+                                                                 const collective_result_t<ViewType>& into,
+                                                                 WireCodec codec) {
+  return detail::launch_coded<detail::CodecUse::move>(
+      space, mesh, view, into, name, gather_dim, scatter_dim, codec, [&](const auto& v, const auto& r) {
+        return launch_all_to_all(space, v, gather_dim, scatter_dim, gather, scatter, mesh, name, r);
+      });
 }
 
 }  // namespace mlacp

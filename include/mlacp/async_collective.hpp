@@ -19,6 +19,14 @@
 
 namespace mlacp {
 
+template <class ResultView>
+class AsyncCollective;
+
+namespace detail {
+template <class Result, class Inner, class Then>
+AsyncCollective<Result> adopt_collective(AsyncCollective<Inner>&& inner, Then&& then);
+}  // namespace detail
+
 /// A collective in flight: returned by launch_all_to_all / launch_all_gather / launch_reduce_scatter.
 ///
 /// Move-only. It owns the transport request and keeps what it reads or writes alive (extend_lifetime) until it is
@@ -120,6 +128,11 @@ class AsyncCollective {
   }
 
  private:
+  template <class Result, class Inner, class Then>
+  friend AsyncCollective<Result> detail::adopt_collective(AsyncCollective<Inner>&& inner, Then&& then);
+  struct Adopted {};
+  explicit AsyncCollective(Adopted);
+
   // Members are destroyed in reverse order: the transport (whose destructor completes it) before what it uses.
   struct State {
     std::string name;
@@ -156,5 +169,38 @@ class AsyncCollective {
 
   std::unique_ptr<State> state_;
 };
+
+template <class ResultView>
+AsyncCollective<ResultView>::AsyncCollective(Adopted) : state_(std::make_unique<State>()) {}
+
+namespace detail {
+/// A launched collective `inner` taken over by a handle of another result type (a wire codec's: the collective moves
+/// wire values, the caller waits for its Views' type). `then(arrived)`, called now with the View the inner collective
+/// will have filled at its wait, returns {the result the new handle's wait() returns, what runs after the inner
+/// collective's own finish at that wait (the decode)}. The transport, its registration, what the inner handle keeps
+/// alive and its name move over unchanged: the launch was recorded once (by `inner`), and the new handle's wait
+/// records the wait and completion under the same name, so that the recorded schedule does not depend on the codec.
+/// `inner` is left empty.
+template <class Result, class Inner, class Then>
+AsyncCollective<Result> adopt_collective(AsyncCollective<Inner>&& inner, Then&& then) {
+  inner.require_launched("adopt");
+  auto& from = *inner.state_;
+  std::pair<Result, std::function<void()>> next = then(static_cast<const Inner&>(from.result));
+  AsyncCollective<Result> adopted{typename AsyncCollective<Result>::Adopted{}};
+  auto& to = *adopted.state_;
+  to.name = std::move(from.name);
+  to.lifetimes = std::move(from.lifetimes);
+  to.lifetimes.emplace_back(from.result);
+  to.result = std::move(next.first);
+  to.finish = [first = std::move(from.finish), second = std::move(next.second)]() {
+    if (first) first();
+    if (second) second();
+  };
+  to.transport = std::move(from.transport);
+  to.waited = from.waited;
+  inner.state_.reset();
+  return adopted;
+}
+}  // namespace detail
 
 }  // namespace mlacp

@@ -35,6 +35,7 @@
 #include <mlacp/build_config.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/wire/cast.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -147,7 +148,7 @@ void widen_to_float(const ExecSpace& space, const Src& src, const Dst& dst) {
       "mlacp::bf16_gemm widen",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
           space, {0, 0}, {static_cast<std::int64_t>(dst.extent(0)), static_cast<std::int64_t>(dst.extent(1))}),
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) { dst(i, j) = compat::to_float(src(i, j)); });
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) { dst(i, j) = cast_value<float>(src(i, j)); });
 }
 template <class ExecSpace, class Src, class Dst>
 void round_to_bf16(const ExecSpace& space, const Src& src, const Dst& dst) {
@@ -155,7 +156,7 @@ void round_to_bf16(const ExecSpace& space, const Src& src, const Dst& dst) {
       "mlacp::bf16_gemm round",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
           space, {0, 0}, {static_cast<std::int64_t>(dst.extent(0)), static_cast<std::int64_t>(dst.extent(1))}),
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) { dst(i, j) = compat::to_bf16(src(i, j)); });
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) { dst(i, j) = cast_value<bf16>(src(i, j)); });
 }
 
 }  // namespace detail

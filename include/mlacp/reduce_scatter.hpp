@@ -3,6 +3,7 @@
 #pragma once
 
 #include <mlacp/detail/launch.hpp>
+#include <mlacp/wire/coded_collective.hpp>
 
 #include <cstddef>
 
@@ -88,6 +89,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
                                                                      int dim, const Mesh& mesh,
                                                                      const std::string& name = "reduce_scatter",
                                                                      const collective_result_t<ViewType>& into = {}) {
+  static_assert(detail::is_summed_value_v<typename ViewType::non_const_value_type>,
+                "mlacp::launch_reduce_scatter sums Views of float, double or mlacp::bf16");
   const detail::EntryGuard entry(mesh, "mlacp::launch_reduce_scatter '" + name + "'");
   auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into);
   if (p.done) return std::move(*p.done);
@@ -110,6 +113,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   using T = typename ViewType::non_const_value_type;
   using MemSpace = typename ViewType::memory_space;
   using Result = collective_result_t<ViewType>;
+  static_assert(detail::is_summed_value_v<typename ViewType::non_const_value_type>,
+                "mlacp::launch_reduce_scatter sums Views of float, double or mlacp::bf16");
   const detail::EntryGuard entry(mesh, "mlacp::launch_reduce_scatter '" + name + "'");
   auto p = detail::prologue<ExecSpace>(detail::CollectiveKind::reduce_scatter, view, dim, -1, mesh, name, into, &part);
   if (p.done) return std::move(*p.done);
@@ -125,6 +130,32 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
   const auto count = static_cast<std::size_t>(scattered.outer * part.count(me) * scattered.inner);
   const std::size_t own_offset = launch.send_blocks.offsets[static_cast<std::size_t>(me)];
   return detail::reduce_scatter_start(space, view, mesh, std::move(launch), sent, count, own_offset);
+}
+
+/// launch_reduce_scatter with the partial sums moved as `codec` (wire/codecs.hpp): same, or bf16 (each rank's
+/// partial sums rounded into bf16 before the launch, summed in float by the transport, the sum rounded into bf16 and
+/// widened into the float result at wait()). A codec that cannot sum (fp8_e4m3: a scaled 8-bit format cannot be added
+/// without widening at every hop) raises InvalidArgument before anything is encoded or launched.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
+                                                                     int dim, const Mesh& mesh, const std::string& name,
+                                                                     const collective_result_t<ViewType>& into,
+                                                                     WireCodec codec) {
+  return detail::launch_coded<detail::CodecUse::sum>(
+      space, mesh, view, into, name, dim, -1, codec,
+      [&](const auto& v, const auto& r) { return launch_reduce_scatter(space, v, dim, mesh, name, r); });
+}
+
+/// The uneven launch_reduce_scatter with the partial sums moved as `codec`.
+template <class ExecSpace, class ViewType>
+AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
+                                                                     int dim, const Partition& part, const Mesh& mesh,
+                                                                     const std::string& name,
+                                                                     const collective_result_t<ViewType>& into,
+                                                                     WireCodec codec) {
+  return detail::launch_coded<detail::CodecUse::sum>(
+      space, mesh, view, into, name, dim, -1, codec,
+      [&](const auto& v, const auto& r) { return launch_reduce_scatter(space, v, dim, part, mesh, name, r); });
 }
 
 }  // namespace mlacp

@@ -67,7 +67,7 @@ AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendVie
                 "mlacp::launch_send_recv: send and recv must be in the same memory space");
   static_assert(!std::is_const_v<typename RecvView::value_type>, "mlacp::launch_send_recv: recv must be writable");
   static_assert(detail::is_communicated_value_v<T>,
-                "mlacp::launch_send_recv moves Views of float, double or mlacp::bf16");
+                "mlacp::launch_send_recv moves Views of float, double, mlacp::bf16 or std::uint8_t");
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, MemSpace>::accessible,
                 "the execution space of mlacp::launch_send_recv must be able to access the Views' memory space");
 

@@ -80,7 +80,8 @@ PairSpec pair_o(const mlacp::Mesh& mesh, int rows) {
             };
             p.piece = [space, st, &mesh](bool overlap) {
               st->invocation->forward(space, st->attention_output, st->w_o, Vector(), mesh, st->split.seq,
-                                      st->split.heads, st->y, st->local_output, nullptr, &st->buffers, overlap);
+                                      st->split.heads, st->y, st->local_output, mlacp::WireCodec::same, &st->buffers,
+                                      overlap);
             };
             p.launch_raw = raw_launcher(st->attention_output.size(), mesh.comm(), P);
             p.sizes = [=]() {

@@ -5,6 +5,7 @@
 #include <mlacp/mla/config_fields.hpp>
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/weights.hpp>
+#include <mlacp/mla/wire_policy.hpp>
 
 #include <pybind11/stl.h>
 
@@ -121,10 +122,9 @@ void bind_config(py::module_& m) {
                         "mlacp.TokenMap has the map).")
       .value("contiguous", RingLayout::contiguous)
       .value("zigzag", RingLayout::zigzag);
-  py::enum_<WireDtype>(m, "WireDtype", "What a float layer's collectives move (mlacp::WireDtype).")
-      .value("same", WireDtype::same)
-      .value("bf16", WireDtype::bfloat16)
-      .value("bf16_all", WireDtype::bfloat16_all);
+  // The values and their names from the wire policy's table (mla/wire_policy.hpp).
+  py::enum_<WireDtype> wire_dtype(m, "WireDtype", "What a float layer's collectives move (mlacp::WireDtype).");
+  for (const auto& row : wire_policies) wire_dtype.value(row.name, row.dtype);
 
   auto config =
       py::class_<MlaConfig>(m, "MlaConfig",

@@ -5,15 +5,18 @@
 #include <mlacp/error.hpp>
 #include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/names.hpp>
+#include <mlacp/mla/wire_policy.hpp>
 #include <mlacp/model/collective_cost.hpp>
 #include <mlacp/model/layer_model.hpp>
 #include <mlacp/token_map.hpp>
+#include <mlacp/wire/codecs.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <sstream>
+#include <type_traits>
 
 namespace mlacp::model {
 
@@ -186,10 +189,29 @@ struct Shape {
   double Sa;   // tokens in the attention's sequence: S (flat) or the largest chunk (ring)
   double e;    // bytes per element of the layer's type
   double acc;  // bytes per element of the accumulation type (float for bf16)
-  double w;    // bytes per element the Ulysses group's all-to-alls and latent all-gather move: 2 on the bf16 wire
-  double wr;   // bytes per element of the latent reduce-scatter's partial sums: 2 only with bf16_all
+  double w;   // bytes per element the Ulysses group's backward all-to-alls move: 2 on a bf16 wire (bf16, bf16_all, fp8)
+  double wr;  // bytes per element of the latent reduce-scatter's partial sums: 2 only with bf16_all
+  bool wire;  // a float layer's wire (U > 1): each exchange in its codec (mla/wire_policy.hpp)
+  WireDtype wire_dtype;
   bool bias;
 };
+
+/// Bytes per element that `codec` moves for rows of `width` values of `e` bytes: e (same), 2 (bf16), or the codec's
+/// wire width over the row's (fp8: 1 + 4 / width).
+double codec_element_bytes(WireCodec codec, double e, double width) {
+  return mlacp::detail::visit_codec(codec, [&](auto tag) {
+    using Codec = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<Codec, mlacp::detail::SameCodec>) {
+      return e;
+    } else {
+      const auto n = static_cast<std::int64_t>(width);
+      return n <= 0 ? 0.0
+                    : static_cast<double>(Codec::wire_width(n) *
+                                          static_cast<std::int64_t>(sizeof(typename Codec::template wire_t<float>))) /
+                          width;
+    }
+  });
+}
 
 Shape shape_of(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster, int q_lora,
                const TokenMap& map) {
@@ -214,10 +236,12 @@ Shape shape_of(const MlaConfig& c, Dtype dtype, const Choice& choice, const Clus
   x.Sa = static_cast<double>(map.max_chunk_size());
   x.e = bytes_of(dtype);
   x.acc = dtype == Dtype::bfloat16 ? 4 : x.e;
-  // The bf16 wire (wire.hpp) is a float layer's, on the Ulysses group's collectives (the ring's hops keep the type).
-  const bool wire = x.U > 1 && dtype == Dtype::float32 && c.wire_dtype != WireDtype::same;
-  x.w = wire ? 2 : x.e;
-  x.wr = wire && c.wire_dtype == WireDtype::bfloat16_all ? 2 : x.e;
+  // The wire (mla/wire_policy.hpp) is a float layer's, on the Ulysses group's collectives (the ring's hops keep the
+  // type): each kind of exchange in its codec.
+  x.wire = x.U > 1 && dtype == Dtype::float32 && c.wire_dtype != WireDtype::same;
+  x.wire_dtype = c.wire_dtype;
+  x.w = x.wire ? codec_element_bytes(wire_codec(c.wire_dtype, WireExchange::backward), x.e, 1) : x.e;
+  x.wr = x.wire ? codec_element_bytes(wire_codec(c.wire_dtype, WireExchange::reduce), x.e, 1) : x.e;
   x.bias = c.bias;
   return x;
 }
@@ -325,8 +349,8 @@ class TimelineCost {
     const char* name = tl::name_of(c, f_.strategy, i);
     if (order_ != nullptr) order_->push_back(std::string("launch ") + name);
     if (!sim_.enabled()) return;
-    // On the bf16 wire the float payload is rounded into the bf16 send buffer before the launch.
-    if (on_wire(c)) sim_.stream(name, wire_elements(c) * (x_.e + 2));
+    // On the wire the float payload is encoded into the send buffer before the launch.
+    if (on_wire(c)) sim_.stream(name, wire_elements(c) * (x_.e + group_element_bytes(c)));
     handles_[key(c, i)] = sim_.launch(name, cost(c, i));
   }
   void wait(tl::Comm c, int i) {
@@ -339,8 +363,8 @@ class TimelineCost {
     // The reduce-scatter's sum of the received blocks, one memory-bound pass after the last transfer.
     if (c == tl::Comm::latent_reduce_scatter && live)
       sim_.move(name, reduce_scatter_sum_bytes(group_, payload_bytes(x_.wr)));
-    // ... and the bf16 result widened into the float destination after the wait.
-    if (on_wire(c) && live) sim_.stream(name, wire_elements(c) * (2 + x_.e));
+    // ... and the result decoded into the float destination after the wait.
+    if (on_wire(c) && live) sim_.stream(name, wire_elements(c) * (group_element_bytes(c) + x_.e));
   }
 
   void compute(tl::Step step, int i) {
@@ -433,10 +457,26 @@ class TimelineCost {
         return N * x.H * x.dqk;
     }
   }
-  /// Bytes per element a Ulysses collective moves: the wire's (MlaConfig::wire_dtype; wire.hpp), the reduce-scatter's
-  /// partial sums bf16 only with bf16_all.
-  double group_element_bytes(tl::Comm c) const { return c == tl::Comm::latent_reduce_scatter ? x_.wr : x_.w; }
-  /// Whether collective c moves bf16 for a float layer: rounded before its launch and widened after its wait.
+  /// Bytes per element a Ulysses collective moves: its kind's codec under MlaConfig::wire_dtype (mla/wire_policy.hpp)
+  /// for a float layer's wire, with its rows' width (fp8's scale per row), else the layer's.
+  double group_element_bytes(tl::Comm c) const {
+    if (c == tl::Comm::latent_reduce_scatter) return x_.wr;
+    if (!x_.wire || c == tl::Comm::ring_data || c == tl::Comm::ring_grad) return x_.w;
+    const Shape& x = x_;
+    switch (c) {
+      case tl::Comm::payload_all_gather:
+        return codec_element_bytes(wire_codec(x.wire_dtype, WireExchange::forward), x.e, x.R + x.dr);
+      case tl::Comm::q_a2a:
+      case tl::Comm::k_a2a:
+        return codec_element_bytes(wire_codec(x.wire_dtype, WireExchange::forward), x.e, x.dqk);
+      case tl::Comm::v_a2a:
+      case tl::Comm::o_exchange:
+        return codec_element_bytes(wire_codec(x.wire_dtype, WireExchange::forward), x.e, x.dv);
+      default:
+        return x.w;
+    }
+  }
+  /// Whether collective c moves a narrower codec for a float layer: encoded before its launch, decoded after its wait.
   bool on_wire(tl::Comm c) const {
     return c != tl::Comm::ring_data && c != tl::Comm::ring_grad && group_element_bytes(c) < x_.e;
   }

@@ -280,8 +280,8 @@ TEST(MlaWireConfig, NamesAndDescription) {
   for (const auto wire : {WireDtype::same, WireDtype::bfloat16, WireDtype::bfloat16_all})
     EXPECT_EQ(mlacp::parse_wire_dtype(mlacp::to_string(wire)), wire);
   mlacp::test::expect_error<mlacp::InvalidArgument>([] { mlacp::parse_wire_dtype("fp8"); },
-                                                    "wire dtype 'fp8' is not known; expected 'same', 'bf16' or "
-                                                    "'bf16_all'");
+                                                    "wire dtype 'fp8' is not known; expected one of 'same', "
+                                                    "'bf16', 'bf16_all'");
   auto config = mlacp::test::make_config(1, 8, 16, 2, 4, 2, 4, 8);
   EXPECT_NE(config.describe().find(" wire=same"), std::string::npos) << config.describe();
   config.wire_dtype = WireDtype::bfloat16;

@@ -44,11 +44,16 @@ using collective_result_t =
 
 namespace detail {
 
-/// The value types the collectives move: float, double and bf16 (compat::bf16, moved as 2-byte elements; its sums,
+/// The value types the collectives sum: float, double and bf16 (compat::bf16, moved as 2-byte elements; its sums,
 /// the pairwise reduce-scatter's and NCCL's, are accumulated in float; MPI's own reduce-scatter cannot sum it).
 template <class T>
-inline constexpr bool is_communicated_value_v =
+inline constexpr bool is_summed_value_v =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>;
+
+/// The value types the collectives move: the summed ones, and bytes (std::uint8_t: a wire codec's encoded rows,
+/// wire/fp8_e4m3_codec.hpp), which they move but never sum.
+template <class T>
+inline constexpr bool is_communicated_value_v = is_summed_value_v<T> || std::is_same_v<T, std::uint8_t>;
 
 template <class ExecSpace, class ViewType>
 constexpr void check_collective_types() {
@@ -60,7 +65,7 @@ constexpr void check_collective_types() {
   static_assert(std::is_same_v<typename ViewType::array_layout, Kokkos::LayoutRight>,
                 "mlacp collectives take LayoutRight (row-major, contiguous) Views");
   static_assert(is_communicated_value_v<typename ViewType::non_const_value_type>,
-                "mlacp collectives take Views of float, double or mlacp::bf16");
+                "mlacp collectives take Views of float, double, mlacp::bf16 or std::uint8_t (bytes, never summed)");
   static_assert(!std::is_const_v<typename ViewType::value_type>,
                 "mlacp collectives take non-const Views (with P == 1 the input itself is returned)");
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename ViewType::memory_space>::accessible,

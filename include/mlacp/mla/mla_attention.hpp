@@ -82,10 +82,12 @@ void add_staged_gradient(const ExecSpace& space, const From& mine, const To& the
 /// cu_seqlens) takes the packing per call instead (it changes every batch in real data), agreed per call; the
 /// Forward keeps it for its backward.
 ///
-/// bf16 on the wire (config.wire_dtype, a float layer, P > 1): the all-to-alls and the latent all-gather (and with
-/// bf16_all the latent reduce-scatter's partial sums) are rounded into bf16 send buffers of the schedule's scratch
-/// before each launch and widened into their float destinations after each wait (detail/wire.hpp); the launches, waits
-/// and their order are the same as with `same`, and every collective moves half the bytes (collective_bytes.hpp).
+/// The wire (config.wire_dtype, a float layer, P > 1): each exchange travels in the codec mla/wire_policy.hpp gives its
+/// kind (bf16: the all-to-alls and the latent all-gather, and with bf16_all the latent reduce-scatter's partial
+/// sums). The collectives encode into
+/// pooled staging buffers before each launch and decode into the float destinations after each wait
+/// (wire/coded_collective.hpp); the launches, waits and their order are the same as with `same`, and the collectives
+/// move the codec's bytes (collective_bytes.hpp: half with bf16).
 ///
 /// Errors (InvalidArgument / UsageError), raised before any collective is launched and, on a checked mesh, on every
 /// rank: configuration (a size that is not positive, wire_dtype other than same on a double layer, ...), weights whose
@@ -451,7 +453,7 @@ class MlaAttention {
     if (wire == WireDtype::same) return "";
     if constexpr (std::is_same_v<T, double>) {
       return std::string("mlacp::MlaAttention: wire_dtype = ") + to_string(wire) +
-             " on a double layer; expected wire_dtype = same (bf16 on the wire is for float layers; a double layer is "
+             " on a double layer; expected wire_dtype = same (a narrower wire is for float layers; a double layer is "
              "the accuracy reference)";
     } else if constexpr (std::is_same_v<T, float>) {
       if (wire == WireDtype::bfloat16_all && config_.strategy == MlaStrategy::latent && mesh.size() > 1 &&

@@ -18,10 +18,11 @@ const char* to_string(MlaStrategy strategy) noexcept;
 /// "latent" or "expanded"; throws InvalidArgument naming the value otherwise.
 MlaStrategy parse_strategy(const std::string& name);
 
-/// What a float layer's collectives move (MlaConfig::wire_dtype). The sender rounds its float payload into a bf16 send
-/// buffer (round-to-nearest-even) before the launch, the collective moves 2-byte elements, and the receiver widens the
-/// result into its float destination after the wait; everything else (GEMMs, the attention core, the gradients) stays
-/// float. The overlap schedule is unchanged: same launches, same waits, same order.
+/// What a float layer's collectives move (MlaConfig::wire_dtype): each setting names a wire codec per kind of exchange
+/// (mla/wire_policy.hpp's table). The sender encodes its float payload (bf16: rounded to nearest even) before the
+/// launch, the collective moves the encoded values, and the receiver decodes them into its float destination after
+/// the wait; everything else (GEMMs, the attention core, the gradients) stays float. The overlap schedule is
+/// unchanged: same launches, same waits, same order.
 enum class WireDtype {
   same,          ///< "same": the layer's value type on the wire (today's path, bit for bit)
   bfloat16,      ///< "bf16": the all-to-alls (Q, K, V, O; dO, dQ, dK, dV) and the latent all-gather in bf16; the
@@ -31,7 +32,8 @@ enum class WireDtype {
 };
 
 const char* to_string(WireDtype wire) noexcept;
-/// "same", "bf16" or "bf16_all"; throws InvalidArgument naming the value otherwise.
+/// A name of mla/wire_policy.hpp's table ("same", "bf16", "bf16_all"); throws InvalidArgument naming the value
+/// and the names otherwise.
 WireDtype parse_wire_dtype(const std::string& name);
 
 /// Which global tokens each ring chunk holds on a two-level mesh (Mesh(comm, ring) with C > 1; token_map.hpp has the

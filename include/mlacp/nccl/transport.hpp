@@ -41,12 +41,15 @@ namespace mlacp::nccl {
 
 template <class T>
 ncclDataType_t datatype() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>,
-                "mlacp communicates float, double and bf16 only");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> ||
+                    std::is_same_v<T, std::uint8_t>,
+                "mlacp communicates float, double, bf16 and bytes only");
   if constexpr (std::is_same_v<T, float>) {
     return ncclFloat32;
   } else if constexpr (std::is_same_v<T, double>) {
     return ncclFloat64;
+  } else if constexpr (std::is_same_v<T, std::uint8_t>) {
+    return ncclUint8;  // a wire codec's encoded bytes: moved, never reduced
   } else {
     return ncclBfloat16;  // moved as is; its sums are taken in float (Transport::start)
   }

@@ -51,9 +51,6 @@ struct ExpandedScratch : SharedScratch<T, ExecSpace> {
   tensor3 dkv;                   ///< [B, s, H*(dn+dv)]
   tensor3 dkpe;                  ///< [B, s, dr]
   tensor3 dc;                    ///< [B, s, R]
-  // bf16 on the wire (wire.hpp): the K and V all-to-alls' buffers, and their inverses'
-  WireSlot<Tensor4<T, typename ExecSpace::memory_space>> k_wire, v_wire;
-  WireSlot<tensor5> dk_wire, dv_wire;
 };
 
 /// Forward: V, then K, then Q are launched as each is ready (the Q projection beside V and K), all three waited in
@@ -135,22 +132,21 @@ class ExpandedSchedule
       const MlaConfig& cfg = ctx_.config();
       const int B = cfg.batch, S = ctx_.attention_seq(), h = ctx_.local_heads();
       auto& w = p_.w;
-      auto& scratch = s_->scratch_;
       const bool kv_grad = needs_kv(p_.flags);
       if (comm == timeline::Comm::v_a2a) {
         w.v_pair = InputA2APair<T, ExecSpace>(ctx_.mesh(), names::v, ctx_.seq_partition(), ctx_.head_partition());
         w.v_pair.launch_forward(space_, w.v_local, kv_grad, ctx_.into(w.v_heads, "mlacp::v heads", B, S, h, cfg.vdim),
-                                ctx_.wire(scratch.v_wire));
+                                ctx_.codec(WireExchange::forward));
       } else if (comm == timeline::Comm::k_a2a) {
         w.k_pair = InputA2APair<T, ExecSpace>(ctx_.mesh(), names::k, ctx_.seq_partition(), ctx_.head_partition());
         w.k_pair.launch_forward(space_, w.k_local, kv_grad,
                                 ctx_.into(w.k_heads, "mlacp::k heads", B, S, h, cfg.qk_dim()),
-                                ctx_.wire(scratch.k_wire));
+                                ctx_.codec(WireExchange::forward));
       } else {
         w.q_pair = InputA2APair<T, ExecSpace>(ctx_.mesh(), names::q, ctx_.seq_partition(), ctx_.head_partition());
         w.q_pair.launch_forward(space_, q_, needs_q(p_.flags),
                                 ctx_.into(w.q_heads, "mlacp::q heads", B, S, h, cfg.qk_dim()),
-                                ctx_.wire(scratch.q_wire));
+                                ctx_.codec(WireExchange::forward));
       }
     }
     void wait(timeline::Comm comm, int) {
@@ -296,12 +292,11 @@ class ExpandedSchedule
       scratch_type& scratch = schedule_->scratch_;
       const int qk = ctx().config().qk_dim();
       if (comm == timeline::Comm::dq_a2a)
-        launch_inverse(p_.w.q_pair, grads_.dq, scratch.dq_blocks, scratch.dq_wire, "mlacp::dQ blocks", qk);
+        launch_inverse(p_.w.q_pair, grads_.dq, scratch.dq_blocks, "mlacp::dQ blocks", qk);
       else if (comm == timeline::Comm::dk_a2a)
-        launch_inverse(p_.w.k_pair, grads_.dk, scratch.dk_blocks, scratch.dk_wire, "mlacp::dK blocks", qk);
+        launch_inverse(p_.w.k_pair, grads_.dk, scratch.dk_blocks, "mlacp::dK blocks", qk);
       else
-        launch_inverse(p_.w.v_pair, grads_.dv, scratch.dv_blocks, scratch.dv_wire, "mlacp::dV blocks",
-                       ctx().config().vdim);
+        launch_inverse(p_.w.v_pair, grads_.dv, scratch.dv_blocks, "mlacp::dV blocks", ctx().config().vdim);
     }
     void wait(timeline::Comm comm, int) {
       if (comm == timeline::Comm::dq_a2a) {
@@ -339,9 +334,9 @@ class ExpandedSchedule
    private:
     const context_type& ctx() const { return *schedule_->ctx_; }
 
-    void launch_inverse(InputA2APair<T, ExecSpace>& pair, const tensor4& grad, tensor5& slot, WireSlot<tensor5>& wire,
-                        const char* label, int d) {
-      pair.launch_backward(space_, grad, ctx().blocks_into(slot, label, d), ctx().wire(wire));
+    void launch_inverse(InputA2APair<T, ExecSpace>& pair, const tensor4& grad, tensor5& slot, const char* label,
+                        int d) {
+      pair.launch_backward(space_, grad, ctx().blocks_into(slot, label, d), ctx().codec(WireExchange::backward));
     }
     // d(kv) [B, s, H*(dn+dv)] and the shared key's gradient [B, s, dr], written by the K and V branches.
     const tensor3& dkv4_storage() const {

@@ -17,7 +17,6 @@
 #pragma once
 
 #include <mlacp/compat.hpp>
-#include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
 #include <mlacp/mla/mla_config.hpp>
@@ -127,11 +126,7 @@ struct SharedScratch {
   Tensor5<T, memory_space> dq_blocks;   ///< [P, B, s, h, dqk], the dQ inverse all-to-all's result (P > 1)
   Tensor3<T, memory_space> d_kv_a;      ///< [B, s, R+dr], the payload's gradient before the RMSNorm backward
   Tensor3<T, memory_space> d_cq, d_qa;  ///< q-LoRA: [B, s, Rq], the gradients of w_qb's input and of x w_qa^T
-  // bf16 on the wire (MlaConfig::wire_dtype, wire.hpp): the bf16 send and receive buffers of each collective that
-  // moves bf16, allocated on first use (never with wire_dtype same). Every collective of a call is waited inside it.
-  WireSlot<Tensor4<T, memory_space>> q_wire, o_wire;     ///< forward: the Q and O all-to-alls
-  WireSlot<Tensor5<T, memory_space>> d_o_wire, dq_wire;  ///< backward: the dO and dQ all-to-alls
-  OutputExchangeBuffers<T, memory_space> o_exchange;     ///< forward: the O exchange's blocks in T (P > 1)
+  OutputExchangeBuffers<T, memory_space> o_exchange;  ///< forward: the O exchange's blocks in T (P > 1)
 };
 
 /// One forward pass as a schedule sees it: its input x [B, s, D], the gradients its backward will produce, and the

@@ -51,8 +51,6 @@ struct LatentScratch : SharedScratch<T, ExecSpace> {
   tensor3 grad_payload;  ///< [B, S, R+dr], the reduce-scatter's input
   tensor3 grad_latent;   ///< [B, S, R]
   tensor3 d_payload;     ///< [B, s, R+dr], the reduce-scatter's result (P > 1)
-  // bf16 on the wire (wire.hpp): the payload all-gather's buffers, and the reduce-scatter's (wire_dtype bf16_all)
-  WireSlot<tensor3> payload_wire, reduce_wire;
 };
 
 /// Forward: each exchange leaves as soon as its input exists: the payload is projected first and its all-gather runs
@@ -144,16 +142,13 @@ class LatentSchedule
       if (comm == timeline::Comm::payload_all_gather) {
         const tensor3 into = ctx_.ring() ? ctx_.into(w.ring_payload, "mlacp::ring payload", B, S, R + dr)
                                          : ctx_.into(s_->scratch_.gathered, "mlacp::gathered payload", B, S, R + dr);
-        gather_ = launch_wire(space_, payload_, into, ctx_.wire(s_->scratch_.payload_wire), names::payload_all_gather,
-                              [&](const auto& view, const auto& result) {
-                                return launch_all_gather(space_, view, 1, ctx_.seq_partition(), ctx_.mesh(),
-                                                         names::payload_all_gather, result);
-                              });
+        gather_ = launch_all_gather(space_, payload_, 1, ctx_.seq_partition(), ctx_.mesh(), names::payload_all_gather,
+                                    into, ctx_.codec(WireExchange::forward));
       } else {  // Q's all-to-all
         w.q_pair = InputA2APair<T, ExecSpace>(ctx_.mesh(), names::q, ctx_.seq_partition(), ctx_.head_partition());
         w.q_pair.launch_forward(space_, q_, needs_q(p_.flags),
                                 ctx_.into(w.q_heads, "mlacp::q heads", B, S, h, c.qk_dim()),
-                                ctx_.wire(s_->scratch_.q_wire));
+                                ctx_.codec(WireExchange::forward));
       }
     }
     void wait(timeline::Comm comm, int) {
@@ -180,7 +175,7 @@ class LatentSchedule
     pass_type p_;
     tensor3 payload_, gathered_;
     tensor4 q_;
-    WireCollective<ExecSpace, tensor3> gather_;
+    AsyncCollective<tensor3> gather_;
   };
 
   /// One backward of a pass as its named steps. run() takes them in the timeline's order (timeline.hpp,
@@ -287,16 +282,14 @@ class LatentSchedule
       scratch_type& scratch = schedule_->scratch_;
       if (comm == timeline::Comm::dq_a2a) {
         p_.w.q_pair.launch_backward(space_, grads_.dq, x.blocks_into(scratch.dq_blocks, "mlacp::dQ blocks", c.qk_dim()),
-                                    x.wire(scratch.dq_wire));
+                                    x.codec(WireExchange::backward));
         return;
       }
       // Ring: the Ulysses group reduce-scatters the payload gradient over the heads, as the flat layer does.
-      reduce_ = launch_wire(
-          space_, scratch.grad_payload,
+      reduce_ = launch_reduce_scatter(
+          space_, scratch.grad_payload, 1, x.seq_partition(), x.mesh(), names::latent_reduce_scatter,
           x.into(scratch.d_payload, "mlacp::d payload local", c.batch, x.local_seq(), c.latent + c.rope),
-          x.wire_reduce(scratch.reduce_wire), names::latent_reduce_scatter, [&](const auto& v, const auto& into) {
-            return launch_reduce_scatter(space_, v, 1, x.seq_partition(), x.mesh(), names::latent_reduce_scatter, into);
-          });
+          x.codec(WireExchange::reduce));
     }
     void wait(timeline::Comm comm, int) {
       if (comm == timeline::Comm::dq_a2a) {
@@ -341,7 +334,7 @@ class LatentSchedule
               payload ? ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),
               payload ? ensure(scratch.grad_latent, "mlacp::d latent", B, S, R) : tensor3(),
               payload ? x.into(scratch.d_payload, "mlacp::d payload local", B, x.local_seq(), R + dr) : tensor3(),
-              x.wire_reduce(scratch.reduce_wire));
+              x.codec(WireExchange::reduce));
           kv_launched_ = true;
           return;
         }
@@ -369,8 +362,8 @@ class LatentSchedule
     AttentionGradients<tensor4> grads_;
     tensor4 d_o_;
     tensor5 dq_blocks_;
-    WireCollective<ExecSpace, tensor3> reduce_;  // ring: the latent reduce-scatter, launched after the ring's finish
-    tensor3 d_payload_;                          // the reduce-scatter's result (this rank's payload gradient)
+    AsyncCollective<tensor3> reduce_;  // ring: the latent reduce-scatter, launched after the ring's finish
+    tensor3 d_payload_;                // the reduce-scatter's result (this rank's payload gradient)
     bool active_ = false, dq_waited_ = false, kv_launched_ = false, reduced_ = false;
   };
 

@@ -34,6 +34,7 @@
 #include <mlacp/send_recv.hpp>
 #include <mlacp/token_map.hpp>
 #include <mlacp/view_types.hpp>
+#include <mlacp/wire/cast.hpp>
 
 #include <algorithm>
 #include <any>
@@ -58,8 +59,8 @@ KOKKOS_INLINE_FUNCTION void ring_value(const Src& src, Dst* dst, bool accumulate
   if constexpr (std::is_same_v<Src, Dst>) {
     *dst = accumulate ? Dst(*dst + src) : src;
   } else {
-    const float widened = static_cast<float>(src);
-    *dst = accumulate ? static_cast<Dst>(static_cast<float>(*dst) + widened) : static_cast<Dst>(widened);
+    const float widened = cast_value<float>(src);
+    *dst = accumulate ? cast_value<Dst>(cast_value<float>(*dst) + widened) : cast_value<Dst>(widened);
   }
 }
 

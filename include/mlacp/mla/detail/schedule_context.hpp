@@ -9,15 +9,16 @@
 #include <mlacp/mesh.hpp>
 #include <mlacp/mla/detail/forward_workspace.hpp>
 #include <mlacp/mla/detail/timeline.hpp>
-#include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/attention_problem.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/weights.hpp>
+#include <mlacp/mla/wire_policy.hpp>
 #include <mlacp/partition.hpp>
 #include <mlacp/token_map.hpp>
 #include <mlacp/view_types.hpp>
+#include <mlacp/wire/cast.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -38,7 +39,7 @@ void convert_tensor4(const ExecSpace& space, const char* label, const Src& src, 
           {static_cast<std::int64_t>(dst.extent(0)), static_cast<std::int64_t>(dst.extent(1)),
            static_cast<std::int64_t>(dst.extent(2)), static_cast<std::int64_t>(dst.extent(3))}),
       KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c, const std::int64_t d) {
-        dst(a, b, c, d) = static_cast<D>(static_cast<float>(src(a, b, c, d)));
+        dst(a, b, c, d) = cast_value<D>(src(a, b, c, d));
       });
 }
 
@@ -121,24 +122,14 @@ class ScheduleContext {
   ViewType into(ViewType& slot, const char* label, Extents... n) const {
     return mesh_->size() > 1 ? ensure(slot, label, n...) : ViewType();
   }
-  /// Whether this layer's all-to-alls and latent all-gather move bf16 (MlaConfig::wire_dtype bf16 or bf16_all on a
-  /// float layer, P > 1; a bf16 layer's wire is bf16 already, a double layer refuses the setting), and whether the
-  /// latent reduce-scatter's partial sums do too (bf16_all).
-  bool wire_bf16() const {
+  /// The wire codec of one kind of this layer's exchanges (MlaConfig::wire_dtype's row of mla/wire_policy.hpp) for a
+  /// float layer; same for the others (a bf16 layer's wire is bf16 already, a double layer refuses the setting). The
+  /// collectives launch plainly at P == 1 whatever the codec.
+  WireCodec codec(WireExchange exchange) const {
     if constexpr (std::is_same_v<T, float>)
-      return config_->wire_dtype != WireDtype::same && mesh_->size() > 1;
+      return wire_codec(config_->wire_dtype, exchange);
     else
-      return false;
-  }
-  bool wire_reduce_bf16() const { return wire_bf16() && config_->wire_dtype == WireDtype::bfloat16_all; }
-  /// `slot` where the collective it belongs to moves bf16 (wire_bf16(); launch_wire), else null (it moves T).
-  template <class V>
-  WireSlot<V>* wire(WireSlot<V>& slot) const {
-    return wire_bf16() ? &slot : nullptr;
-  }
-  template <class V>
-  WireSlot<V>* wire_reduce(WireSlot<V>& slot) const {
-    return wire_reduce_bf16() ? &slot : nullptr;
+      return WireCodec::same;
   }
 
   /// Head blocks of d columns as an inverse all-to-all receives them, or as the dO all-to-all sends them: the P blocks

@@ -107,8 +107,8 @@ void attention_forward(const Context& ctx, const typename Context::execution_spa
   ctx.core_forward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse);
 }
 
-/// The output projection (OutputProjection: its exchange, through the scratch's wire buffers when it moves bf16, and
-/// w_o, in the timeline's output_forward order): y.
+/// The output projection (OutputProjection: its exchange, in the forward's wire codec, and w_o, in the timeline's
+/// output_forward order): y.
 template <class Context, class Scratch>
 typename Context::tensor3 project_output(const Context& ctx, Scratch& scratch,
                                          const typename Context::execution_space& space,
@@ -118,8 +118,8 @@ typename Context::tensor3 project_output(const Context& ctx, Scratch& scratch,
   auto& w = p.w;
   return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
                             ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
-                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim), ctx.wire(scratch.o_wire),
-                            &scratch.o_exchange, c.overlap);
+                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim),
+                            ctx.codec(WireExchange::forward), &scratch.o_exchange, c.overlap);
 }
 
 // ---- backward ----
@@ -151,7 +151,7 @@ typename Context::tensor4 output_backward(const Context& ctx, Scratch& scratch,
       space, dy, attention, r.w_o ? g.w_o : decltype(g.w_o)(), r.b_o && c.bias ? g.b_o : decltype(g.b_o)(), c.overlap,
       attention ? ctx.blocks(scratch.d_o_blocks, "mlacp::dO blocks", c.vdim) : tensor5(),
       attention ? ctx.into(scratch.d_o_heads, "mlacp::dO heads", 1, B, S, h, c.vdim) : tensor5(),
-      ctx.wire(scratch.d_o_wire));
+      ctx.codec(WireExchange::backward));
   if (!attention) return d_o;
   if (needs_q(r)) out.dq = ensure(scratch.dq, "mlacp::dq", B, S, h, c.qk_dim());
   if (needs_kv(r)) {

@@ -5,7 +5,6 @@
 
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/error.hpp>
-#include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/names.hpp>
 #include <mlacp/partition.hpp>
 #include <mlacp/view_types.hpp>
@@ -20,9 +19,6 @@ class InputA2APair {
   using memory_space = typename ExecSpace::memory_space;
   using tensor4 = detail::Tensor4<T, memory_space>;
   using tensor5 = detail::Tensor5<T, memory_space>;
-  /// The bf16 buffers of a collective on the wire (MlaConfig::wire_dtype; wire.hpp), owned by the caller.
-  using wire4 = detail::WireSlot<tensor4>;
-  using wire5 = detail::WireSlot<tensor5>;
 
   InputA2APair() = default;
   /// `name` names the collectives: "<name> a2a" forward, "d<name> a2a" backward (e.g. "Q" -> "Q a2a", "dQ a2a").
@@ -34,18 +30,16 @@ class InputA2APair {
 
   /// Launches the token-to-head all-to-all of `token_local` [B, s, H, d]. `needs_send_grad`: whether the input needs
   /// its gradient, i.e. whether backward will launch the inverse. `into` [B, S, h, d]: where the result goes (a
-  /// layer's workspace); empty: allocated by the collective. `wire` (float only): send bf16 through these buffers,
-  /// the result widened into `into` at the wait (wire.hpp); null: the collective moves T.
+  /// layer's workspace); empty: allocated by the collective. `codec`: what the payload travels as (wire/codecs.hpp;
+  /// the result decoded into `into` at the wait).
   void launch_forward(const ExecSpace& space, const tensor4& token_local, bool needs_send_grad,
-                      const tensor4& into = {}, wire4* wire = nullptr) {
+                      const tensor4& into = {}, WireCodec codec = WireCodec::same) {
     require_mesh();
     if (forward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': forward launched twice");
     needs_send_grad_ = needs_send_grad;
     const std::string name = names::forward_a2a(name_);
-    forward_ = detail::launch_wire(space, token_local, into, wire, name, [&](const auto& view, const auto& result) {
-      return seq_ == nullptr ? launch_all_to_all(space, view, 1, 2, *mesh_, name, result)
-                             : launch_all_to_all(space, view, 1, 2, *seq_, *heads_, *mesh_, name, result);
-    });
+    forward_ = seq_ == nullptr ? launch_all_to_all(space, token_local, 1, 2, *mesh_, name, into, codec)
+                               : launch_all_to_all(space, token_local, 1, 2, *seq_, *heads_, *mesh_, name, into, codec);
   }
 
   /// Waits for the forward all-to-all (exactly once) and returns the head-local tensor [B, S, h, d].
@@ -61,10 +55,10 @@ class InputA2APair {
   /// otherwise nothing is launched. The gradient is read until the wait (the pair keeps it alive): with B == 1 its
   /// token blocks are sent as they are, and the rank-ordered head blocks are received as they arrive (no pack, no
   /// unpack; see wait_backward_blocks). `into` [P, B, s, h, d]: where the blocks are received; empty: allocated. Heads
-  /// split unevenly: the head dimension is gathered instead, into one block [1, B, s, H, d]. `wire`: as
+  /// split unevenly: the head dimension is gathered instead, into one block [1, B, s, H, d]. `codec`: as
   /// launch_forward's.
   void launch_backward(const ExecSpace& space, const tensor4& head_local_grad, const tensor5& into = {},
-                       wire5* wire = nullptr) {
+                       WireCodec codec = WireCodec::same) {
     require_mesh();
     if (!needs_send_grad_) return;
     if (backward_.launched()) throw UsageError("mlacp::InputA2APair '" + name_ + "': backward launched twice");
@@ -74,12 +68,10 @@ class InputA2APair {
                        head_local_grad.extent(2), head_local_grad.extent(3));
     // Uneven heads: rank blocks of different head counts cannot stack; the heads (dim 3) are gathered into one block.
     const std::string name = names::backward_a2a(name_);
-    backward_ = detail::launch_wire(space, view, into, wire, name, [&](const auto& v, const auto& result) {
-      return seq_ == nullptr     ? launch_all_to_all(space, v, 0, 2, *mesh_, name, result)
-             : heads_->uniform() ? launch_all_to_all(space, v, 0, 2, Partition(mesh_->size(), mesh_->size()), *seq_,
-                                                     *mesh_, name, result)
-                                 : launch_all_to_all(space, v, 3, 2, *heads_, *seq_, *mesh_, name, result);
-    });
+    backward_ = seq_ == nullptr     ? launch_all_to_all(space, view, 0, 2, *mesh_, name, into, codec)
+                : heads_->uniform() ? launch_all_to_all(space, view, 0, 2, Partition(mesh_->size(), mesh_->size()),
+                                                        *seq_, *mesh_, name, into, codec)
+                                    : launch_all_to_all(space, view, 3, 2, *heads_, *seq_, *mesh_, name, into, codec);
   }
 
   /// The token-local gradient as the P head blocks [P, B, s, h, d] received from the ranks (block r holds heads
@@ -125,9 +117,9 @@ class InputA2APair {
   const Partition* seq_ = nullptr;
   const Partition* heads_ = nullptr;
   bool needs_send_grad_ = false;
-  detail::WireCollective<ExecSpace, tensor4> forward_;
+  AsyncCollective<tensor4> forward_;
   tensor4 backward_input_;
-  detail::WireCollective<ExecSpace, tensor5> backward_;
+  AsyncCollective<tensor5> backward_;
 };
 
 }  // namespace mlacp

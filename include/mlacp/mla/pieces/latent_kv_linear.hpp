@@ -6,7 +6,6 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/detail/timeline.hpp>
-#include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/kernels/detail/kv_layout.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/names.hpp>
@@ -70,9 +69,6 @@ class LatentKVLinear {
   using tensor3 = detail::Tensor3<T, memory_space>;
   using matrix = detail::Matrix<T, memory_space>;
   using vector = detail::Vector<T, memory_space>;
-  /// The bf16 buffers of the reduce-scatter on the wire (MlaConfig::wire_dtype bf16_all; wire.hpp), owned by the
-  /// caller.
-  using wire3 = detail::WireSlot<tensor3>;
   /// The rank's head rows of w_kvb (or of its gradient), and of b_kvb: windows on the layer's Views.
   using weight_rows = detail::Matrix<T, memory_space, detail::Unmanaged>;
   using bias_part = detail::Vector<T, memory_space, detail::Unmanaged>;
@@ -137,13 +133,12 @@ class LatentKVLinear {
   /// for the caller's next independent work (the layer runs the Q branch's backward); wait_backward ends it.
   /// `overlap` false: waited right after the launch. `grad_payload` [B, S, R+dr] (the reduce-scatter's input, read
   /// until the wait) and `grad_latent` [B, S, R]: scratch (a layer's workspace); empty: allocated. `reduced`
-  /// [B, s, R+dr]: where the reduce-scatter's result goes; empty: allocated. `wire` (float only): the partial sums
-  /// are rounded to bf16 into these buffers and moved as bf16 (summed in float by the collective), the result widened
-  /// into `reduced` at the wait (wire.hpp); null: they move as T.
+  /// [B, s, R+dr]: where the reduce-scatter's result goes; empty: allocated. `codec`: what the partial sums travel
+  /// as (wire/codecs.hpp: same, or bf16, summed in float by the collective and decoded into `reduced` at the wait).
   void launch_backward(const ExecSpace& space, const tensor3& grad_kv, const tensor3& grad_shared,
                        bool needs_payload_grad, const gradient_rows& dw_sel, const gradient_part& db_sel,
                        bool overlap = true, tensor3 grad_payload = {}, tensor3 grad_latent = {},
-                       const tensor3& reduced = {}, wire3* wire = nullptr) {
+                       const tensor3& reduced = {}, WireCodec codec = WireCodec::same) {
     if (!forwarded_) throw UsageError("mlacp::LatentKVLinear: backward before forward");
     if (backwarded_) throw UsageError("mlacp::LatentKVLinear: a second backward of the same forward");
     backwarded_ = true;
@@ -167,12 +162,10 @@ class LatentKVLinear {
           }
         },
         [&](detail::timeline::Comm, int) {
-          reduce_ = detail::launch_wire(
-              space, grad_payload, reduced, wire, names::latent_reduce_scatter, [&](const auto& v, const auto& r) {
-                return seq_ == nullptr
-                           ? launch_reduce_scatter(space, v, 1, *mesh_, names::latent_reduce_scatter, r)
-                           : launch_reduce_scatter(space, v, 1, *seq_, *mesh_, names::latent_reduce_scatter, r);
-              });
+          reduce_ = seq_ == nullptr ? launch_reduce_scatter(space, grad_payload, 1, *mesh_,
+                                                            names::latent_reduce_scatter, reduced, codec)
+                                    : launch_reduce_scatter(space, grad_payload, 1, *seq_, *mesh_,
+                                                            names::latent_reduce_scatter, reduced, codec);
         },
         [&](detail::timeline::Comm, int) { result_ = reduce_.wait(); });
     detail::timeline::latent_kv_backward(
@@ -195,8 +188,7 @@ class LatentKVLinear {
   weight_rows w_sel_;
   const Mesh* mesh_ = nullptr;
   const Partition* seq_ = nullptr;
-  detail::WireCollective<ExecSpace, tensor3>
-      reduce_;  // the latent reduce-scatter, from launch_backward to wait_backward
+  AsyncCollective<tensor3> reduce_;  // the latent reduce-scatter, from launch_backward to wait_backward
   tensor3 result_;
   bool forwarded_ = false;
   bool backwarded_ = false;

@@ -8,7 +8,6 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/detail/timeline.hpp>
-#include <mlacp/mla/detail/wire.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
 #include <mlacp/mla/names.hpp>
 #include <mlacp/partition.hpp>
@@ -39,53 +38,53 @@ struct OutputExchangeBuffers {
   }
 };
 
-/// A value converted between the layer's type and the wire's (float <-> bf16 round-to-nearest-even), or copied.
-template <class D, class S>
-KOKKOS_INLINE_FUNCTION D convert_value(const S& v) {
-  if constexpr (std::is_same_v<D, S>)
-    return v;
-  else if constexpr (std::is_same_v<D, bf16>)
-    return compat::to_bf16(v);
-  else
-    return compat::to_float(v);
-}
+/// Row r of the attention output o [B, S, h, dv] that goes to the destination whose tokens are [first, first +
+/// count): the destination's block [B, count, h, dv] row by row (each row one head's dv values of one token).
+template <class T>
+struct TokenBlockRows {
+  const T* o;
+  std::int64_t S, h, dv, first, count;
+  KOKKOS_INLINE_FUNCTION const T* operator()(const std::int64_t r) const {
+    const std::int64_t j = r % h, t = (r / h) % count, b = r / (h * count);
+    return o + ((b * S + first + t) * h + j) * dv;
+  }
+};
 
-/// o [B, S, h, dv] packed by destination into `packed`: destination r's tokens [B, seq.count(r), h, dv] at offset
-/// B * seq.offset(r) * h * dv, converted to U (rounded onto the wire, or copied).
-template <class ExecSpace, class Tensor4View, class U>
-void pack_token_blocks(const ExecSpace& space, const Tensor4View& o, const Partition& seq, U* packed) {
-  const auto* in = o.data();
+/// Row r of a received head block [B, s, count, dv] in `local` [B, s, H, dv]: heads [first, first + count).
+template <class T>
+struct HeadBlockRows {
+  T* local;
+  std::int64_t H, dv, first, count;
+  KOKKOS_INLINE_FUNCTION T* operator()(const std::int64_t r) const {
+    return local + ((r / count) * H + first + r % count) * dv;
+  }
+};
+
+/// o [B, S, h, dv] encoded by Codec into `packed` by destination: destination r's tokens [B, seq.count(r), h, dv] at
+/// row B * seq.offset(r) * h (each row Codec::wire_width(dv) wire values).
+template <class Codec, class ExecSpace, class Tensor4View, class W>
+void pack_token_blocks(const ExecSpace& space, const Tensor4View& o, const Partition& seq, W* packed) {
+  using T = typename Tensor4View::non_const_value_type;
   const auto B = static_cast<std::int64_t>(o.extent(0)), S = static_cast<std::int64_t>(o.extent(1));
-  const auto hdv = static_cast<std::int64_t>(o.extent(2) * o.extent(3));
+  const auto h = static_cast<std::int64_t>(o.extent(2)), dv = static_cast<std::int64_t>(o.extent(3));
   for (int r = 0; r < seq.parts(); ++r) {
-    const std::int64_t first = seq.offset(r), count = seq.count(r), out_offset = B * first * hdv;
-    Kokkos::parallel_for(
-        "mlacp::pack O blocks",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, B * count * hdv),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          const std::int64_t k = i % hdv, row = i / hdv, b = row / count, t = row % count;
-          packed[out_offset + i] = convert_value<U>(in[(b * S + first + t) * hdv + k]);
-        });
+    const std::int64_t first = seq.offset(r), count = seq.count(r);
+    encode_rows<Codec, T>(space, "mlacp::pack O blocks", B * count * h, dv,
+                          TokenBlockRows<T>{o.data(), S, h, dv, first, count},
+                          packed + B * first * h * Codec::wire_width(dv));
   }
 }
 
-/// A received head block [B, s, count, dv] (values of U) into heads [first, first + count) of `local` [B, s, H, dv],
-/// converted to its type (widened from the wire, or copied).
-template <class ExecSpace, class U, class Tensor4View>
-void unpack_head_block(const ExecSpace& space, const U* block, const Tensor4View& local, std::int64_t first,
+/// A received head block [B, s, count, dv] (encoded by Codec) decoded into heads [first, first + count) of `local`
+/// [B, s, H, dv].
+template <class Codec, class ExecSpace, class W, class Tensor4View>
+void unpack_head_block(const ExecSpace& space, const W* block, const Tensor4View& local, std::int64_t first,
                        std::int64_t count) {
   using T = typename Tensor4View::non_const_value_type;
   const auto tokens = static_cast<std::int64_t>(local.extent(0) * local.extent(1)),
-             dv = static_cast<std::int64_t>(local.extent(3));
-  const std::int64_t width = count * dv, row = static_cast<std::int64_t>(local.extent(2)) * dv, column = first * dv;
-  T* out = local.data();
-  Kokkos::parallel_for(
-      "mlacp::unpack O block",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, tokens * width),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        const std::int64_t n = i / width, k = i % width;
-        out[n * row + column + k] = convert_value<T>(block[i]);
-      });
+             H = static_cast<std::int64_t>(local.extent(2)), dv = static_cast<std::int64_t>(local.extent(3));
+  decode_rows<Codec, T>(space, "mlacp::unpack O block", tokens * count, dv, block,
+                        HeadBlockRows<T>{local.data(), H, dv, first, count});
 }
 
 /// y [rows, D] = round(y_sum + bias), one rounding per element (bias empty: none). (A free function: nvcc refuses a
@@ -102,7 +101,7 @@ void round_sum_into(const ExecSpace& space, const Sum& y_sum, const Bias& bias, 
       KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
         A v = y_sum(i, j);
         if (has_bias) v += static_cast<A>(bias(j));
-        y(i, j) = convert_value<T>(v);
+        y(i, j) = cast_value<T>(v);
       });
 }
 }  // namespace detail
@@ -117,9 +116,6 @@ class OutputProjection {
   using tensor5 = detail::Tensor5<T, memory_space>;
   using matrix = detail::Matrix<T, memory_space>;
   using vector = detail::Vector<T, memory_space>;
-  /// The bf16 buffers of a collective on the wire (MlaConfig::wire_dtype; wire.hpp), owned by the caller.
-  using wire4 = detail::WireSlot<tensor4>;
-  using wire5 = detail::WireSlot<tensor5>;
   /// The weight gradients' Views: in T's accumulation type (float for bf16: the layer's float gradients).
   using gradient_matrix = detail::Matrix<compat::accumulation_t<T>, memory_space>;
   using gradient_vector = detail::Vector<compat::accumulation_t<T>, memory_space>;
@@ -134,21 +130,21 @@ class OutputProjection {
   /// (its GEMM progressing the others in flight). `overlap` false: every exchange is waited right after its launch,
   /// before any GEMM (the same sums in the same order). Saves what backward needs. `y_out` [B, s, D]: where y is
   /// written (a layer's workspace); empty: allocated. `local_out` [B, s, H, dv]: where the gathered heads (kept for the
-  /// w_o gradient) go; empty: allocated. `wire` (float only): the blocks move as bf16 through these buffers, rounded
-  /// before the send and widened into `local_out` as each arrives (wire.hpp); null: they move T through `buffers`
-  /// (null: allocated per call).
+  /// w_o gradient) go; empty: allocated. `codec`: what the blocks travel as (wire/codecs.hpp): same moves T through
+  /// `buffers` (null: allocated per call); another codec encodes each destination's block into a pooled buffer before
+  /// the sends and decodes each arriving block into `local_out`.
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                   const Mesh& mesh, const Partition& seq, const Partition& heads, tensor3 y_out = {},
-                  const tensor4& local_out = {}, wire4* wire = nullptr, buffers_type* buffers = nullptr,
+                  const tensor4& local_out = {}, WireCodec codec = WireCodec::same, buffers_type* buffers = nullptr,
                   bool overlap = true) {
-    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out, wire,
+    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out, codec,
                         buffers, overlap);
   }
   /// The even split (S and H divisible by the group size).
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
-                  const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {}, wire4* wire = nullptr,
-                  buffers_type* buffers = nullptr, bool overlap = true) {
-    return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out, wire,
+                  const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {},
+                  WireCodec codec = WireCodec::same, buffers_type* buffers = nullptr, bool overlap = true) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out, codec,
                         buffers, overlap);
   }
 
@@ -159,13 +155,13 @@ class OutputProjection {
 
   tensor3 forward_impl(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                        const Mesh& mesh, const Partition* seq, const Partition* heads, tensor3 y_out,
-                       const tensor4& local_out, wire4* wire, buffers_type* buffers, bool overlap) {
+                       const tensor4& local_out, WireCodec codec, buffers_type* buffers, bool overlap) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
     tensor3 y;
     tensor4 local;
     if (mesh.size() == 1) {
       // Nothing to exchange: the collective's local copy (or the input itself), then one GEMM.
-      detail::WireCollective<ExecSpace, tensor4> exchange;
+      AsyncCollective<tensor4> exchange;
       auto steps = detail::timeline::steps(
           [&](detail::timeline::Step step, int) {
             if (step != detail::timeline::Step::o_block) return;
@@ -177,12 +173,9 @@ class OutputProjection {
                                    detail::as_matrix(y, B * s, static_cast<std::int64_t>(w_o.extent(0))));
           },
           [&](detail::timeline::Comm, int) {
-            exchange = detail::launch_wire(
-                space, attention_output, local_out, wire, names::o_a2a, [&](const auto& view, const auto& result) {
-                  return seq == nullptr
-                             ? launch_all_to_all(space, view, 2, 1, mesh, names::o_a2a, result)
-                             : launch_all_to_all(space, view, 2, 1, *heads, *seq, mesh, names::o_a2a, result);
-                });
+            exchange = seq == nullptr ? launch_all_to_all(space, attention_output, 2, 1, mesh, names::o_a2a, local_out)
+                                      : launch_all_to_all(space, attention_output, 2, 1, *heads, *seq, mesh,
+                                                          names::o_a2a, local_out);
           },
           [&](detail::timeline::Comm, int) { local = exchange.wait(); });  // [B, s, H, dv]
       detail::timeline::output_forward(steps, detail::timeline::part_facts(1, overlap));
@@ -210,20 +203,19 @@ class OutputProjection {
         throw InvalidArgument(
             "mlacp::OutputProjection: w_o has " + std::to_string(w_o.extent(1)) +
             " columns; expected H * dv = " + std::to_string(H * static_cast<std::int64_t>(attention_output.extent(3))));
-      bool done = false;
-      if constexpr (std::is_same_v<T, float>) {
-        if (wire != nullptr) {
-          std::tie(y, local) = exchange_and_project(space, attention_output, w_o, b_o, mesh, token_part, head_part,
-                                                    std::move(y_out), local_out, wire->send, wire->recv, overlap);
-          done = true;
+      buffers_type own;
+      buffers_type& b = buffers != nullptr ? *buffers : own;
+      std::tie(y, local) = detail::visit_codec(codec, [&](auto tag) {
+        using Codec = typename decltype(tag)::type;
+        if constexpr (!Codec::template carries<T>) {
+          throw InvalidArgument(std::string("mlacp::OutputProjection: the wire codec ") + Codec::name +
+                                " carries float only; expected the codec same for this layer's value type");
+          return std::pair<tensor3, tensor4>();
+        } else {
+          return exchange_and_project<Codec>(space, attention_output, w_o, b_o, mesh, token_part, head_part,
+                                             std::move(y_out), local_out, b, overlap);
         }
-      }
-      if (!done) {
-        buffers_type own;
-        buffers_type& b = buffers != nullptr ? *buffers : own;
-        std::tie(y, local) = exchange_and_project(space, attention_output, w_o, b_o, mesh, token_part, head_part,
-                                                  std::move(y_out), local_out, b.send, b.recv, overlap, &b);
-      }
+      });
     }
     local_output_ = local;
     w_o_ = w_o;
@@ -250,42 +242,54 @@ class OutputProjection {
     return slot;
   }
 
-  // The per-peer exchange of the head blocks (values of type U on the wire: T, or bf16 for a float layer's wire) and
-  // the output projection summed block by block. `send_slot` / `recv_slot`: the caller's buffers (see
-  // OutputExchangeBuffers). Returns y and the gathered heads [B, s, H, dv].
-  template <class U>
+  // The per-peer exchange of the head blocks (each row of dv values encoded by Codec: T itself, or bf16 or fp8 for a
+  // float layer's wire) and the output projection summed block by block. Codec same: through `buffers`, the caller's
+  // (see OutputExchangeBuffers); another codec: through pooled staging buffers (the codec's, kept until the
+  // exchanges are waited). Returns y and the gathered heads [B, s, H, dv].
+  template <class Codec>
   std::pair<tensor3, tensor4> exchange_and_project(const ExecSpace& space, const tensor4& o, const matrix& w_o,
                                                    const vector& b_o, const Mesh& mesh, const Partition& seq,
                                                    const Partition& heads, tensor3 y_out, const tensor4& local_out,
-                                                   Kokkos::View<U****, Kokkos::LayoutRight, memory_space>& send_slot,
-                                                   Kokkos::View<U****, Kokkos::LayoutRight, memory_space>& recv_slot,
-                                                   bool overlap, buffers_type* sums = nullptr) {
+                                                   buffers_type& buffers, bool overlap) {
+    using U = typename Codec::template wire_t<T>;
+    constexpr bool same = std::is_same_v<Codec, detail::SameCodec>;
     using unmanaged = detail::Vector<U, memory_space, detail::Unmanaged>;
     const int P = mesh.size(), me = mesh.rank();
     const auto B = static_cast<std::int64_t>(o.extent(0)), S = static_cast<std::int64_t>(o.extent(1));
     const auto h = static_cast<std::int64_t>(o.extent(2)), dv = static_cast<std::int64_t>(o.extent(3));
     const auto s = seq.count(me), H = heads.total(), D = static_cast<std::int64_t>(w_o.extent(0));
+    const std::int64_t wide = Codec::wire_width(dv);  // wire values per row (one head of one token)
     const tensor4 local =
         local_out.data() != nullptr
             ? local_out
             : tensor4(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::o tokens"), B, s, H, dv);
     tensor3 y = allocated_y(std::move(y_out), B, s, w_o);
-    // The send blocks, by destination: destination r's [B, s_r, h, dv] at offset B * seq.offset(r) * h * dv. With
-    // B == 1 and T on the wire that is the attention output itself (no pack).
+    // The send blocks, by destination: destination r's [B, s_r, h, dv] at row B * seq.offset(r) * h. With B == 1 and
+    // T on the wire that is the attention output itself (no pack).
     const U* send = nullptr;
-    if constexpr (std::is_same_v<U, T>) {
+    U* recv = nullptr;
+    detail::PooledBuffer<U, memory_space> send_staging, recv_staging;  // another codec's (released on return)
+    if constexpr (same) {
       if (B == 1) send = o.data();
+      if (send == nullptr) {
+        U* packed = ensure_extents(buffers.send, std::string("mlacp::") + names::o_a2a + " send", B, S, h, dv).data();
+        detail::pack_token_blocks<Codec>(space, o, seq, packed);
+        send = packed;
+      }
+      recv = ensure_extents(buffers.recv, std::string("mlacp::") + names::o_a2a + " recv", B, s, H, dv).data();
+    } else {
+      send_staging = detail::allocate_buffer<U, memory_space>(space, std::string(names::o_a2a) + " wire send",
+                                                              static_cast<std::size_t>(B * S * h * wide));
+      detail::pack_token_blocks<Codec>(space, o, seq, send_staging.view.data());
+      send = send_staging.view.data();
+      recv_staging = detail::allocate_buffer<U, memory_space>(space, std::string(names::o_a2a) + " wire recv",
+                                                              static_cast<std::size_t>(B * s * H * wide));
+      recv = recv_staging.view.data();
     }
-    if (send == nullptr) {
-      U* packed = ensure_extents(send_slot, std::string("mlacp::") + names::o_a2a + " send", B, S, h, dv).data();
-      detail::pack_token_blocks(space, o, seq, packed);
-      send = packed;
-    }
-    // The received blocks, by source: source r's [B, s, h_r, dv] at offset B * s * heads.offset(r) * dv.
-    U* recv = ensure_extents(recv_slot, std::string("mlacp::") + names::o_a2a + " recv", B, s, H, dv).data();
+    // The received blocks, by source: source r's [B, s, h_r, dv] at row B * s * heads.offset(r).
     const auto send_block = [&](int r) {
       return detail::Vector<const U, memory_space, detail::Unmanaged>(
-          send + B * seq.offset(r) * h * dv, static_cast<std::size_t>(B * seq.count(r) * h * dv));
+          send + B * seq.offset(r) * h * wide, static_cast<std::size_t>(B * seq.count(r) * h * wide));
     };
     // Step k: to rank me + k, from rank me - k (every pair's send and receive meet at the same step on both ranks).
     std::vector<AsyncCollective<unmanaged>> arriving(static_cast<std::size_t>(P - 1));
@@ -297,8 +301,7 @@ class OutputProjection {
     const auto y2 = detail::as_matrix(y, B * s, D);
     detail::Matrix<A, memory_space> y_sum;
     if constexpr (widened) {
-      buffers_type own;
-      buffers_type& b = sums != nullptr ? *sums : own;
+      buffers_type& b = buffers;
       if (b.y_sum.extent(0) != static_cast<std::size_t>(B * s) || b.y_sum.extent(1) != static_cast<std::size_t>(D))
         b.y_sum =
             detail::Matrix<A, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y sum"), B * s, D);
@@ -308,7 +311,7 @@ class OutputProjection {
     bool first = true;
     const auto consume = [&](int source, const U* block) {
       const std::int64_t hr = heads.count(source), column = heads.offset(source) * dv, width = hr * dv;
-      detail::unpack_head_block(space, block, local, heads.offset(source), hr);
+      detail::unpack_head_block<Codec>(space, block, local, heads.offset(source), hr);
       if (hr == 0) return;
       detail::ComputePhase<ExecSpace> phase(space, names::w_o_fprop);
       const auto columns = std::make_pair(static_cast<std::size_t>(column), static_cast<std::size_t>(column + width));
@@ -326,14 +329,14 @@ class OutputProjection {
         [&](detail::timeline::Step step, int k) {
           if (step != detail::timeline::Step::o_block) return;
           const int source = (me + P - k) % P;
-          consume(source, k == 0 ? send + B * seq.offset(me) * h * dv : recv + B * s * heads.offset(source) * dv);
+          consume(source, k == 0 ? send + B * seq.offset(me) * h * wide : recv + B * s * heads.offset(source) * wide);
         },
         [&](detail::timeline::Comm, int k) {
           const int dest = (me + k) % P, source = (me + P - k) % P;
           arriving[static_cast<std::size_t>(k - 1)] =
               launch_send_recv(space, send_block(dest), dest,
-                               unmanaged(recv + B * s * heads.offset(source) * dv,
-                                         static_cast<std::size_t>(B * s * heads.count(source) * dv)),
+                               unmanaged(recv + B * s * heads.offset(source) * wide,
+                                         static_cast<std::size_t>(B * s * heads.count(source) * wide)),
                                source, mesh, names::o_a2a, exchange_tag);
         },
         [&](detail::timeline::Comm, int k) { arriving[static_cast<std::size_t>(k - 1)].wait(); });
@@ -357,10 +360,10 @@ class OutputProjection {
   /// false: wait right after the launch. `blocks` [P, B, s, h, dv] ([1, B, s, H, dv] when the heads are split
   /// unevenly: dO is sent as one token-local block and the all-to-all scatters its heads): where dO is written before
   /// it is sent (a layer's workspace; read by the collective until the wait); empty: allocated. `received` [1, B, S, h,
-  /// dv]: where the all-to-all's result goes; empty: allocated. `wire`: as forward's (dO is rounded from `blocks`).
+  /// dv]: where the all-to-all's result goes; empty: allocated. `codec`: what dO travels as (encoded from `blocks`).
   tensor4 backward(const ExecSpace& space, const tensor3& dy, bool needs_attention_grad, const gradient_matrix& dw_o,
                    const gradient_vector& db_o, bool overlap = true, tensor5 blocks = {}, const tensor5& received = {},
-                   wire5* wire = nullptr) {
+                   WireCodec codec = WireCodec::same) {
     if (!forwarded_) throw UsageError("mlacp::OutputProjection: backward before forward");
     if (backwarded_) throw UsageError("mlacp::OutputProjection: a second backward of the same forward");
     backwarded_ = true;
@@ -369,7 +372,7 @@ class OutputProjection {
     const auto H = static_cast<std::int64_t>(local_output_.extent(2)),
                dv = static_cast<std::int64_t>(local_output_.extent(3));
     const auto dy2 = detail::as_matrix(dy, B * s, D);
-    detail::WireCollective<ExecSpace, tensor5> grad_a2a;
+    AsyncCollective<tensor5> grad_a2a;
     tensor5 result;
     // Uneven heads: one block of all heads, whose head dimension the all-to-all scatters by the head partition.
     const bool even = heads_ == nullptr || heads_->uniform();
@@ -406,12 +409,10 @@ class OutputProjection {
         },
         [&](detail::timeline::Comm, int) {
           grad_a2a =
-              detail::launch_wire(space, blocks, received, wire, names::do_a2a, [&](const auto& v, const auto& r) {
-                return seq_ == nullptr ? launch_all_to_all(space, v, 2, 0, *mesh_, names::do_a2a, r)
-                       : even ? launch_all_to_all(space, v, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()),
-                                                  *mesh_, names::do_a2a, r)
-                              : launch_all_to_all(space, v, 2, 3, *seq_, *heads_, *mesh_, names::do_a2a, r);
-              });
+              seq_ == nullptr ? launch_all_to_all(space, blocks, 2, 0, *mesh_, names::do_a2a, received, codec)
+              : even ? launch_all_to_all(space, blocks, 2, 0, *seq_, Partition(mesh_->size(), mesh_->size()), *mesh_,
+                                         names::do_a2a, received, codec)
+                     : launch_all_to_all(space, blocks, 2, 3, *seq_, *heads_, *mesh_, names::do_a2a, received, codec);
         },
         [&](detail::timeline::Comm, int) { result = grad_a2a.wait(); });
     detail::timeline::output_backward(steps,

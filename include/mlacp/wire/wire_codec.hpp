@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The names of the wire codecs (what a collective's payload travels as), without their kernels: what a configuration
+// or a launch names. codecs.hpp registers the codec type of each.
+#pragma once
+
+namespace mlacp {
+
+/// What a collective's payload travels as.
+enum class WireCodec {
+  same,      ///< the Views' own values (detail::SameCodec)
+  bfloat16,  ///< float rounded into bf16 (detail::Bf16Codec)
+};
+
+/// The codec's name: "same", "bf16".
+constexpr const char* to_string(WireCodec codec) noexcept { return codec == WireCodec::bfloat16 ? "bf16" : "same"; }
+
+}  // namespace mlacp
