@@ -14,6 +14,7 @@
 
 #include <mlacp/error.hpp>
 #include <mlacp/wire/bf16_codec.hpp>
+#include <mlacp/wire/fp8_e4m3_codec.hpp>
 #include <mlacp/wire/same_codec.hpp>
 #include <mlacp/wire/wire_codec.hpp>
 
@@ -31,8 +32,9 @@ struct codec_entry {
 template <class... Entries>
 struct codec_list {};
 
-using wire_codecs = codec_list<codec_entry<WireCodec::same, SameCodec>,       //
-                               codec_entry<WireCodec::bfloat16, Bf16Codec>>;  //
+using wire_codecs = codec_list<codec_entry<WireCodec::same, SameCodec>,          //
+                               codec_entry<WireCodec::bfloat16, Bf16Codec>,      //
+                               codec_entry<WireCodec::fp8_e4m3, Fp8E4M3Codec>>;  //
 
 /// A codec type as a value (what visit_codec passes).
 template <class Codec>

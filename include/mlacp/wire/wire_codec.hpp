@@ -9,9 +9,12 @@ namespace mlacp {
 enum class WireCodec {
   same,      ///< the Views' own values (detail::SameCodec)
   bfloat16,  ///< float rounded into bf16 (detail::Bf16Codec)
+  fp8_e4m3,  ///< float as fp8 E4M3 with a float scale per row (detail::Fp8E4M3Codec)
 };
 
-/// The codec's name: "same", "bf16".
-constexpr const char* to_string(WireCodec codec) noexcept { return codec == WireCodec::bfloat16 ? "bf16" : "same"; }
+/// The codec's name: "same", "bf16", "fp8_e4m3".
+constexpr const char* to_string(WireCodec codec) noexcept {
+  return codec == WireCodec::bfloat16 ? "bf16" : codec == WireCodec::fp8_e4m3 ? "fp8_e4m3" : "same";
+}
 
 }  // namespace mlacp
