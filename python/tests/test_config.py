@@ -28,6 +28,9 @@ def test_every_field_is_a_keyword_and_an_attribute():
     c.max_documents = 3
     assert c.wire_dtype == mlacp.WireDtype.bf16_all and c.max_documents == 3
     assert "wire=bf16_all" in c.describe() and "max_documents=3" in c.describe()
+    c.wire_dtype = "fp8"  # the fp8 codec's row of the wire policy (forward in fp8, backward in bf16)
+    assert c.wire_dtype == mlacp.WireDtype.fp8 and "wire=fp8" in c.describe()
+    assert [v.name for v in mlacp.WireDtype.__members__.values()] == ["same", "bf16", "bf16_all", "fp8"]
 
 
 def test_repr_rebuilds_the_configuration():

@@ -20,7 +20,7 @@ const char* const usage =
     "usage: mlacp-mla-block [--batch B] [--seq S] [--hidden D] [--heads H] [--nope dn] [--rope dr] [--vdim dv]\n"
     "                       [--latent R] [--strategy latent|expanded] [--dtype float|double|bf16] [--bias] [--seed N]\n"
     "                       [--iters N] [--warmup N] [--dump DIR] [--json FILE] [--tolerance X] [--blocking]\n"
-    "                       [--no-reference] [--cu-seqlens 0,a,b,...,S] [--wire-dtype same|bf16|bf16_all]\n"
+    "                       [--no-reference] [--cu-seqlens 0,a,b,...,S] [--wire-dtype same|bf16|bf16_all|fp8]\n"
     "                       [--ring C|node|plan] [--ring-layout zigzag|contiguous] [--machine FILE]\n"
     "                       [--memory-per-rank BYTES] [--q-lora Rq] [--softmax-scale X]\n"
     "Defaults: B=2 S=32 D=48 H=4 dn=8 dr=4 dv=6 R=12, latent, double, seed 1, 1 iteration, no warm-up.\n"
@@ -28,7 +28,9 @@ const char* const usage =
     "--cu-seqlens packs documents into the sequence (every batch row alike): positions restart and attention stays\n"
     "within each document; the reference and --dump (cu_seqlens.npy, int64) follow.\n"
     "--wire-dtype bf16 (float only) sends the all-to-alls and the latent all-gather as bf16 (bf16_all: the latent\n"
-    "reduce-scatter's partial sums too); the default tolerance is then docs/spec.md's bf16 one, 2e-2.\n"
+    "reduce-scatter's partial sums too); the default tolerance is then docs/spec.md's bf16 one, 2e-2. fp8: the\n"
+    "forward's exchanges as fp8 E4M3 with a scale per row, the backward's as bf16; default tolerance 6e-2\n"
+    "(docs/wire.md).\n"
     "--ring C runs ring attention on a two-level mesh of P = U x C ranks (C Ulysses groups of U consecutive ranks;\n"
     "--ring node: one group per node); --ring-layout picks which tokens each ring chunk holds (default zigzag).\n"
     "--machine FILE (the model's machine parameters, mlacp-plan --calibrate or by hand) prints the model's prediction\n"
@@ -113,7 +115,8 @@ Options parse(int argc, char** argv) {
     }
   }
   // A bf16 wire's default tolerance is docs/spec.md's bf16 bound (an explicit --tolerance wins).
-  if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0) o.tolerance = 2e-2;
+  if (c.wire_dtype != mlacp::WireDtype::same && o.tolerance < 0)
+    o.tolerance = c.wire_dtype == mlacp::WireDtype::float8_e4m3 ? 6e-2 : 2e-2;
   if (o.iters < 1) throw std::invalid_argument("--iters " + std::to_string(o.iters) + ": expected at least 1");
   if (o.warmup < 0) throw std::invalid_argument("--warmup " + std::to_string(o.warmup) + ": expected at least 0");
   if (o.plan_ring && o.machine.empty()) throw std::invalid_argument("--ring plan needs --machine FILE");

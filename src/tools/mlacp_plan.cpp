@@ -42,7 +42,7 @@ const char* usage =
     "usage: mlacp-plan --batch B --heads H --nope dn --rope dr --vdim dv --latent R [--q-lora Rq] --hidden D\n"
     "                  --seq S [--cu-seqlens 0,a,...,S] --dtype double|float|bf16 --nodes N --ranks-per-node G\n"
     "                  [--memory-per-rank BYTES] [--strategy latent|expanded] [--ring C] [--layout zigzag|contiguous]\n"
-    "                  [--wire-dtype same|bf16|bf16_all] [--<any MlaConfig field>] --machine params.json\n"
+    "                  [--wire-dtype same|bf16|bf16_all|fp8] [--<any MlaConfig field>] --machine params.json\n"
     "                  [--json FILE]\n"
     "       mpirun -np P mlacp-plan --calibrate [--out params.json] [--quick] [--repeats N] [--ranks-per-node G]\n"
     "Plan: ranks every (strategy, U x C, layout) that runs the layer on N x G ranks by the model's forward + backward\n"
@@ -50,7 +50,8 @@ const char* usage =
     "number with an optional suffix kB MB GB TB or KiB MiB GiB TiB, e.g. 80GiB, 1.5e9; default the machine file's\n"
     "memory_per_rank_bytes, 0 there: no limit). --strategy, --ring C (0: any) and --layout restrict the choices;\n"
     "--q-lora Rq models a low-rank query projection; --wire-dtype bf16 (float only) a float layer whose all-to-alls\n"
-    "and latent all-gather move bf16 (bf16_all: its reduce-scatter too); --json FILE also writes the plan as JSON.\n"
+    "and latent all-gather move bf16 (bf16_all: its reduce-scatter too; fp8: the forward's as fp8 with a scale per\n"
+    "row, the backward's as bf16); --json FILE also writes the plan as JSON.\n"
     "Exit status: 0 when a choice fits, 1 when none fits the memory budget, 2 on bad usage.\n"
     "Calibrate: measures the network levels, GEMM rates, attention core and memory bandwidth on the ranks it runs on\n"
     "and writes them (default machine.json); --quick measures tiny sizes (seconds become a fraction of one),\n"
@@ -174,7 +175,7 @@ PlanOptions parse_plan(int argc, char** argv) {
   if (r.ring < 0) throw UsageFailure("--ring " + std::to_string(r.ring) + ": expected C >= 1, or 0 for any");
   if (c.wire_dtype != mlacp::WireDtype::same && r.dtype != model::Dtype::float32)
     throw UsageFailure(std::string("--wire-dtype ") + mlacp::to_string(c.wire_dtype) + " with --dtype " +
-                       model::to_string(r.dtype) + ": expected --dtype float (bf16 on the wire is a float layer's)");
+                       model::to_string(r.dtype) + ": expected --dtype float (a narrower wire is a float layer's)");
   if (c.q_lora_rank < 0)
     throw UsageFailure("--q-lora " + std::to_string(c.q_lora_rank) + ": expected Rq >= 1, or 0 for none");
   if (r.cluster.nodes < 1) throw UsageFailure("--nodes " + std::to_string(r.cluster.nodes) + ": expected at least 1");

@@ -73,8 +73,8 @@ mlacp_add_plan_test(
 mlacp_add_plan_test(
   plan_bad_wire
   EXIT 2
-  EXPECT "mlacp-plan: --wire-dtype fp8: .*fp8" "usage: mlacp-plan"
-  ARGS ${_mlacp_plan_layer} --dtype float --wire-dtype fp8 --nodes 2 --ranks-per-node 4 --machine
+  EXPECT "mlacp-plan: --wire-dtype fp16: .*fp16" "usage: mlacp-plan"
+  ARGS ${_mlacp_plan_layer} --dtype float --wire-dtype fp16 --nodes 2 --ranks-per-node 4 --machine
        ${_mlacp_plan_machine})
 mlacp_add_plan_test(
   plan_bad_memory

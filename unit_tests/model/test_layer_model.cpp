@@ -220,6 +220,14 @@ TEST(LayerModel, TheBf16WireMovesTwoBytesPerElementAndPaysItsConversions) {
   // A double layer has no wire (the layer refuses one): its bytes are the plain ones.
   const Prediction twice = predict(c, Dtype::float64, choice, Cluster{2, 2}, m);
   EXPECT_NEAR(twice.bytes.inter, 8 * (ulysses + reduce) / 2, 1e-6);
+  // fp8 (mla/wire_policy.hpp): the forward's Q, O and payload rows as their codes and a 4-byte scale each, the
+  // backward's dQ and dO in bf16, the partial sums in float; what the layer sends (test_mla_wire's MlaWireBytes).
+  c.wire_dtype = mlacp::WireDtype::float8_e4m3;
+  const Prediction fp8 = predict(c, Dtype::float32, choice, Cluster{2, 2}, m);
+  const double forward = B * s * H * (dqk + 4) + B * s * H * (dv + 4) + B * S * (R + dr + 4);
+  const double backward = 2 * (B * s * H * dqk + B * s * H * dv);
+  EXPECT_NEAR(fp8.bytes.inter, (forward + backward + 4 * reduce) / 2, 1e-6);
+  EXPECT_LT(fp8.bytes.inter, wire.bytes.inter);
 }
 
 TEST(LayerModel, ElementwiseKernelsRunAtTheirDtypesRate) {

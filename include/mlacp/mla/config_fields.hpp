@@ -47,8 +47,8 @@ void for_each_config_member(F&& f) {
   f(ConfigField{"max_documents", "max_documents", "per-call packed documents that need no allocation", false, false,
                 true},
     &MlaConfig::max_documents);
-  f(ConfigField{"wire_dtype", "wire", "what a float layer's collectives move: 'same', 'bf16' or 'bf16_all'", false,
-                true},
+  f(ConfigField{"wire_dtype", "wire", "what a float layer's collectives move: 'same', 'bf16', 'bf16_all' or 'fp8'",
+                false, true},
     &MlaConfig::wire_dtype);
   f(ConfigField{"ring_layout", "ring_layout", "the ring's token layout: 'contiguous' or 'zigzag'", false, true},
     &MlaConfig::ring_layout);

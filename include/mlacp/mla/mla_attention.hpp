@@ -83,8 +83,8 @@ void add_staged_gradient(const ExecSpace& space, const From& mine, const To& the
 /// Forward keeps it for its backward.
 ///
 /// The wire (config.wire_dtype, a float layer, P > 1): each exchange travels in the codec mla/wire_policy.hpp gives its
-/// kind (bf16: the all-to-alls and the latent all-gather, and with bf16_all the latent reduce-scatter's partial
-/// sums). The collectives encode into
+/// kind (bf16: the all-to-alls and the latent all-gather, and with bf16_all the latent reduce-scatter's partial sums;
+/// fp8: the forward's exchanges as fp8 E4M3 with a scale per row, the backward's as bf16). The collectives encode into
 /// pooled staging buffers before each launch and decode into the float destinations after each wait
 /// (wire/coded_collective.hpp); the launches, waits and their order are the same as with `same`, and the collectives
 /// move the codec's bytes (collective_bytes.hpp: half with bf16).
@@ -447,7 +447,8 @@ class MlaAttention {
 
   // config.wire_dtype on a layer that cannot use it ("" when it can): a double layer (the accuracy reference) takes
   // `same` only; bf16_all on a float layer whose latent reduce-scatter MPI would sum (it has no bf16 sum). A bf16
-  // layer's wire is bf16 already: any setting is accepted and changes nothing.
+  // layer's wire is bf16 already: bf16 and bf16_all are accepted and change nothing; fp8 is refused (its codec
+  // carries float).
   std::string wire_error(const Mesh& mesh) const {
     const WireDtype wire = config_.wire_dtype;
     if (wire == WireDtype::same) return "";
@@ -455,7 +456,11 @@ class MlaAttention {
       return std::string("mlacp::MlaAttention: wire_dtype = ") + to_string(wire) +
              " on a double layer; expected wire_dtype = same (a narrower wire is for float layers; a double layer is "
              "the accuracy reference)";
-    } else if constexpr (std::is_same_v<T, float>) {
+    } else if constexpr (!std::is_same_v<T, float>) {
+      if (wire == WireDtype::float8_e4m3)
+        return "mlacp::MlaAttention: wire_dtype = fp8 on a bf16 layer; expected wire_dtype = same, bf16 or bf16_all "
+               "(the fp8 codec carries float payloads; a bf16 layer's wire is bf16 already)";
+    } else {
       if (wire == WireDtype::bfloat16_all && config_.strategy == MlaStrategy::latent && mesh.size() > 1 &&
           detail::TransportFor<ExecSpace>::sums_with_mpi(mesh))
         return "mlacp::MlaAttention: wire_dtype = bf16_all moves the latent reduce-scatter's partial sums as bf16, "

@@ -29,10 +29,12 @@ enum class WireDtype {
                  ///< latent reduce-scatter's partial sums stay float
   bfloat16_all,  ///< "bf16_all": bf16 as above, and the latent reduce-scatter's partial sums in bf16 too (still summed
                  ///< in float inside the library; refused with MLACP_REDUCE_SCATTER=mpi, which cannot sum bf16)
+  float8_e4m3,   ///< "fp8": the forward's all-to-alls and all-gather as fp8 E4M3 with a float scale per row
+                 ///< (wire/fp8_e4m3_codec.hpp), the backward's all-to-alls in bf16, the reduce-scatter in float
 };
 
 const char* to_string(WireDtype wire) noexcept;
-/// A name of mla/wire_policy.hpp's table ("same", "bf16", "bf16_all"); throws InvalidArgument naming the value
+/// A name of mla/wire_policy.hpp's table ("same", "bf16", "bf16_all", "fp8"); throws InvalidArgument naming the value
 /// and the names otherwise.
 WireDtype parse_wire_dtype(const std::string& name);
 

@@ -35,6 +35,8 @@ inline constexpr WirePolicy wire_policies[] = {
      "bf16 all-to-alls and all-gather; the reduce-scatter's partial sums in float"},
     {WireDtype::bfloat16_all, "bf16_all", WireCodec::bfloat16, WireCodec::bfloat16, WireCodec::bfloat16,
      "bf16 everywhere, the reduce-scatter's partial sums too"},
+    {WireDtype::float8_e4m3, "fp8", WireCodec::fp8_e4m3, WireCodec::bfloat16, WireCodec::same,
+     "fp8 E4M3 with a scale per row on the forward's exchanges, bf16 on the backward's, float partial sums"},
 };
 
 /// The row of `dtype`.
