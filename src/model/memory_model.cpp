@@ -55,7 +55,9 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   const double B = x.B, s = x.s, Sa = x.Sa, H = x.H, h = x.h, D = x.D, R = x.R, dr = x.dr, dn = x.dn, dv = x.dv;
   const double dqk = x.dqk, e = x.e, acc = x.acc, Rq = x.Rq, U = x.U;
   const double Hu = U * h;  // the heads of the rank's blocks [U, B, s, h, *] (>= H when U does not divide H)
-  const double w = x.w;     // bytes per element of what the Ulysses collectives move
+  // Bytes per element of what the Ulysses collectives move: the backward's codec (wire_policy.hpp). fp8's forward
+  // staging (1 + 4 / row bytes) is counted at this width too (bf16's 2): an overestimate, on the safe side.
+  const double w = x.w;
   MemoryEstimate m;
   // Every buffer below is one the layer allocates for this configuration (the labels of its Views in quotes) and
   // keeps: the schedules' workspaces and scratch are allocated once and reused, and the collectives' pool keeps its
