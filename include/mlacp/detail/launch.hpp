@@ -25,6 +25,7 @@
 #include <mlacp/nccl/transport.hpp>
 #endif
 #include <any>
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -172,6 +173,15 @@ Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, i
   return p;
 }
 
+/// `like`'s extents as a View constructor takes them: eight, KOKKOS_INVALID_INDEX past its rank.
+template <class ViewType>
+std::array<std::size_t, 8> extents_of(const ViewType& like) {
+  std::array<std::size_t, 8> n;
+  n.fill(KOKKOS_INVALID_INDEX);
+  for (int d = 0; d < compat::view_rank_v<ViewType>; ++d) n[d] = like.extent(static_cast<unsigned>(d));
+  return n;
+}
+
 /// The result View: `into` when the caller provided one (its shape was validated by the prologue), else a new View
 /// shaped like `like`, with extent(dim_a) = extent_a and, when dim_b >= 0, extent(dim_b) = extent_b.
 template <class ViewType>
@@ -179,9 +189,7 @@ collective_result_t<ViewType> allocate_result(const collective_result_t<ViewType
                                               const ViewType& like, int dim_a, std::int64_t extent_a, int dim_b = -1,
                                               std::int64_t extent_b = 0) {
   if (into.data() != nullptr) return into;
-  std::size_t n[8] = {KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX,
-                      KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX};
-  for (int d = 0; d < compat::view_rank_v<ViewType>; ++d) n[d] = like.extent(static_cast<unsigned>(d));
+  std::array<std::size_t, 8> n = extents_of(like);
   n[dim_a] = static_cast<std::size_t>(extent_a);
   if (dim_b >= 0) n[dim_b] = static_cast<std::size_t>(extent_b);
   std::int64_t bytes = static_cast<std::int64_t>(sizeof(typename ViewType::value_type));

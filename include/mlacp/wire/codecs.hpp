@@ -61,4 +61,9 @@ decltype(auto) visit_codec(WireCodec id, F&& f) {
 
 }  // namespace detail
 
+/// The codec's name ("same", "bf16", "fp8_e4m3"): its registered type's `name`.
+inline const char* to_string(WireCodec codec) {
+  return detail::visit_codec(codec, [](auto tag) -> const char* { return decltype(tag)::type::name; });
+}
+
 }  // namespace mlacp

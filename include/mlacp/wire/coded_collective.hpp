@@ -18,6 +18,7 @@
 #include <mlacp/wire/rows.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -52,11 +53,8 @@ std::int64_t rows_of(const View& v) {
 /// innermost one, which is `width`.
 template <class V, class Like>
 V view_like(typename V::pointer_type data, const std::string& label, const Like& like, std::int64_t width) {
-  constexpr unsigned rank = compat::view_rank_v<Like>;
-  std::size_t n[8] = {KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX,
-                      KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX, KOKKOS_INVALID_INDEX};
-  for (unsigned d = 0; d < rank; ++d) n[d] = like.extent(d);
-  n[rank - 1] = static_cast<std::size_t>(width);
+  std::array<std::size_t, 8> n = extents_of(like);
+  n[compat::view_rank_v<Like> - 1] = static_cast<std::size_t>(width);
   if (data != nullptr) return V(data, n[0], n[1], n[2], n[3], n[4]);
   return V(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n[0], n[1], n[2], n[3], n[4]);
 }
@@ -81,19 +79,20 @@ AsyncCollective<collective_result_t<Input>> launch_with_codec(const ExecSpace& s
   using Result = collective_result_t<Input>;
   using MemSpace = typename Input::memory_space;
   constexpr int rank = compat::view_rank_v<Input>;
-  const std::string refused = "mlacp: collective '" + name + "': the wire codec " + Codec::name;
+  // The refusals' opening, built only where one is raised (a launch that goes ahead builds no message).
+  const auto refused = [&name] { return "mlacp: collective '" + name + "': the wire codec " + Codec::name; };
   if constexpr (std::is_same_v<Codec, SameCodec>) {
     return launch(input, into);
   } else if constexpr (!Codec::template carries<T>) {
-    throw InvalidArgument(refused + " carries float Views only; expected the codec same for this View's value type");
+    throw InvalidArgument(refused() + " carries float Views only; expected the codec same for this View's value type");
   } else if constexpr (Use == CodecUse::sum && !Codec::sums) {
-    throw InvalidArgument(refused +
+    throw InvalidArgument(refused() +
                           " cannot carry a reduce-scatter's partial sums (they cannot be added in its format); "
                           "expected a codec that sums: same or bf16");
   } else {
     if constexpr (Codec::row_scaled) {
       if (dim_a == rank - 1 || dim_b == rank - 1)
-        throw InvalidArgument(refused + " scales each row of the innermost dimension (" + std::to_string(rank - 1) +
+        throw InvalidArgument(refused() + " scales each row of the innermost dimension (" + std::to_string(rank - 1) +
                               "), which this collective splits or concatenates; expected dimensions below " +
                               std::to_string(rank - 1));
     }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
-// The names of the wire codecs (what a collective's payload travels as), without their kernels: what a configuration
-// or a launch names. codecs.hpp registers the codec type of each.
+// The wire codecs by value (what a collective's payload travels as), without their kernels: what a configuration or a
+// launch names. codecs.hpp registers the codec type of each, and gives each its name (to_string) from that type.
 #pragma once
 
 namespace mlacp {
@@ -11,10 +11,5 @@ enum class WireCodec {
   bfloat16,  ///< float rounded into bf16 (detail::Bf16Codec)
   fp8_e4m3,  ///< float as fp8 E4M3 with a float scale per row (detail::Fp8E4M3Codec)
 };
-
-/// The codec's name: "same", "bf16", "fp8_e4m3".
-constexpr const char* to_string(WireCodec codec) noexcept {
-  return codec == WireCodec::bfloat16 ? "bf16" : codec == WireCodec::fp8_e4m3 ? "fp8_e4m3" : "same";
-}
 
 }  // namespace mlacp
