@@ -20,17 +20,19 @@ const char* bf16_gemm_backend_name(Bf16GemmBackend backend) {
       return "float_blas";
     case Bf16GemmBackend::kokkos_kernels:
       return "kokkos_kernels";
+    case Bf16GemmBackend::cublas:
+      return "cublas";
   }
   return "?";
 }
 
 Bf16GemmBackend parse_bf16_gemm_backend(const std::string& value) {
   for (const auto b : {Bf16GemmBackend::automatic, Bf16GemmBackend::onednn, Bf16GemmBackend::float_blas,
-                       Bf16GemmBackend::kokkos_kernels})
+                       Bf16GemmBackend::kokkos_kernels, Bf16GemmBackend::cublas})
     if (value == bf16_gemm_backend_name(b)) return b;
   throw mlacp::InvalidArgument(
       "mlacp: " + std::string(bf16_gemm_env_var) + "='" + value +
-      "' is not a bf16 GEMM backend; expected one of auto, onednn, float_blas, kokkos_kernels");
+      "' is not a bf16 GEMM backend; expected one of auto, onednn, float_blas, kokkos_kernels, cublas");
 }
 
 Bf16GemmBackend bf16_gemm_backend_from_env() {

@@ -137,6 +137,7 @@ TEST_F(Bf16Gemm, FloatBlasIsAlwaysAvailableAndKokkosKernelsOnlyWhereItTakesBf16)
   EXPECT_TRUE(Plan::available(Bf16GemmBackend::float_blas));
   EXPECT_EQ(Plan::available(Bf16GemmBackend::kokkos_kernels), mlacp::detail::kokkos_kernels_gemm_takes_bf16);
   EXPECT_EQ(Plan::available(Bf16GemmBackend::onednn), MLACP_HAVE_ONEDNN && mlacp::detail::host_space<ExecSpace>);
+  EXPECT_EQ(Plan::available(Bf16GemmBackend::cublas), MLACP_HAVE_CUBLAS && !mlacp::detail::host_space<ExecSpace>);
   std::string names;
   for (auto b : Plan::available_backends()) names += std::string(" ") + mlacp::bf16_gemm_backend_name(b);
   std::cout << "bf16 GEMM backends in this build:" << names << "; oneDNN ISA: " << mlacp::onednn_cpu_isa() << '\n';
@@ -343,24 +344,24 @@ TEST_F(Bf16Gemm, EnvironmentOverrideIsReadAndBadValuesAreRefused) {
   EXPECT_EQ(Plan().requested(), Bf16GemmBackend::automatic);
   setenv(mlacp::bf16_gemm_env_var, "", 1);
   EXPECT_EQ(Plan().requested(), Bf16GemmBackend::automatic);
-  setenv(mlacp::bf16_gemm_env_var, "cublas", 1);
+  setenv(mlacp::bf16_gemm_env_var, "mkl", 1);
   try {
     Plan plan;
-    ADD_FAILURE() << "MLACP_BF16_GEMM=cublas was accepted";
+    ADD_FAILURE() << "MLACP_BF16_GEMM=mkl was accepted";
   } catch (const mlacp::InvalidArgument& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("MLACP_BF16_GEMM='cublas'"), std::string::npos) << what;
-    EXPECT_NE(what.find("auto, onednn, float_blas, kokkos_kernels"), std::string::npos) << what;
+    EXPECT_NE(what.find("MLACP_BF16_GEMM='mkl'"), std::string::npos) << what;
+    EXPECT_NE(what.find("auto, onednn, float_blas, kokkos_kernels, cublas"), std::string::npos) << what;
   }
   unsetenv(mlacp::bf16_gemm_env_var);
   EXPECT_THROW(mlacp::parse_bf16_gemm_backend("ONEDNN"), mlacp::InvalidArgument);
   for (const auto b : {Bf16GemmBackend::automatic, Bf16GemmBackend::onednn, Bf16GemmBackend::float_blas,
-                       Bf16GemmBackend::kokkos_kernels})
+                       Bf16GemmBackend::kokkos_kernels, Bf16GemmBackend::cublas})
     EXPECT_EQ(mlacp::parse_bf16_gemm_backend(mlacp::bf16_gemm_backend_name(b)), b);
 }
 
 TEST_F(Bf16Gemm, UnavailableForcedBackendIsRefusedWithTheReason) {
-  for (const auto b : {Bf16GemmBackend::onednn, Bf16GemmBackend::kokkos_kernels}) {
+  for (const auto b : {Bf16GemmBackend::onednn, Bf16GemmBackend::kokkos_kernels, Bf16GemmBackend::cublas}) {
     if (Plan::available(b)) continue;
     try {
       Plan plan(b);
@@ -370,6 +371,10 @@ TEST_F(Bf16Gemm, UnavailableForcedBackendIsRefusedWithTheReason) {
       EXPECT_NE(what.find(std::string("'") + mlacp::bf16_gemm_backend_name(b) + "' is not available"),
                 std::string::npos)
           << what;
+      // The reason: cuBLAS is CUDA's alone, or this build has none.
+      if (b == Bf16GemmBackend::cublas) {
+        EXPECT_NE(what.find("cuBLAS"), std::string::npos) << what;
+      }
     }
   }
 }

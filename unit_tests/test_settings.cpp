@@ -117,9 +117,9 @@ TEST(Settings, AValueThatDoesNotParseIsNamedWithWhatWasExpected) {
     EXPECT_EQ(settings.wait_timeout_s(9.0), 9.0) << bad << ": read where nothing may throw, so the default stays";
     EXPECT_NE(settings.error().find(std::string("MLACP_WAIT_TIMEOUT_S='") + bad + "'"), std::string::npos) << bad;
   }
-  Environment gemm("MLACP_BF16_GEMM", "cublas");
+  Environment gemm("MLACP_BF16_GEMM", "mkl");
   EXPECT_EQ(mlacp::Settings::from_environment().error(),
-            "MLACP_BF16_GEMM='cublas'; expected auto, onednn, float_blas or kokkos_kernels");
+            "MLACP_BF16_GEMM='mkl'; expected auto, onednn, float_blas, kokkos_kernels or cublas");
 }
 
 // A value that does not parse on one rank: every rank refuses the mesh, that rank with the value, the others naming

@@ -10,6 +10,9 @@
 //   ONEDNN_MAX_CPU_ISA=AVX2) oneDNN 2.6 has no bf16 matmul at all, and the plan takes float_blas instead.
 // - float_blas: A and B widened to float into the plan's workspace (Kokkos kernels, device-ready), then the float
 //   GEMM of compat::gemm (the BLAS TPL on host, cuBLAS/rocBLAS where Kokkos Kernels has them). Works everywhere.
+// - cublas: cuBLAS's cublasGemmEx, bf16 x bf16 -> f32/bf16 with CUBLAS_COMPUTE_32F, enqueued on the instance's stream
+//   (Kokkos::Cuda in builds with cuBLAS, MLACP_HAVE_CUBLAS; inner stride 1). Kokkos Kernels has no bf16 TPL GEMM, so
+//   the plan calls cuBLAS itself (src/cuda/bf16_gemm_cublas.cpp), with a handle of its own.
 // - kokkos_kernels: KokkosBlas::gemm on the bf16 Views themselves (bf16 A and B, float C), where Kokkos Kernels takes
 //   them: no build so far (detail::kokkos_kernels_gemm_takes_bf16 says why), so it is compiled out and reported
 //   unavailable everywhere; the name stays, parsed and refused with the reason.
@@ -17,11 +20,12 @@
 // The choice (Bf16GemmPlan): per call shape (transposes, m, n, k, beta zero or not, C's type), made on the shape's
 // first use and kept. `auto` times every candidate available for the call (one warm-up and three timed runs each,
 // into a scratch C of the plan's, so the caller's C is written once, by the winner) and keeps the fastest; the
-// environment variable MLACP_BF16_GEMM=auto|onednn|float_blas|kokkos_kernels read when the plan is made (or the
-// plan's constructor argument) forces one. A forced backend that this build or execution space lacks is refused when
-// the plan is made; one that cannot take a particular call (oneDNN with an inner stride other than 1, or on a CPU it
-// has no bf16 matmul for) falls back to float_blas for that call, and choices() records float_blas. Zero extents follow
-// compat::gemm (no-op for an empty C; C = beta*C for k = 0), before any backend.
+// environment variable MLACP_BF16_GEMM=auto|onednn|float_blas|kokkos_kernels|cublas read when the plan is made (or the
+// plan's constructor argument) forces one. A forced backend that this build or execution space lacks (Backend's
+// has_bf16_gemm) is refused when the plan is made; one that cannot take a particular call (oneDNN or cuBLAS with an
+// inner stride other than 1, oneDNN on a CPU it has no bf16 matmul for) falls back to float_blas for that call, and
+// choices() records float_blas. Zero extents follow compat::gemm (no-op for an empty C; C = beta*C for k = 0), before
+// any backend.
 //
 // Note that auto's choice is the machine's timing: two runs (or two ranks) may pick different backends, whose sums run
 // in different orders (float either way); force a backend where bitwise reproducibility matters.
@@ -32,6 +36,8 @@
 // A plan is not thread-safe; each caller (the layer, a test) owns its own, like an FFT plan.
 #pragma once
 
+#include <mlacp/backend.hpp>
+#include <mlacp/bf16_gemm_backend.hpp>
 #include <mlacp/build_config.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
@@ -53,38 +59,16 @@
 
 namespace mlacp {
 
-enum class Bf16GemmBackend { automatic, onednn, float_blas, kokkos_kernels };
-
-/// The environment variable that forces a backend.
-inline constexpr const char* bf16_gemm_env_var = "MLACP_BF16_GEMM";
-
-/// "auto", "onednn", "float_blas", "kokkos_kernels".
-const char* bf16_gemm_backend_name(Bf16GemmBackend backend);
-/// The backend named `value`; throws mlacp::InvalidArgument naming the value and the expected names otherwise.
-Bf16GemmBackend parse_bf16_gemm_backend(const std::string& value);
-/// MLACP_BF16_GEMM's backend (automatic where unset or empty); throws like parse_bf16_gemm_backend.
-Bf16GemmBackend bf16_gemm_backend_from_env();
 /// The instruction set oneDNN dispatches to on this CPU (after ONEDNN_MAX_CPU_ISA), e.g. "avx512_core_bf16"; a note
 /// when built without oneDNN.
 std::string onednn_cpu_isa();
 
 namespace detail {
 
-/// Whether Kokkos Kernels' gemm takes bf16 A and B with a float C. No Kokkos Kernels checked does: host builds' bf16
-/// (mlacp::bfloat16) has no ArithTraits there, and on CUDA (Kokkos' native bhalf_t) Kokkos Kernels 4.6.02's generic
-/// gemm and gemv kernels convert A's values to C's type implicitly, which bhalf_t's explicit conversions refuse (a CUDA
-/// build of KokkosBlas::gemm on bhalf_t A, B and a float C does not compile).
-inline constexpr bool kokkos_kernels_gemm_takes_bf16 = false;
-
-template <class ExecSpace>
-inline constexpr bool host_space =
-    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
-
-#if MLACP_HAVE_ONEDNN
-namespace onednn {
-/// One matmul, row-major: A [m, k] (stored transposed where trans_a), B [k, n] likewise, C [m, n]; lda, ldb, ldc are
-/// the storage's row strides in elements. a and b point to bf16, c to float (or bf16 where c_bf16).
-struct MatmulCall {
+/// One bf16 matmul as the library backends (oneDNN, cuBLAS) take it, row-major: A [m, k] (stored transposed where
+/// trans_a), B [k, n] likewise, C [m, n]; lda, ldb, ldc are the storage's row strides in elements. a and b point to
+/// bf16, c to float (or bf16 where c_bf16).
+struct Bf16MatmulCall {
   bool trans_a, trans_b;
   std::int64_t m, n, k;
   const void* a;
@@ -96,6 +80,10 @@ struct MatmulCall {
   bool c_bf16;
   float alpha, beta;
 };
+
+#if MLACP_HAVE_ONEDNN
+namespace onednn {
+using MatmulCall = Bf16MatmulCall;
 struct MatmulCache;
 struct MatmulCacheDeleter {
   void operator()(MatmulCache* cache) const;
@@ -111,6 +99,20 @@ std::string impl_info(MatmulCache& cache, const MatmulCall& call);
 /// Primitives created (supported calls) so far.
 std::size_t primitives(const MatmulCache& cache);
 }  // namespace onednn
+#endif
+
+#if MLACP_HAVE_CUBLAS
+namespace cublas {
+/// A cuBLAS handle (src/cuda/bf16_gemm_cublas.cpp), created on the plan's first cuBLAS call and kept.
+struct Handle;
+struct HandleDeleter {
+  void operator()(Handle* handle) const;
+};
+std::unique_ptr<Handle, HandleDeleter> make_handle();
+/// Enqueues the call on `stream` (a cudaStream_t): cublasGemmEx with bf16 A and B, a float or bf16 C and float
+/// accumulation (CUBLAS_COMPUTE_32F). Throws mlacp::Error naming cuBLAS's status where the call fails.
+void matmul(Handle& handle, void* stream, const Bf16MatmulCall& call);
+}  // namespace cublas
 #endif
 
 inline bool is_transposed(const char* trans) { return !(trans[0] == 'N' || trans[0] == 'n'); }
@@ -188,7 +190,7 @@ class Bf16GemmPlan {
   using UnmanagedFloatMatrix = Kokkos::View<float**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryUnmanaged>;
 
   /// `requested`: automatic (choose per shape) or one backend for every call; by default MLACP_BF16_GEMM's. Throws
-  /// mlacp::InvalidArgument where the requested backend is not available for ExecSpace in this build.
+  /// mlacp::InvalidArgument where the requested backend is not available for ExecSpace in this build (Backend).
   explicit Bf16GemmPlan(Bf16GemmBackend requested = bf16_gemm_backend_from_env()) : requested_(requested) {
     if (requested_ != Bf16GemmBackend::automatic && !available(requested_))
       throw mlacp::InvalidArgument(std::string("mlacp: bf16 GEMM backend '") + bf16_gemm_backend_name(requested_) +
@@ -196,23 +198,13 @@ class Bf16GemmPlan {
                                    "); available: " + available_names());
   }
 
-  /// Whether this build has the backend for ExecSpace (automatic: always).
-  static bool available(Bf16GemmBackend backend) {
-    switch (backend) {
-      case Bf16GemmBackend::automatic:
-      case Bf16GemmBackend::float_blas:
-        return true;
-      case Bf16GemmBackend::onednn:
-        return MLACP_HAVE_ONEDNN && detail::host_space<ExecSpace>;
-      case Bf16GemmBackend::kokkos_kernels:
-        return detail::kokkos_kernels_gemm_takes_bf16;
-    }
-    return false;
-  }
+  /// Whether this build has the backend for ExecSpace (automatic: always): Backend<ExecSpace>::has_bf16_gemm.
+  static bool available(Bf16GemmBackend backend) { return Backend<ExecSpace>::has_bf16_gemm(backend); }
   /// The backends available for ExecSpace, in the order auto tries them.
   static std::vector<Bf16GemmBackend> available_backends() {
     std::vector<Bf16GemmBackend> out;
-    for (const auto b : {Bf16GemmBackend::onednn, Bf16GemmBackend::kokkos_kernels, Bf16GemmBackend::float_blas})
+    for (const auto b : {Bf16GemmBackend::onednn, Bf16GemmBackend::cublas, Bf16GemmBackend::kokkos_kernels,
+                         Bf16GemmBackend::float_blas})
       if (available(b)) out.push_back(b);
     return out;
   }
@@ -261,7 +253,7 @@ class Bf16GemmPlan {
 #if MLACP_HAVE_ONEDNN
     if constexpr (detail::host_space<ExecSpace>) {
       if (!onednn_takes(trans_a, trans_b, alpha, a, b, beta, c)) return "";
-      return detail::onednn::impl_info(onednn_cache(), onednn_call(trans_a, trans_b, alpha, a, b, beta, c));
+      return detail::onednn::impl_info(onednn_cache(), matmul_call(trans_a, trans_b, alpha, a, b, beta, c));
     }
 #endif
     (void)trans_a, (void)trans_b, (void)alpha, (void)a, (void)b, (void)beta, (void)c;
@@ -276,6 +268,9 @@ class Bf16GemmPlan {
                                  : "built without oneDNN: MLACP_HAVE_ONEDNN is 0";
       case Bf16GemmBackend::kokkos_kernels:
         return "Kokkos Kernels' gemm takes no bf16 A and B with a float C (Kokkos Kernels 4.6.02 not even on CUDA)";
+      case Bf16GemmBackend::cublas:
+        return MLACP_HAVE_CUBLAS ? "cuBLAS runs on Kokkos::Cuda only"
+                                 : "built without cuBLAS: MLACP_HAVE_CUBLAS is 0 (it needs Kokkos' CUDA backend)";
       default:
         return "";
     }
@@ -320,16 +315,14 @@ class Bf16GemmPlan {
                         const BView& b, float beta, const CView& c) {
     Bf16GemmChoice choice;
     if (requested_ != Bf16GemmBackend::automatic) {
-      // A forced oneDNN that cannot take the call is recorded as what runs instead.
-      choice.backend = requested_ == Bf16GemmBackend::onednn && !onednn_takes(trans_a, trans_b, alpha, a, b, beta, c)
-                           ? Bf16GemmBackend::float_blas
-                           : requested_;
+      // A forced oneDNN or cuBLAS that cannot take the call is recorded as what runs instead.
+      choice.backend =
+          takes(requested_, trans_a, trans_b, alpha, a, b, beta, c) ? requested_ : Bf16GemmBackend::float_blas;
       return choice;
     }
     std::vector<Bf16GemmBackend> candidates;
     for (const auto backend : available_backends())
-      if (backend != Bf16GemmBackend::onednn || onednn_takes(trans_a, trans_b, alpha, a, b, beta, c))
-        candidates.push_back(backend);
+      if (takes(backend, trans_a, trans_b, alpha, a, b, beta, c)) candidates.push_back(backend);
     if (candidates.size() == 1) {
       choice.backend = candidates.front();
       return choice;
@@ -366,7 +359,19 @@ class Bf16GemmPlan {
       if constexpr (detail::host_space<ExecSpace>) {
         if (onednn_takes(trans_a, trans_b, alpha, a, b, beta, c)) {
           compat::fence(space, "mlacp: before the oneDNN bf16 matmul");
-          detail::onednn::matmul(onednn_cache(), onednn_call(trans_a, trans_b, alpha, a, b, beta, c));
+          detail::onednn::matmul(onednn_cache(), matmul_call(trans_a, trans_b, alpha, a, b, beta, c));
+          return;
+        }
+      }
+#endif
+      backend = Bf16GemmBackend::float_blas;
+    }
+    if (backend == Bf16GemmBackend::cublas) {
+#if MLACP_HAVE_CUBLAS && defined(KOKKOS_ENABLE_CUDA)
+      if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
+        if (takes(backend, trans_a, trans_b, alpha, a, b, beta, c)) {
+          if (!cublas_) cublas_ = detail::cublas::make_handle();
+          detail::cublas::matmul(*cublas_, space.cuda_stream(), matmul_call(trans_a, trans_b, alpha, a, b, beta, c));
           return;
         }
       }
@@ -435,6 +440,17 @@ class Bf16GemmPlan {
     }
   }
 
+  /// Whether `backend` can run the call: oneDNN where onednn_takes; cuBLAS with inner strides 1 (its leading
+  /// dimensions are the row strides); the others always. A backend that cannot runs float_blas instead.
+  template <class AView, class BView, class CView>
+  bool takes(Bf16GemmBackend backend, const char* trans_a, const char* trans_b, float alpha, const AView& a,
+             const BView& b, float beta, const CView& c) {
+    if (backend == Bf16GemmBackend::onednn) return onednn_takes(trans_a, trans_b, alpha, a, b, beta, c);
+    if (backend == Bf16GemmBackend::cublas)
+      return detail::unit_inner_stride(a) && detail::unit_inner_stride(b) && detail::unit_inner_stride(c);
+    return true;
+  }
+
 #if MLACP_HAVE_ONEDNN
   /// oneDNN takes the call: host space, inner strides 1, and an implementation on this CPU (oneDNN 2.6 has no bf16
   /// matmul below AVX512, e.g. under ONEDNN_MAX_CPU_ISA=AVX2).
@@ -444,16 +460,18 @@ class Bf16GemmPlan {
     if (!(detail::host_space<ExecSpace> && detail::unit_inner_stride(a) && detail::unit_inner_stride(b) &&
           detail::unit_inner_stride(c)))
       return false;
-    return detail::onednn::supported(onednn_cache(), onednn_call(trans_a, trans_b, alpha, a, b, beta, c));
+    return detail::onednn::supported(onednn_cache(), matmul_call(trans_a, trans_b, alpha, a, b, beta, c));
   }
   detail::onednn::MatmulCache& onednn_cache() {
     if (!onednn_) onednn_ = detail::onednn::make_matmul_cache();
     return *onednn_;
   }
+#endif
+  /// The call as oneDNN and cuBLAS take it.
   template <class AView, class BView, class CView>
-  static detail::onednn::MatmulCall onednn_call(const char* trans_a, const char* trans_b, float alpha, const AView& a,
-                                                const BView& b, float beta, const CView& c) {
-    detail::onednn::MatmulCall call{};
+  static detail::Bf16MatmulCall matmul_call(const char* trans_a, const char* trans_b, float alpha, const AView& a,
+                                            const BView& b, float beta, const CView& c) {
+    detail::Bf16MatmulCall call{};
     call.trans_a = detail::is_transposed(trans_a);
     call.trans_b = detail::is_transposed(trans_b);
     call.m = static_cast<std::int64_t>(c.extent(0));
@@ -471,6 +489,7 @@ class Bf16GemmPlan {
     return call;
   }
 
+#if MLACP_HAVE_ONEDNN
   std::unique_ptr<detail::onednn::MatmulCache, detail::onednn::MatmulCacheDeleter> onednn_;
 #else
   template <class AView, class BView, class CView>
@@ -479,6 +498,9 @@ class Bf16GemmPlan {
   }
 #endif
 
+#if MLACP_HAVE_CUBLAS
+  std::unique_ptr<detail::cublas::Handle, detail::cublas::HandleDeleter> cublas_;
+#endif
   Bf16GemmBackend requested_;
   std::map<Bf16GemmShape, Bf16GemmChoice> choices_;
   Kokkos::View<float*, memory_space> workspace_;

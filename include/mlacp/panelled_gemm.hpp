@@ -4,6 +4,7 @@
 // collective is pending (progress.hpp says why MPI needs it).
 #pragma once
 
+#include <mlacp/backend.hpp>
 #include <mlacp/bf16_gemm.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/event_recorder.hpp>
@@ -22,8 +23,8 @@ namespace mlacp {
 
 /// How mlacp's GEMMs make pending collectives progress on host execution spaces (MPI implementations such as Open MPI
 /// move a nonblocking collective only inside MPI calls): while any collective is pending, a GEMM is split into at
-/// most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Device execution
-/// spaces never poll (NCCL progresses on its own).
+/// most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Only where the
+/// execution space's Backend polls (backend.hpp: host spaces; NCCL progresses on its own).
 struct OverlapPolicy {
   int panels = 32;
   std::int64_t min_panel_rows = 128;
@@ -94,7 +95,7 @@ void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char*
                         typename CMat::const_value_type beta, const CMat& c) {
   using T = typename CMat::non_const_value_type;
   using Scalar = compat::accumulation_t<T>;
-  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  constexpr bool polls = Backend<ExecSpace>::polls_progress;  // MPI on host spaces needs polling; NCCL does not
   // One region per call (panels included) when a profiler listens; no name is built otherwise.
   std::optional<compat::ScopedRegion> region;
   if (compat::tools::regions_active())
@@ -102,12 +103,12 @@ void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char*
   const auto rows = static_cast<std::int64_t>(a.extent(0));
   const OverlapPolicy policy = overlap_policy();
   std::int64_t panels = 1;
-  if (host && pending_collectives() > 0 && policy.panels > 1)
+  if (polls && pending_collectives() > 0 && policy.panels > 1)
     panels = std::clamp<std::int64_t>(rows / std::max<std::int64_t>(1, policy.min_panel_rows), 1, policy.panels);
   if (panels == 1) {
-    if (host) progress();
+    if (polls) progress();
     gemm_values(space, trans_a, trans_b, Scalar(alpha), a, b, Scalar(beta), c);
-    if (host) progress();
+    if (polls) progress();
     return;
   }
   const bool reduce_over_rows = trans_a[0] == 'T' || trans_a[0] == 't';

@@ -25,7 +25,7 @@ AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewT
   launch.extend_lifetime(view);  // read in place by the transport, or by the pack kernel queued on `space`
   launch.extend_lifetime(sent.owner);
   const detail::Vector<T, MemSpace> result_buffer(launch.result.data(), count);
-  if (detail::TransportFor<ExecSpace>::reduces_natively(mesh)) {
+  if (Backend<ExecSpace>::Transport::reduces_natively(mesh)) {
     launch.recv = result_buffer;
     return detail::start(space, mesh, std::move(launch));
   }

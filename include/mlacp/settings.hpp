@@ -43,7 +43,7 @@ inline constexpr std::array<SettingInfo, 8> setting_table{{
     {"MLACP_CHECK_FINITE", true, "0 (off, the default) or anything else (on)", &detail::any_setting},
     {"MLACP_REDUCE_SCATTER", true, "'pairwise' or 'mpi'", &detail::reduce_scatter_setting},
     {"MLACP_ATTENTION_TILES", true, "QxK with two positive integers, e.g. 128x256", &detail::tiles_setting},
-    {"MLACP_BF16_GEMM", true, "auto, onednn, float_blas or kokkos_kernels", &detail::bf16_gemm_setting},
+    {"MLACP_BF16_GEMM", true, "auto, onednn, float_blas, kokkos_kernels or cublas", &detail::bf16_gemm_setting},
     {"MLACP_WGRAD_PANELS", false, "a positive integer (1: no panels)", &detail::positive_integer_setting},
     {"MLACP_TRACE", false, "a writable file path", &detail::any_setting},
     {"MLACP_WAIT_TIMEOUT_S", false, "seconds, 0 to turn the watchdog off", &detail::seconds_setting},

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // What the three collectives share, above the handle: compile-time requirements on the View, the prologue (describe,
 // validate, P == 1), the send and receive sides around the scattered and gathered dimensions, and the hand-off of one
-// described launch to the backend of the execution space (detail::TransportFor: mpi/ or nccl/).
+// described launch to the transport of the execution space (Backend<ExecSpace>::Transport: mpi/ or nccl/).
 #pragma once
 
 #include <mlacp/allocation.hpp>
 #include <mlacp/async_collective.hpp>
+#include <mlacp/backend.hpp>
 #include <mlacp/build_config.hpp>
 #include <mlacp/collective_bytes.hpp>
 #include <mlacp/compat.hpp>
@@ -19,7 +20,7 @@
 
 #include <Kokkos_Core.hpp>
 // The NCCL backend (cuda_runtime.h, nccl.h) only where a collective can run on it: builds with NCCL configured in
-// (<mlacp/build_config.hpp>) and Kokkos' CUDA backend, where it specialises detail::TransportFor<Kokkos::Cuda>. Every
+// (<mlacp/build_config.hpp>) and Kokkos' CUDA backend, where it is Backend<Kokkos::Cuda>'s transport. Every
 // translation unit of such a build sees the same two macros, hence the same specialisation.
 #if MLACP_HAVE_NCCL && defined(KOKKOS_ENABLE_CUDA)
 #include <mlacp/nccl/transport.hpp>
@@ -150,7 +151,7 @@ Prologue<ViewType> prologue(detail::CollectiveKind kind, const ViewType& view, i
     if (partition_b != nullptr) p.call.counts_b = partition_b->counts();
   }
   p.call.sums_with_mpi =
-      kind == detail::CollectiveKind::reduce_scatter && detail::TransportFor<ExecSpace>::sums_with_mpi(mesh);
+      kind == detail::CollectiveKind::reduce_scatter && Backend<ExecSpace>::Transport::sums_with_mpi(mesh);
   if (into.data() != nullptr) {
     p.call.has_into = true;
     for (int d = 0; d < p.call.rank; ++d)
@@ -251,7 +252,7 @@ AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
                                  : launch.operation == detail::Operation::send_recv  ? CountedCollective::send_recv
                                                                                     : CountedCollective::reduce_scatter,
                                  static_cast<std::uint64_t>(launch.send.size() * sizeof(T)));
-  detail::StartedTransport started = detail::TransportFor<ExecSpace>::start(space, mesh, request);
+  detail::StartedTransport started = Backend<ExecSpace>::Transport::start(space, mesh, request);
   std::function<void()> finish = [arrived = std::move(started.arrived), finish = std::move(launch.finish)]() {
     if (arrived) arrived();
     if (finish) finish();

@@ -69,14 +69,4 @@ struct StartedTransport {
   std::unique_ptr<PendingTransport> transport;
 };
 
-/// The backend that carries collectives launched on instances of ExecSpace. mpi/transport.hpp defines it for every
-/// execution space; nccl/transport.hpp specialises it for Kokkos::Cuda in builds with NCCL (NCCL when the mesh has an
-/// NCCL communicator, else MPI). A backend provides:
-///   static bool reduces_natively(const Mesh&)   whether reduce_scatter_sum is the backend's own (else the
-///                                                collective uses exchange_blocks and sums the blocks itself)
-///   static bool sums_with_mpi(const Mesh&)      whether that reduction is MPI's own, which cannot sum bf16
-///   static StartedTransport start(const ExecSpace&, const Mesh&, const TransportRequest<T, MemSpace>&)
-template <class ExecSpace, class Enable = void>
-struct TransportFor;
-
 }  // namespace mlacp::detail

@@ -462,7 +462,7 @@ class MlaAttention {
                "(the fp8 codec carries float payloads; a bf16 layer's wire is bf16 already)";
     } else {
       if (wire == WireDtype::bfloat16_all && config_.strategy == MlaStrategy::latent && mesh.size() > 1 &&
-          detail::TransportFor<ExecSpace>::sums_with_mpi(mesh))
+          Backend<ExecSpace>::Transport::sums_with_mpi(mesh))
         return "mlacp::MlaAttention: wire_dtype = bf16_all moves the latent reduce-scatter's partial sums as bf16, "
                "which the mpi reduce-scatter algorithm (MLACP_REDUCE_SCATTER=mpi or ReduceScatterAlgorithm::mpi) "
                "cannot sum (MPI has no bf16 sum); expected wire_dtype = bf16 (partial sums in float) or the pairwise "

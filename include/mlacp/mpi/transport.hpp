@@ -158,9 +158,3 @@ struct Transport {
 };
 
 }  // namespace mlacp::mpi
-
-namespace mlacp::detail {
-/// MPI carries the collectives of every execution space (nccl/transport.hpp specialises this for Kokkos::Cuda).
-template <class ExecSpace, class Enable>
-struct TransportFor : mpi::Transport {};
-}  // namespace mlacp::detail

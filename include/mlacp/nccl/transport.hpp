@@ -241,20 +241,20 @@ struct Transport {
 }  // namespace mlacp::nccl
 
 #if defined(KOKKOS_ENABLE_CUDA)
-namespace mlacp::detail {
-/// Collectives on CUDA instances: NCCL when the mesh has an NCCL communicator (nccl::enable), else MPI.
-template <>
-struct TransportFor<Kokkos::Cuda> {
+namespace mlacp::nccl {
+/// Backend<Kokkos::Cuda>'s transport (backend.hpp): NCCL when the mesh has an NCCL communicator (nccl::enable), else
+/// MPI.
+struct CudaTransport {
   static bool reduces_natively(const Mesh& mesh) { return mesh.has_nccl() || mpi::Transport::reduces_natively(mesh); }
   /// NCCL sums itself (bf16 in float); without it, MPI's transport decides.
   static bool sums_with_mpi(const Mesh& mesh) { return !mesh.has_nccl() && mpi::Transport::sums_with_mpi(mesh); }
   template <class T, class MemSpace>
-  static StartedTransport start(const Kokkos::Cuda& space, const Mesh& mesh,
-                                const TransportRequest<T, MemSpace>& request) {
+  static detail::StartedTransport start(const Kokkos::Cuda& space, const Mesh& mesh,
+                                        const detail::TransportRequest<T, MemSpace>& request) {
     if (mesh.has_nccl()) return nccl::Transport::start(space, mesh.nccl(), request);
     return mpi::Transport::start(space, mesh, request);
   }
 };
-}  // namespace mlacp::detail
+}  // namespace mlacp::nccl
 #endif
 #endif

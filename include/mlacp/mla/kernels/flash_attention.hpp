@@ -28,6 +28,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <mlacp/backend.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/document_layout.hpp>
@@ -103,11 +104,10 @@ class FlashAttentionCore {
     return detail::flash_tile_pairs(documents.host(n_s), n_s, tq, tk);
   }
 
-  /// True when `path` would run the BLAS path on ExecSpace (automatic: wherever host memory is reachable).
+  /// True when `path` would run the BLAS path on ExecSpace (automatic: where its Backend runs tiles on the BLAS).
   template <class ExecSpace>
   static constexpr bool runs_blas(FlashAttentionPath path) {
-    constexpr bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
-    return host && path != FlashAttentionPath::team;
+    return Backend<ExecSpace>::attention_on_blas && path != FlashAttentionPath::team;
   }
 
   /// The forward of a problem (attention_problem.hpp): o and lse of the queries at q_rows against the keys at k_rows,
@@ -154,7 +154,7 @@ class FlashAttentionCore {
         run_path(
             blas,
             [&] {
-              if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible)
+              if constexpr (Backend<ExecSpace>::attention_on_blas)
                 detail::flash_forward_blas_range(space, q, k, v, o, lse, docs, rg, merge, rq, rk, scratch<T, Mem>());
             },
             [&] {
@@ -232,7 +232,7 @@ class FlashAttentionCore {
         run_path(
             blas,
             [&] {
-              if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible)
+              if constexpr (Backend<ExecSpace>::attention_on_blas)
                 detail::flash_backward_blas_range(space, q, k, v, lse, d_o, pb.dq, pb.dk, pb.dv, do_dq, do_dk, do_dv,
                                                   docs, rg, !overwrite, rq, rk, ws, ws.row_term);
             },

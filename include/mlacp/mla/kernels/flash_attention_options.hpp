@@ -15,7 +15,7 @@ namespace mlacp {
 ///    builds), the softmax and masking are Kokkos kernels on the tiles.
 ///  - team: any execution space (Serial, OpenMP, CUDA, HIP). One team per (batch, head, tile), tile products as
 ///    KokkosBatched team GEMMs with the score tiles and accumulators in team scratch memory.
-///  - automatic: blas where the execution space can reach host memory, team elsewhere.
+///  - automatic: what the execution space's Backend says (backend.hpp: blas on host spaces, team on devices).
 enum class FlashAttentionPath { automatic, blas, team };
 
 /// Tile sizes of the core: `query_tile` queries by `key_tile` keys per score tile. 0 means the path's default (chosen
