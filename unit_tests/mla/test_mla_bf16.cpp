@@ -271,10 +271,17 @@ TEST(MlaBf16Backends, ForcedBackendsAgree) {
   Tensor3<bf16> x("x", 1, config.seq / mesh.size(), config.hidden);
   mlacp::test::fill(x, 8, 1.0);
   std::vector<double> first;
+  // The environment's own value comes back after each layer is built: the tests after this one run with what the run
+  // pinned (MLACP_BF16_GEMM=float_blas makes the suite's bf16 outputs reproducible; unset, auto's timed choice is not).
+  const char* pinned = std::getenv(mlacp::bf16_gemm_env_var);
+  const std::string restored = pinned != nullptr ? pinned : "";
   for (const auto backend : mlacp::Bf16GemmPlan<Space>::available_backends()) {
     ::setenv(mlacp::bf16_gemm_env_var, mlacp::bf16_gemm_backend_name(backend), 1);
     mlacp::MlaAttention<bf16> layer(config, w, mesh);
-    ::unsetenv(mlacp::bf16_gemm_env_var);
+    if (pinned != nullptr)
+      ::setenv(mlacp::bf16_gemm_env_var, restored.c_str(), 1);
+    else
+      ::unsetenv(mlacp::bf16_gemm_env_var);
     EXPECT_EQ(layer.bf16_gemm_plan()->requested(), backend);
     const auto y = host_values(layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output());
     if (first.empty())
