@@ -67,7 +67,12 @@ _INFERENCE_COMMON = {
 }
 INFERENCE_DENSE_NAMES = {"w_q": "wq.weight", **_INFERENCE_COMMON}
 INFERENCE_Q_LORA_NAMES = {"w_qa": "wq_a.weight", "g_q": "q_norm.weight", "w_qb": "wq_b.weight", **_INFERENCE_COMMON}
-CHECKPOINT_FORMATS = ("auto", "hf", "inference")
+# Each key format's name tables: (dense query, q-LoRA).
+_NAME_TABLES = {
+    "hf": (DENSE_NAMES, Q_LORA_NAMES),
+    "inference": (INFERENCE_DENSE_NAMES, INFERENCE_Q_LORA_NAMES),
+}
+CHECKPOINT_FORMATS = ("auto", *_NAME_TABLES)
 # The dimension along which DeepSeek's convert.py splits a weight across model-parallel files.
 _MODEL_PARALLEL_DIM = {"w_q": 0, "w_qb": 0, "w_kvb": 0, "w_o": 1}
 # Keys of HF's module that mlacp cannot hold.
@@ -80,13 +85,11 @@ _UNSUPPORTED = {
 def deepseek_names(config, checkpoint_format="hf"):
     """{mlacp name: DeepSeek key} for the parameters ``config`` has (biases only with config.bias), in
     ``checkpoint_format`` "hf" or "inference" (which has no biases: a config with bias=True is refused)."""
-    if checkpoint_format == "inference":
-        if config.bias:
-            raise _mlacp.InvalidArgument("mlacp: DeepSeek's inference format has no attention biases (b_q, b_kvb, "
-                                         "b_o); expected a config with bias=False, or checkpoint_format='hf'")
-        names = INFERENCE_Q_LORA_NAMES if config.q_lora_rank > 0 else INFERENCE_DENSE_NAMES
-    else:
-        names = Q_LORA_NAMES if config.q_lora_rank > 0 else DENSE_NAMES
+    if checkpoint_format == "inference" and config.bias:
+        raise _mlacp.InvalidArgument("mlacp: DeepSeek's inference format has no attention biases (b_q, b_kvb, "
+                                     "b_o); expected a config with bias=False, or checkpoint_format='hf'")
+    dense, q_lora = _NAME_TABLES[checkpoint_format]
+    names = q_lora if config.q_lora_rank > 0 else dense
     return {row.name: names[row.name] for row in parameter_table(config) if row.present}
 
 
@@ -94,8 +97,8 @@ def _module_names(tables):
     return {key.split(".")[0] for table in tables for key in table.values()}
 
 
-_HF_MODULES = _module_names([DENSE_NAMES, Q_LORA_NAMES])
-_INFERENCE_MODULES = _module_names([INFERENCE_DENSE_NAMES, INFERENCE_Q_LORA_NAMES])
+_HF_MODULES = _module_names(_NAME_TABLES["hf"])
+_INFERENCE_MODULES = _module_names(_NAME_TABLES["inference"])
 
 
 def _resolve_format(checkpoint_format, keys, where):
@@ -178,15 +181,13 @@ def from_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=Fals
             weight = scales[key]
             if weight not in keys or not is_fp8(state_dict[keys[weight]]):
                 raise _mlacp.InvalidArgument(f"{where}: unexpected key {keys[key]!r}: it scales fp8 codes, but "
-                                             f"{prefix + scales[key]!r} holds none; expected no scale beside a weight "
+                                             f"{prefix + weight!r} holds none; expected no scale beside a weight "
                                              "that is not fp8")
             continue
         if key not in wanted:
-            known = (DENSE_NAMES, Q_LORA_NAMES) if checkpoint_format == "hf" else (INFERENCE_DENSE_NAMES,
-                                                                                   INFERENCE_Q_LORA_NAMES)
             if checkpoint_format == "hf" and key in _UNSUPPORTED:
                 why = _UNSUPPORTED[key]
-            elif any(key in table.values() for table in known):
+            elif any(key in table.values() for table in _NAME_TABLES[checkpoint_format]):
                 why = (f"not a parameter of this configuration (q_lora_rank={config.q_lora_rank}, "
                        f"bias={config.bias})")
             else:
@@ -218,7 +219,7 @@ def to_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=False,
     """The DeepSeek-V2/V3 attention state_dict ({prefix + key: tensor}) of mlacp's ``state_dict`` for ``config``
     (the inverse of from_deepseek_state_dict; ``rope_interleave`` permutes the rope rows back into interleaved
     pairs; ``checkpoint_format`` "hf" or "inference" names the keys; the values stay as they are, never fp8)."""
-    if checkpoint_format not in ("hf", "inference"):
+    if checkpoint_format not in _NAME_TABLES:
         raise _mlacp.InvalidArgument(f"mlacp.to_deepseek_state_dict: checkpoint_format={checkpoint_format!r}; "
                                      "expected 'hf' or 'inference'")
     out = {}
