@@ -44,6 +44,23 @@ namespace detail {
 template <class ExecSpace>
 inline constexpr bool host_space =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+
+/// The bf16 GEMM backends of a space with oneDNN's and cuBLAS's availability as given: automatic and float_blas
+/// always, kokkos_kernels where its GEMM takes bf16, onednn and cublas where available.
+constexpr bool has_bf16_gemm(Bf16GemmBackend backend, bool onednn, bool cublas) {
+  switch (backend) {
+    case Bf16GemmBackend::automatic:
+    case Bf16GemmBackend::float_blas:
+      return true;
+    case Bf16GemmBackend::onednn:
+      return onednn;
+    case Bf16GemmBackend::cublas:
+      return cublas;
+    case Bf16GemmBackend::kokkos_kernels:
+      return kokkos_kernels_gemm_takes_bf16;
+  }
+  return false;
+}
 }  // namespace detail
 
 /// Host execution spaces, and any other space without a specialisation below: MPI carries the collectives; host
@@ -53,18 +70,7 @@ struct Backend {
   static constexpr bool host = detail::host_space<ExecSpace>;
   using Transport = mpi::Transport;
   static constexpr bool has_bf16_gemm(Bf16GemmBackend backend) {
-    switch (backend) {
-      case Bf16GemmBackend::automatic:
-      case Bf16GemmBackend::float_blas:
-        return true;
-      case Bf16GemmBackend::onednn:
-        return MLACP_HAVE_ONEDNN && host;
-      case Bf16GemmBackend::kokkos_kernels:
-        return detail::kokkos_kernels_gemm_takes_bf16;
-      case Bf16GemmBackend::cublas:
-        return false;
-    }
-    return false;
+    return detail::has_bf16_gemm(backend, MLACP_HAVE_ONEDNN && host, false);
   }
   static constexpr bool attention_on_blas = host;
   static constexpr bool polls_progress = host;
@@ -82,18 +88,7 @@ struct Backend<Kokkos::Cuda> {
   using Transport = mpi::Transport;
 #endif
   static constexpr bool has_bf16_gemm(Bf16GemmBackend backend) {
-    switch (backend) {
-      case Bf16GemmBackend::automatic:
-      case Bf16GemmBackend::float_blas:
-        return true;
-      case Bf16GemmBackend::cublas:
-        return MLACP_HAVE_CUBLAS;
-      case Bf16GemmBackend::kokkos_kernels:
-        return detail::kokkos_kernels_gemm_takes_bf16;
-      case Bf16GemmBackend::onednn:
-        return false;
-    }
-    return false;
+    return detail::has_bf16_gemm(backend, false, MLACP_HAVE_CUBLAS);
   }
   static constexpr bool attention_on_blas = false;
   static constexpr bool polls_progress = false;
