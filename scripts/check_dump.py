@@ -10,7 +10,7 @@ usage: check_dump.py DIR   (exit 0 when every check passes)
    start (step 4) and attention is causal within a document only (step 6), the same for every batch row.
    With q-LoRA (config.json's q_lora_rank > 0) the query is factored (w_qa, g_q, w_qb in place of w_q, docs/spec.md
    step 1), and a positive softmax_scale replaces 1/sqrt(dqk) (step 6); both keys default to 0 when absent (dumps
-   of tools that predate them).
+   of tools that predate them). RoPE takes config.json's rope_base and YaRN scaling (rope_factor > 1, step 4).
 3. Every gradient (dx and each weight's) is checked against finite differences of L = sum(y * dy) of that numpy
    forward along a random direction u: |(L(p + h u) - L(p - h u)) / 2h - <grad, u>| <= tol * |grad| |u|.
 """
@@ -46,9 +46,10 @@ def mla_forward(p, x, c, cu_seqlens=None):
     a = x @ p["w_kva"].T
     lat, k_pe = a[..., :R], a[..., R:]
     lat = lat / np.sqrt(np.mean(lat * lat, axis=-1, keepdims=True) + eps) * p["g_kv"]
-    inv_freq = 10000.0 ** (-2.0 * np.arange(dr // 2) / dr)
+    inv_freq, amplitude = rope_frequencies(c, dr)
     angle = positions[:, None] * inv_freq[None, :]
     cos, sin = np.concatenate([np.cos(angle)] * 2, -1), np.concatenate([np.sin(angle)] * 2, -1)
+    cos, sin = amplitude * cos, amplitude * sin
 
     def rot(t, cos_, sin_):
         half = t.shape[-1] // 2
@@ -68,6 +69,35 @@ def mla_forward(p, x, c, cu_seqlens=None):
     prob /= prob.sum(-1, keepdims=True)
     o = np.einsum("bhij,bjhd->bihd", prob, v).reshape(B, S, H * dv)
     return o @ p["w_o"].T + p.get("b_o", 0.0)
+
+
+def rope_frequencies(c, dr):
+    """docs/spec.md step 4: inv_freq [dr/2] and the factor on cos and sin, from config.json's rope_base and YaRN keys
+    (rope_factor, rope_original_max_position, rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim,
+    rope_attention_factor; absent in dumps that predate them: plain RoPE of base 10000)."""
+    base = float(c.get("rope_base", 10000.0))
+    inv_freq = base ** (-2.0 * np.arange(dr // 2) / dr)
+    f = float(c.get("rope_factor", 1.0))
+    if f == 1.0:
+        return inv_freq, 1.0
+    L0 = float(c["rope_original_max_position"])
+
+    def corr(rotations):
+        return dr * np.log(L0 / (2 * np.pi * rotations)) / (2 * np.log(base))
+
+    lo = max(np.floor(corr(float(c["rope_beta_fast"]))), 0.0)
+    hi = min(np.ceil(corr(float(c["rope_beta_slow"]))), dr - 1.0)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(dr // 2) - lo) / (hi - lo), 0.0, 1.0)
+    inv_freq = inv_freq / f * ramp + inv_freq * (1 - ramp)
+
+    def g(m):
+        return 0.1 * m * np.log(f) + 1.0 if f > 1 else 1.0
+
+    m, m_all, given = (float(c.get(k, 0.0)) for k in ("rope_mscale", "rope_mscale_all_dim", "rope_attention_factor"))
+    amplitude = given if given > 0 else (g(m) / g(m_all) if m != 0 and m_all != 0 else g(1.0))
+    return inv_freq, amplitude
 
 
 def q_lora_rank(c):

@@ -78,10 +78,34 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
   } else if (!(softmax_scale >= 0) || !std::isfinite(softmax_scale)) {
     out << "mlacp::MlaConfig: softmax_scale = " << softmax_scale
         << "; expected 0 (1/sqrt(dqk)) or a positive finite scale";
+  } else if (!yarn_error().empty()) {
+    out << yarn_error();
   } else if (max_documents < 1) {
     out << "mlacp::MlaConfig: max_documents = " << max_documents << "; expected a positive count of documents";
   } else {
     out << cu_seqlens_error(cu_seqlens, seq, "MlaConfig");
+  }
+  return out.str();
+}
+
+std::string MlaConfig::yarn_error() const {
+  std::ostringstream out;
+  const auto nonnegative = [](double v) { return v >= 0 && std::isfinite(v); };
+  if (!(rope_factor >= 1) || !std::isfinite(rope_factor)) {
+    out << "mlacp::MlaConfig: rope_factor = " << rope_factor << "; expected YaRN's factor >= 1 (1: plain RoPE)";
+  } else if (rope_factor == 1) {
+    // Plain RoPE: the other rows are not read.
+  } else if (rope_original_max_position <= 0) {
+    out << "mlacp::MlaConfig: rope_original_max_position = " << rope_original_max_position
+        << " with rope_factor = " << rope_factor
+        << "; expected YaRN's original context length, a positive count of tokens";
+  } else if (!(rope_beta_slow > 0) || !(rope_beta_fast > 0) || !std::isfinite(rope_beta_fast) ||
+             !std::isfinite(rope_beta_slow)) {
+    out << "mlacp::MlaConfig: rope_beta_fast = " << rope_beta_fast << ", rope_beta_slow = " << rope_beta_slow
+        << "; expected positive finite numbers of rotations";
+  } else if (!nonnegative(rope_mscale) || !nonnegative(rope_mscale_all_dim) || !nonnegative(rope_attention_factor)) {
+    out << "mlacp::MlaConfig: rope_mscale = " << rope_mscale << ", rope_mscale_all_dim = " << rope_mscale_all_dim
+        << ", rope_attention_factor = " << rope_attention_factor << "; expected finite values >= 0 (0: absent)";
   }
   return out.str();
 }

@@ -384,19 +384,20 @@ class MlaAttention(torch.nn.Module):
         compute = "" if self._compute_dtype is None else f", compute_dtype={self._compute_dtype}"
         return f"{self.config.describe()}, P={self.mesh.size}, dtype={self.dtype}{compute}"
 
-    def load_deepseek_state_dict(self, state_dict, prefix="", rope_interleave=False, checkpoint_format="auto"):
+    def load_deepseek_state_dict(self, state_dict, prefix="", rope_interleave=None, checkpoint_format="auto"):
         """Loads a DeepSeek-V2/V3 attention state_dict (HF ``DeepseekV3Attention``'s keys after ``prefix``, e.g.
         ``"model.layers.0.self_attn."``: q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa,
         kv_a_layernorm, kv_b_proj, o_proj; mlacp.deepseek has the table) into this module's parameters, in place (as
         load_state_dict). A missing or unexpected key, or a wrong shape, raises mlacp.InvalidArgument naming it.
-        ``rope_interleave=True`` for checkpoints whose RoPE rotates interleaved pairs (DeepSeek's): their rope rows
-        are permuted into docs/spec.md's rotate-half order. DeepSeek's inference format (wq_a, q_norm, wkv_a, ...,
+        Checkpoints whose RoPE rotates interleaved pairs (DeepSeek's: ``config.rope_interleave``, True in a config
+        from ``MlaConfig.from_hf_config``; the ``rope_interleave`` argument overrides it) have their rope rows
+        permuted into docs/spec.md's rotate-half order. DeepSeek's inference format (wq_a, q_norm, wkv_a, ...,
         ``checkpoint_format`` "inference", or "auto" from the keys) loads too, and fp8 weights with their block
         scales (V3 as released) are dequantised (mlacp.from_deepseek_state_dict)."""
         self.load_state_dict(
             from_deepseek_state_dict(state_dict, self.config, prefix, rope_interleave, checkpoint_format))
 
-    def deepseek_state_dict(self, prefix="", rope_interleave=False, checkpoint_format="hf"):
+    def deepseek_state_dict(self, prefix="", rope_interleave=None, checkpoint_format="hf"):
         """This module's parameters under DeepSeek-V2/V3's attention keys (the inverse of load_deepseek_state_dict;
         detached tensors, copies where ``rope_interleave`` permutes rows; ``checkpoint_format`` "hf" or
         "inference")."""

@@ -31,9 +31,11 @@ with a scale per 128 x 128 block) are dequantised on load into float32 (mlacp.fp
 
 RoPE: docs/spec.md rotates halves (GPT-NeoX); DeepSeek's code rotates interleaved pairs (HF's ``rope_interleave``, the
 default of DeepSeek-V2 and V3: it reorders q_pe and k_pe as x0, x2, .., x1, x3, .. before a rotate-half). Loading
-such a checkpoint needs ``rope_interleave=True``: it permutes the rope rows of each head of w_q / w_qb (and b_q) and
-the last dr rows of w_kva from interleaved (x0, x1, x2, x3, ..) to halves (x0, x2, .., x1, x3, ..), which gives the
-same attention scores; saving with ``rope_interleave=True`` applies the inverse.
+such a checkpoint permutes the rope rows of each head of w_q / w_qb (and b_q) and the last dr rows of w_kva from
+interleaved (x0, x1, x2, x3, ..) to halves (x0, x2, .., x1, x3, ..), which gives the same attention scores; saving
+applies the inverse. The convention is the configuration's ``rope_interleave`` (True in a config read by
+``MlaConfig.from_hf_config`` unless the config.json says otherwise), so that no flag has to be remembered; the
+functions' ``rope_interleave`` argument overrides it.
 """
 import torch
 
@@ -160,16 +162,18 @@ def _permute_rope(name, t, config, inverse):
     return out
 
 
-def from_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=False, checkpoint_format="auto"):
+def from_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=None, checkpoint_format="auto"):
     """mlacp's state_dict ({name: tensor}) from a DeepSeek-V2/V3 attention state_dict for ``config``: the keys of
     the module's table (module docstring) after ``prefix`` (e.g. ``"model.layers.0.self_attn."`` or, in DeepSeek's
     inference format, ``"layers.0.attn."``; keys without the prefix are ignored). ``checkpoint_format``: "hf",
     "inference" or "auto" (from the keys). fp8 weights (uint8 or float8 codes beside their block scales) are
     dequantised into float32. A missing key, a key under the prefix that is not in the table, a tensor of another
     shape (a model-parallel shard is named as one), a scale without its weight or a NaN code raises
-    mlacp.InvalidArgument naming it (and what was expected). ``rope_interleave``: the checkpoint's RoPE rotates
-    interleaved pairs (DeepSeek's default): its rope rows are permuted into docs/spec.md's halves."""
+    mlacp.InvalidArgument naming it (and what was expected). ``rope_interleave`` (None: ``config.rope_interleave``):
+    the checkpoint's RoPE rotates interleaved pairs (DeepSeek's): its rope rows are permuted into docs/spec.md's
+    halves."""
     where = "mlacp.from_deepseek_state_dict"
+    rope_interleave = config.rope_interleave if rope_interleave is None else rope_interleave
     keys = {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
     checkpoint_format = _resolve_format(checkpoint_format, keys, where)
     names = deepseek_names(config, checkpoint_format)
@@ -215,10 +219,12 @@ def from_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=Fals
     return out
 
 
-def to_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=False, checkpoint_format="hf"):
+def to_deepseek_state_dict(state_dict, config, prefix="", rope_interleave=None, checkpoint_format="hf"):
     """The DeepSeek-V2/V3 attention state_dict ({prefix + key: tensor}) of mlacp's ``state_dict`` for ``config``
-    (the inverse of from_deepseek_state_dict; ``rope_interleave`` permutes the rope rows back into interleaved
-    pairs; ``checkpoint_format`` "hf" or "inference" names the keys; the values stay as they are, never fp8)."""
+    (the inverse of from_deepseek_state_dict; ``rope_interleave`` (None: ``config.rope_interleave``) permutes the rope
+    rows back into interleaved pairs; ``checkpoint_format`` "hf" or "inference" names the keys; the values stay as
+    they are, never fp8)."""
+    rope_interleave = config.rope_interleave if rope_interleave is None else rope_interleave
     if checkpoint_format not in _NAME_TABLES:
         raise _mlacp.InvalidArgument(f"mlacp.to_deepseek_state_dict: checkpoint_format={checkpoint_format!r}; "
                                      "expected 'hf' or 'inference'")

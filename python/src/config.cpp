@@ -3,6 +3,7 @@
 // MlaRequiresGrad.
 #include <mlacp/error.hpp>
 #include <mlacp/mla/config_fields.hpp>
+#include <mlacp/mla/hf_config.hpp>
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/weights.hpp>
 #include <mlacp/mla/wire_policy.hpp>
@@ -111,6 +112,30 @@ MlaConfig from_keywords(const py::kwargs& keywords) {
   return c;
 }
 
+// MlaConfig.from_hf_config: a Hugging Face config as a path (str or os.PathLike: its file), a dict, or an object
+// (transformers' PretrainedConfig: its to_dict(); any other: its attributes), read by mla/hf_config.hpp.
+MlaConfig from_hf_config(const py::object& cfg, int batch, int seq) {
+  const py::module_ os = py::module_::import("os");
+  if (py::isinstance<py::str>(cfg) || py::isinstance(cfg, os.attr("PathLike")))
+    return mla_config_from_hf_file(os.attr("fspath")(cfg).cast<std::string>(), batch, seq);
+  py::object fields;
+  if (py::isinstance<py::dict>(cfg))
+    fields = cfg;
+  else if (py::hasattr(cfg, "to_dict"))
+    fields = cfg.attr("to_dict")();
+  else if (py::hasattr(cfg, "__dict__"))
+    fields = cfg.attr("__dict__");
+  else
+    throw py::type_error("mlacp.MlaConfig.from_hf_config: " + py::repr(cfg).cast<std::string>() +
+                         "; expected a config.json path, a dict or a config object");
+  // Values JSON cannot hold (a torch dtype among the unrelated keys) become their repr: the reader ignores the keys it
+  // does not read and refuses a wrong type by name where it reads one.
+  const std::string text = py::module_::import("json")
+                               .attr("dumps")(fields, py::arg("default") = py::module_::import("builtins").attr("repr"))
+                               .cast<std::string>();
+  return mla_config_from_hf_json(text, batch, seq, "from_hf_config");
+}
+
 }  // namespace
 
 void bind_config(py::module_& m) {
@@ -148,6 +173,12 @@ void bind_config(py::module_& m) {
       .def("error", &MlaConfig::error, py::arg("group_size"),
            "Why this configuration cannot run on a group of group_size ranks ('' when it can).")
       .def("describe", &MlaConfig::describe)
+      .def_static("from_hf_config", &from_hf_config, py::arg("cfg"), py::arg("batch") = 0, py::arg("seq") = 0,
+                  "The attention of a Hugging Face DeepSeek-V2/V3 config (a config.json path, a dict or a config "
+                  "object): dimensions, q_lora_rank, rope_theta, YaRN with its softmax scale, and rope_interleave "
+                  "(True when the config has none: DeepSeek's checkpoints). The attention's RMSNorm eps stays 1e-6; "
+                  "unrelated keys are ignored; attention_bias true and rope scalings other than yarn are refused by "
+                  "name (mlacp/mla/hf_config.hpp). batch and seq: the layer's shape (0: set them before building one).")
       .def("__repr__", &repr)
       .def("__copy__", [](const MlaConfig& c) { return c; })
       .def("__deepcopy__", [](const MlaConfig& c, const py::dict&) { return c; });

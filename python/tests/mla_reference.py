@@ -10,13 +10,47 @@ from mpi4py import MPI
 import mlacp
 
 
-def rope(t, positions, base):
-    """Rotate-half RoPE of t [..., S, (heads,) dr] at `positions` [S] (docs/spec.md step 4); t's dim -2 or -3 is S."""
-    dr = t.shape[-1]
+def rope_frequencies(config, dr):
+    """docs/spec.md step 4's inv_freq [dr/2] (float64) and the factor on cos and sin, from the config's rope_base and
+    YaRN rows, written out here from the spec's formulas."""
+    base = config.rope_base
     inv_freq = base**(-torch.arange(0, dr, 2, dtype=torch.float64) / dr)
+    f = config.rope_factor
+    if f == 1.0:
+        return inv_freq, 1.0
+    L0 = config.rope_original_max_position
+
+    def corr(rotations):
+        return dr * math.log(L0 / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    lo = max(math.floor(corr(config.rope_beta_fast)), 0)
+    hi = min(math.ceil(corr(config.rope_beta_slow)), dr - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(dr // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    inv_freq = inv_freq / f * ramp + inv_freq * (1 - ramp)
+
+    def g(m):
+        return 0.1 * m * math.log(f) + 1.0 if f > 1 else 1.0
+
+    m, m_all = config.rope_mscale, config.rope_mscale_all_dim
+    if config.rope_attention_factor > 0:
+        amplitude = config.rope_attention_factor
+    elif m != 0 and m_all != 0:
+        amplitude = g(m) / g(m_all)
+    else:
+        amplitude = g(1.0)
+    return inv_freq, amplitude
+
+
+def rope(t, positions, config):
+    """Rotate-half RoPE of t [..., S, (heads,) dr] at `positions` [S] (docs/spec.md step 4, with the config's base and
+    YaRN scaling); t's dim -2 or -3 is S."""
+    dr = t.shape[-1]
+    inv_freq, amplitude = rope_frequencies(config, dr)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    cos = torch.cat([angles.cos(), angles.cos()], -1).to(t.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], -1).to(t.dtype)
+    cos = (amplitude * torch.cat([angles.cos(), angles.cos()], -1)).to(t.dtype)
+    sin = (amplitude * torch.cat([angles.sin(), angles.sin()], -1)).to(t.dtype)
     if t.dim() == 4:  # [B, S, H, dr]: one angle per token, shared by the heads
         cos, sin = cos[:, None, :], sin[:, None, :]
     half = dr // 2
@@ -40,11 +74,11 @@ def mla_forward(config, x, p):
         q = F.linear(cq, p["w_qb"], p.get("b_q")).view(B, S, H, dn + dr)
     else:
         q = F.linear(x, p["w_q"], p.get("b_q")).view(B, S, H, dn + dr)  # step 1
-    q = torch.cat([q[..., :dn], rope(q[..., dn:], positions, config.rope_base)], -1)  # step 4 on q_pe
+    q = torch.cat([q[..., :dn], rope(q[..., dn:], positions, config)], -1)  # step 4 on q_pe
     a = F.linear(x, p["w_kva"])  # step 2
     c, k_pe = a[..., :R], a[..., R:]
     c = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + config.rms_eps) * p["g_kv"]  # step 3
-    k_pe = rope(k_pe, positions, config.rope_base)  # step 4 on the shared key
+    k_pe = rope(k_pe, positions, config)  # step 4 on the shared key
     kv = F.linear(c, p["w_kvb"], p.get("b_kvb")).view(B, S, H, dn + dv)  # step 5
     k = torch.cat([kv[..., :dn], k_pe[:, :, None, :].expand(B, S, H, dr)], -1)
     v = kv[..., dn:]

@@ -232,20 +232,25 @@ def test_rope_permutation():
     assert dr == 4
 
 
-def deepseek_forward(config, x, sd):
+def deepseek_forward(config, x, sd, inv_freq=None, attention_factor=1.0, softmax_scale=None):
     """DeepSeek-V3's attention (HF DeepseekV3Attention with rope_interleave, one document, causal) on its own
-    state_dict: q-LoRA, RMSNorms, interleaved RoPE (q_pe.view(.., dr/2, 2).transpose(-1, -2) then rotate-half)."""
+    state_dict: q-LoRA, RMSNorms, interleaved RoPE (q_pe.view(.., dr/2, 2).transpose(-1, -2) then rotate-half).
+    ``inv_freq`` and ``attention_factor``: the rotary embedding's frequencies and its factor on cos and sin (default:
+    plain RoPE of config.rope_base); ``softmax_scale`` (default: config.softmax_scale)."""
     B, S, _ = x.shape
     H, dn, dr, dv, R = config.heads, config.nope, config.rope, config.vdim, config.latent
+    if inv_freq is None:
+        inv_freq = config.rope_base**(-torch.arange(0, dr, 2, dtype=torch.float64) / dr)
+    scale = config.softmax_scale if softmax_scale is None else softmax_scale
 
     def norm(t, g):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + config.rms_eps) * g
 
     def interleaved_rope(t):
         t = t.view(*t.shape[:-1], dr // 2, 2).transpose(-1, -2).reshape(t.shape)
-        inv_freq = config.rope_base**(-torch.arange(0, dr, 2, dtype=torch.float64) / dr)
         angles = torch.arange(S, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+        cos = torch.cat([angles.cos()] * 2, -1) * attention_factor
+        sin = torch.cat([angles.sin()] * 2, -1) * attention_factor
         if t.dim() == 4:
             cos, sin = cos[:, None], sin[:, None]
         return t * cos + torch.cat([-t[..., dr // 2:], t[..., :dr // 2]], -1) * sin
@@ -257,7 +262,7 @@ def deepseek_forward(config, x, sd):
     c, k_pe = norm(a[..., :R], sd["kv_a_layernorm.weight"]), interleaved_rope(a[..., R:])
     kv = F.linear(c, sd["kv_b_proj.weight"]).view(B, S, H, dn + dv)
     k = torch.cat([kv[..., :dn], k_pe[:, :, None, :].expand(B, S, H, dr)], -1)
-    scores = torch.einsum("bshd,bthd->bhst", q, k) * config.softmax_scale
+    scores = torch.einsum("bshd,bthd->bhst", q, k) * scale
     scores = scores.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
     o = torch.einsum("bhst,bthd->bshd", scores.softmax(-1), kv[..., dn:]).reshape(B, S, H * dv)
     return F.linear(o, sd["o_proj.weight"])

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <mlacp/mla/config_fields.hpp>
+#include <mlacp/mla/hf_config.hpp>
 #include <mlacp/mla/mla_config.hpp>
 
 #include <algorithm>
@@ -76,10 +77,15 @@ const char* expected_value() {
 }  // namespace detail
 
 /// Applies `flag` to `c` when it names a field of the table (or an alias): a switch directly, any other field from
-/// the value `next()` returns (it consumes the next argument). Returns false, changing nothing, when `flag` names no
-/// field. A value that does not parse is std::invalid_argument "FLAG VALUE: expected an integer" (a number, offsets;
-/// mlacp::Error's message for the enums' names).
+/// the value `next()` returns (it consumes the next argument). --hf-config FILE sets the attention's fields from a
+/// Hugging Face config.json (apply_hf_config_file; flags after it override them). Returns false, changing nothing, when
+/// `flag` names no field. A value that does not parse is std::invalid_argument "FLAG VALUE: expected an integer" (a
+/// number, offsets; mlacp::Error's message for the enums' names).
 inline bool apply_config_flag(MlaConfig& c, std::string flag, const std::function<std::string()>& next) {
+  if (flag == "--hf-config") {  // the attention's fields from a Hugging Face config.json (mla/hf_config.hpp)
+    apply_hf_config_file(c, next());
+    return true;
+  }
   static const std::map<std::string, std::string> aliases = {{"--q-lora", "--q-lora-rank"},
                                                              {"--blocking", "--no-overlap"}};
   if (const auto alias = aliases.find(flag); alias != aliases.end()) flag = alias->second;

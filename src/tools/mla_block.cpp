@@ -337,7 +337,15 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
                            {"seed", o.seed},
                            {"ranks", P},
                            {"overlap", c.overlap},
-                           {"cu_seqlens", c.cu_seqlens}};
+                           {"cu_seqlens", c.cu_seqlens},
+                           {"rope_base", c.rope_base},
+                           {"rope_factor", c.rope_factor},
+                           {"rope_original_max_position", c.rope_original_max_position},
+                           {"rope_beta_fast", c.rope_beta_fast},
+                           {"rope_beta_slow", c.rope_beta_slow},
+                           {"rope_mscale", c.rope_mscale},
+                           {"rope_mscale_all_dim", c.rope_mscale_all_dim},
+                           {"rope_attention_factor", c.rope_attention_factor}};
       std::ofstream(o.dump + "/config.json") << json_text(config, 2) << "\n";
       std::cout << "  dumped " << got.size() + 2 + params.size() + (c.cu_seqlens.empty() ? 0 : 1)
                 << " .npy files and config.json to " << o.dump << "\n";

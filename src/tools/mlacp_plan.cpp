@@ -42,8 +42,8 @@ const char* usage =
     "usage: mlacp-plan --batch B --heads H --nope dn --rope dr --vdim dv --latent R [--q-lora Rq] --hidden D\n"
     "                  --seq S [--cu-seqlens 0,a,...,S] --dtype double|float|bf16 --nodes N --ranks-per-node G\n"
     "                  [--memory-per-rank BYTES] [--strategy latent|expanded] [--ring C] [--layout zigzag|contiguous]\n"
-    "                  [--wire-dtype same|bf16|bf16_all|fp8] [--<any MlaConfig field>] --machine params.json\n"
-    "                  [--json FILE]\n"
+    "                  [--wire-dtype same|bf16|bf16_all|fp8] [--<any MlaConfig field>] [--hf-config FILE]\n"
+    "                  --machine params.json [--json FILE]\n"
     "       mpirun -np P mlacp-plan --calibrate [--out params.json] [--quick] [--repeats N] [--ranks-per-node G]\n"
     "Plan: ranks every (strategy, U x C, layout) that runs the layer on N x G ranks by the model's forward + backward\n"
     "time on the machine params.json describes, and recommends the fastest that fits the memory per rank (BYTES: a\n"
@@ -137,6 +137,10 @@ PlanOptions parse_plan(int argc, char** argv) {
     }
     if (flag.rfind("--", 0) != 0) throw UsageFailure("unexpected argument '" + flag + "'");
     required.erase(std::remove(required.begin(), required.end(), flag), required.end());
+    if (flag == "--hf-config") {  // it gives the attention's dimensions
+      for (const char* given : {"--hidden", "--heads", "--nope", "--rope", "--vdim", "--latent"})
+        required.erase(std::remove(required.begin(), required.end(), given), required.end());
+    }
     std::string value;
     const auto next = [&]() -> const std::string& {  // the flag's value (a switch takes none)
       if (i + 1 >= argc) throw UsageFailure(flag + " needs a value");

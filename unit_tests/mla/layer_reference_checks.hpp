@@ -180,9 +180,11 @@ inline void expect_single_rank_forward_matches_plain_loop(const MlaConfig& confi
     hw.b_kvb = host(w.b_kvb);
     hw.b_o = host(w.b_o);
   }
-  const reference::ReferenceDims dims{config.batch,       config.seq,          config.hidden, config.heads,
-                                      config.nope,        config.rope,         config.vdim,   config.latent,
-                                      config.q_lora_rank, config.softmax_scale};
+  reference::ReferenceDims dims{config.batch, config.seq,  config.hidden, config.heads,       config.nope,
+                                config.rope,  config.vdim, config.latent, config.q_lora_rank, config.softmax_scale};
+  dims.rope = {config.rope_base,           config.rope_factor,          config.rope_original_max_position,
+               config.rope_beta_fast,      config.rope_beta_slow,       config.rope_mscale,
+               config.rope_mscale_all_dim, config.rope_attention_factor};
   reference::ReferenceWeights<double>::tensor3_type y_ref("y_ref", config.batch, config.seq, config.hidden);
   reference::mla_forward(dims, hw, host(x), y_ref, config.cu_seqlens);
   const std::vector<double> want(y_ref.data(), y_ref.data() + y_ref.size());

@@ -200,6 +200,23 @@ TEST_P(MlaRing, Bf16WithinItsTolerance) {
       expect_ring_matches<mlacp::bf16, double>(ring_config(GetParam(), 4 * P + 1, 4), ring, layout, "bf16", 2e-2);
 }
 
+// YaRN (issue 34) on every ring mesh: the ring's positions stay global and the scaled table follows them (a ramp
+// inside dr = 8, a cos/sin factor g(0.707) / g(1)); double, and bf16 against the float64 layer.
+TEST_P(MlaRing, YarnScaling) {
+  const int P = mlacp::test::world_size();
+  for (int ring : ring_sizes())
+    for (const auto layout : kLayouts) {
+      auto config = ring_config(GetParam(), 4 * P + 3, 3);
+      config.rope = 8;
+      config.rope_factor = 4;
+      config.rope_original_max_position = 64;
+      config.rope_mscale = 0.707;
+      config.rope_mscale_all_dim = 1;
+      expect_ring_matches<double>(config, ring, layout, "YaRN");
+      expect_ring_matches<mlacp::bf16, double>(config, ring, layout, "YaRN bf16", 2e-2);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Strategies, MlaRing,
     ::testing::Values(Case{mlacp::MlaStrategy::latent, false}, Case{mlacp::MlaStrategy::latent, true},

@@ -39,6 +39,21 @@ void for_each_config_member(F&& f) {
   f(ConfigField{"strategy", "strategy", "how keys and values reach the heads: 'latent' or 'expanded'", false, true},
     &MlaConfig::strategy);
   f(ConfigField{"rope_base", "rope_base", "RoPE's base"}, &MlaConfig::rope_base);
+  f(ConfigField{"rope_factor", "rope_factor", "YaRN's scaling factor (1: plain RoPE)"}, &MlaConfig::rope_factor);
+  f(ConfigField{"rope_original_max_position", "rope_original_max_position",
+                "YaRN's original context length (original_max_position_embeddings)"},
+    &MlaConfig::rope_original_max_position);
+  f(ConfigField{"rope_beta_fast", "rope_beta_fast", "YaRN's beta_fast"}, &MlaConfig::rope_beta_fast);
+  f(ConfigField{"rope_beta_slow", "rope_beta_slow", "YaRN's beta_slow"}, &MlaConfig::rope_beta_slow);
+  f(ConfigField{"rope_mscale", "rope_mscale", "YaRN's mscale (0: absent)"}, &MlaConfig::rope_mscale);
+  f(ConfigField{"rope_mscale_all_dim", "rope_mscale_all_dim", "YaRN's mscale_all_dim (0: absent)"},
+    &MlaConfig::rope_mscale_all_dim);
+  f(ConfigField{"rope_attention_factor", "rope_attention_factor",
+                "YaRN's factor on cos and sin (0: derived from the mscales)"},
+    &MlaConfig::rope_attention_factor);
+  f(ConfigField{"rope_interleave", "rope_interleave",
+                "the checkpoints' rope rows rotate interleaved pairs (DeepSeek's); the loaders permute them"},
+    &MlaConfig::rope_interleave);
   f(ConfigField{"rms_eps", "rms_eps", "the RMSNorms' epsilon"}, &MlaConfig::rms_eps);
   f(ConfigField{"overlap", "overlap", "overlap each collective with its independent compute (false: wait at once)"},
     &MlaConfig::overlap);

@@ -90,6 +90,24 @@ struct MlaConfig {
   /// The ring's token layout on a two-level mesh (RingLayout; ignored when the mesh's ring size is 1, where rank r
   /// holds the contiguous part r of the S tokens). Part of the configuration the ranks agree on.
   RingLayout ring_layout = RingLayout::zigzag;
+  /// YaRN RoPE scaling (docs/spec.md step 4; Hugging Face's rope_scaling of type yarn, kernels/rope_frequencies.hpp):
+  /// the factor f (1, the default: plain RoPE, and the other rope_* rows are not read; f < 1 is refused), the original
+  /// context length L0 (original_max_position_embeddings, required when f > 1), beta_fast and beta_slow (the ramp's
+  /// ends in rotations), mscale and mscale_all_dim (0: absent) and the optional attention factor on cos and sin (0:
+  /// derived from the mscales). The softmax scale is softmax_scale's: the layer applies no mscale to it itself
+  /// (mla_config_from_hf computes it). Part of the configuration the ranks agree on.
+  double rope_factor = 1.0;
+  int rope_original_max_position = 0;
+  double rope_beta_fast = 32.0;
+  double rope_beta_slow = 1.0;
+  double rope_mscale = 0.0;
+  double rope_mscale_all_dim = 0.0;
+  double rope_attention_factor = 0.0;
+  /// The checkpoints' RoPE convention: true when their rope rows rotate interleaved pairs (x0, x1), (x2, x3), .. as
+  /// every released DeepSeek-V2/V3 checkpoint does (and Hugging Face's rope_interleave). The layer computes in the
+  /// rotate-half form either way; the DeepSeek loaders and savers permute the rows by it. A Hugging Face config
+  /// without rope_interleave means true.
+  bool rope_interleave = false;
 
   int qk_dim() const { return nope + rope; }
   /// Whether the query is factored (q-LoRA, q_lora_rank > 0).
@@ -101,6 +119,8 @@ struct MlaConfig {
   /// need neither be divisible by P nor reach it: with S < P or H < P the ranks past them hold no token or no head (and
   /// still join every collective).
   std::string error(int group_size) const;
+  /// Why the YaRN rows (rope_factor, ...) are not a scaling mlacp can apply ("" when they are); part of error().
+  std::string yarn_error() const;
   /// A one-line description, for messages and reports.
   std::string describe() const;
 };

@@ -173,10 +173,10 @@ class ScheduleContext {
     const auto& ranges = token_map_.ranges(ring_rank(), mesh_->rank());
     const std::int64_t offset = ranges.empty() ? 0 : ranges.front().begin;
     const int width = config_->rope;
-    const double base = config_->rope_base;
+    const RopeFrequencies frequencies = rope_frequencies(*config_);
     if (d.layout.single() && ranges.size() <= 1) {
-      if (!one_document_rope_.matches(local_seq(), offset, width, base))
-        one_document_rope_ = make_rope_table(space, local_seq(), offset, width, base);
+      if (!one_document_rope_.matches(local_seq(), offset, width, frequencies))
+        one_document_rope_ = make_rope_table(space, local_seq(), offset, width, frequencies);
       return one_document_rope_;
     }
     if (!d.stale) return d.table;
@@ -189,8 +189,8 @@ class ScheduleContext {
       row += n;
     }
     if (!(d.table.cos.data() != nullptr && d.table.cos.extent(0) == s && d.table.width == width &&
-          d.table.base == base))
-      d.table = allocate_rope_table<memory_space>(static_cast<std::int64_t>(s), width, base);
+          d.table.frequencies == frequencies))
+      d.table = allocate_rope_table<memory_space>(static_cast<std::int64_t>(s), width, frequencies);
     refill_rope_table(space, d.table, d.positions);
     d.stale = false;
     return d.table;

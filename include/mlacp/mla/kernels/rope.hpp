@@ -5,7 +5,8 @@
 //   cos/sin repeated to length width as [f, f];  rot(x) = x*cos + rotate_half(x)*sin,  rotate_half([x1, x2]) = [-x2,
 //   x1]
 // i.e. for each pair (x1 = x[j], x2 = x[j + width/2]):  x1' = x1*cos - x2*sin,  x2' = x2*cos + x1*sin.
-// Angles are computed in double whatever the value type.
+// Angles are computed in double whatever the value type. The frequencies (the base, and YaRN's scaling with its factor
+// on cos and sin) are a RopeFrequencies (rope_frequencies.hpp); a plain base converts to one.
 //
 // Rank-3 tensors `[B, s, d]` (the shared rope key of the latent payload) go through as_rank4() (view_utils.hpp).
 //
@@ -18,6 +19,7 @@
 #include <mlacp/compat.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/document_layout.hpp>
+#include <mlacp/mla/kernels/rope_frequencies.hpp>
 #include <mlacp/mla/kernels/view_utils.hpp>
 #include <mlacp/view_types.hpp>
 
@@ -58,18 +60,18 @@ struct RopeTable {
   bool explicit_positions = false;                        // false: consecutive positions from position_offset
   std::int64_t position_offset = 0;
   int width = 0;
-  double base = 0;
+  RopeFrequencies frequencies;
 
-  /// True when built for `tokens` consecutive positions from `offset` with this width and base.
-  bool matches(std::int64_t tokens, std::int64_t offset, int w, double b) const {
+  /// True when built for `tokens` consecutive positions from `offset` with this width and these frequencies.
+  bool matches(std::int64_t tokens, std::int64_t offset, int w, const RopeFrequencies& f) const {
     return cos.data() != nullptr && !explicit_positions && static_cast<std::int64_t>(cos.extent(0)) == tokens &&
-           position_offset == offset && width == w && base == b;
+           position_offset == offset && width == w && frequencies == f;
   }
-  /// True when built from this positions View (the same allocation) with this width and base.
+  /// True when built from this positions View (the same allocation) with this width and these frequencies.
   template <class PositionsView>
-  bool matches(const PositionsView& p, int w, double b) const {
+  bool matches(const PositionsView& p, int w, const RopeFrequencies& f) const {
     return explicit_positions && positions.data() == p.data() && positions.extent(0) == p.extent(0) && width == w &&
-           base == b;
+           frequencies == f;
   }
 };
 
@@ -81,7 +83,11 @@ void rope_fill_table(const ExecSpace& space, const RopeTable<MemSpace>& table,
   const auto cos_table = table.cos;
   const auto sin_table = table.sin;
   const std::int64_t half = table.width / 2, position_offset = table.position_offset;
-  const double width_double = static_cast<double>(table.width), base = table.base;
+  const double width_double = static_cast<double>(table.width), base = table.frequencies.base;
+  // YaRN (rope_frequencies.hpp): the ramp's bounds once here; with factor 1 the plain frequencies, bit for bit.
+  const bool yarn = table.frequencies.yarn();
+  const YarnRamp ramp = yarn ? yarn_ramp(table.frequencies, table.width) : YarnRamp{};
+  const double factor = table.frequencies.factor, amplitude = table.frequencies.attention_factor;
   Kokkos::parallel_for(
       "mlacp::rope_table",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0,
@@ -89,31 +95,38 @@ void rope_fill_table(const ExecSpace& space, const RopeTable<MemSpace>& table,
       KOKKOS_LAMBDA(const std::int64_t t) {
         const double position = static_cast<double>(explicit_positions ? positions(t) : position_offset + t);
         for (std::int64_t j = 0; j < half; ++j) {
-          const double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
+          double inv_freq = compat::math::pow(base, -2.0 * static_cast<double>(j) / width_double);
+          if (yarn) {
+            double r = (static_cast<double>(j) - ramp.lo) / (ramp.hi - ramp.lo);
+            r = r < 0 ? 0.0 : (r > 1 ? 1.0 : r);
+            inv_freq = inv_freq / factor * r + inv_freq * (1 - r);
+          }
           const double angle = position * inv_freq;
-          cos_table(t, j) = compat::math::cos(angle);
-          sin_table(t, j) = compat::math::sin(angle);
+          cos_table(t, j) = amplitude * compat::math::cos(angle);
+          sin_table(t, j) = amplitude * compat::math::sin(angle);
         }
       });
 }
 
-/// A table of `tokens` rows for this width and base, allocated and not yet filled (the two make_rope_table forms).
+/// A table of `tokens` rows for this width and these frequencies, allocated and not yet filled (the two make_rope_table
+/// forms).
 template <class MemSpace>
-RopeTable<MemSpace> allocate_rope_table(std::int64_t tokens, int width, double base) {
+RopeTable<MemSpace> allocate_rope_table(std::int64_t tokens, int width, const RopeFrequencies& frequencies) {
   RopeTable<MemSpace> table;
   const std::int64_t half = width / 2;
   table.cos = decltype(table.cos)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope cos"), tokens, half);
   table.sin = decltype(table.sin)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::rope sin"), tokens, half);
   table.width = width;
-  table.base = base;
+  table.frequencies = frequencies;
   return table;
 }
 
 /// Builds (allocates and fills, asynchronously on `space`) the table of `positions` positions from `position_offset`.
 template <class ExecSpace>
 RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& space, std::int64_t positions,
-                                                            std::int64_t position_offset, int width, double base) {
-  auto table = allocate_rope_table<typename ExecSpace::memory_space>(positions, width, base);
+                                                            std::int64_t position_offset, int width,
+                                                            const RopeFrequencies& frequencies) {
+  auto table = allocate_rope_table<typename ExecSpace::memory_space>(positions, width, frequencies);
   table.position_offset = position_offset;
   rope_fill_table(space, table, Kokkos::View<const std::int64_t*, typename ExecSpace::memory_space>(), false);
   return table;
@@ -134,12 +147,12 @@ void refill_rope_table(const ExecSpace& space, RopeTable<MemSpace>& table,
 /// asynchronously on `space`; the table keeps a reference to `positions`.
 template <class ExecSpace, class PositionsView, std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
 RopeTable<typename ExecSpace::memory_space> make_rope_table(const ExecSpace& space, const PositionsView& positions,
-                                                            int width, double base) {
+                                                            int width, const RopeFrequencies& frequencies) {
   static_assert(compat::view_rank_v<PositionsView> == 1, "mlacp RoPE: positions must be a rank-1 View [tokens]");
   static_assert(std::is_same_v<typename PositionsView::non_const_value_type, std::int64_t>,
                 "mlacp RoPE: positions must hold std::int64_t");
   auto table = allocate_rope_table<typename ExecSpace::memory_space>(static_cast<std::int64_t>(positions.extent(0)),
-                                                                     width, base);
+                                                                     width, frequencies);
   refill_rope_table(space, table, positions);
   return table;
 }
@@ -210,20 +223,21 @@ void rope_check_positions(const char* who, const View4& x, const PositionsView& 
 // form: consecutive positions from an offset, explicit positions, a prebuilt table.
 template <class ExecSpace, class View4>
 void rope_at_offset(const char* who, double sin_sign, const ExecSpace& space, const View4& x, int first_column,
-                    int width, std::int64_t position_offset, double base) {
+                    int width, std::int64_t position_offset, const RopeFrequencies& frequencies) {
   rope_validate(who, x, first_column, width);
   rope_check_contiguous(who, x);
-  const auto table = make_rope_table(space, static_cast<std::int64_t>(x.extent(1)), position_offset, width, base);
+  const auto table =
+      make_rope_table(space, static_cast<std::int64_t>(x.extent(1)), position_offset, width, frequencies);
   rope_rotate(space, x, first_column, x, first_column, table, sin_sign);
 }
 
 template <class ExecSpace, class View4, class PositionsView>
 void rope_at_positions(const char* who, double sin_sign, const ExecSpace& space, const View4& x, int first_column,
-                       int width, const PositionsView& positions, double base) {
+                       int width, const PositionsView& positions, const RopeFrequencies& frequencies) {
   rope_validate(who, x, first_column, width);
   rope_check_contiguous(who, x);
   rope_check_positions(who, x, positions);
-  rope_rotate(space, x, first_column, x, first_column, make_rope_table(space, positions, width, base), sin_sign);
+  rope_rotate(space, x, first_column, x, first_column, make_rope_table(space, positions, width, frequencies), sin_sign);
 }
 
 template <class ExecSpace, class Src, class Dst, class MemSpace>
@@ -244,16 +258,16 @@ void rope_with_table(const char* who, double sin_sign, const ExecSpace& space, c
 /// passes it instead.
 template <class ExecSpace, class View4>
 void rope_forward(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
-                  double base = 10000.0) {
-  detail::rope_at_offset("rope_forward", 1.0, space, x, first_column, width, position_offset, base);
+                  const RopeFrequencies& frequencies = RopeFrequencies()) {
+  detail::rope_at_offset("rope_forward", 1.0, space, x, first_column, width, position_offset, frequencies);
 }
 
 /// The transpose (= inverse) of rope_forward, in place: maps the gradient with respect to the rotated values to the
 /// gradient with respect to the unrotated ones. Same arguments and checks as rope_forward.
 template <class ExecSpace, class View4>
 void rope_backward(const ExecSpace& space, const View4& x, int first_column, int width, std::int64_t position_offset,
-                   double base = 10000.0) {
-  detail::rope_at_offset("rope_backward", -1.0, space, x, first_column, width, position_offset, base);
+                   const RopeFrequencies& frequencies = RopeFrequencies()) {
+  detail::rope_at_offset("rope_backward", -1.0, space, x, first_column, width, position_offset, frequencies);
 }
 
 namespace detail {
@@ -315,15 +329,15 @@ Kokkos::View<std::int64_t*, typename ExecSpace::memory_space> make_rope_position
 template <class ExecSpace, class View4, class PositionsView,
           std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
 void rope_forward(const ExecSpace& space, const View4& x, int first_column, int width, const PositionsView& positions,
-                  double base = 10000.0) {
-  detail::rope_at_positions("rope_forward", 1.0, space, x, first_column, width, positions, base);
+                  const RopeFrequencies& frequencies = RopeFrequencies()) {
+  detail::rope_at_positions("rope_forward", 1.0, space, x, first_column, width, positions, frequencies);
 }
 
 template <class ExecSpace, class View4, class PositionsView,
           std::enable_if_t<Kokkos::is_view<PositionsView>::value, int> = 0>
 void rope_backward(const ExecSpace& space, const View4& x, int first_column, int width, const PositionsView& positions,
-                   double base = 10000.0) {
-  detail::rope_at_positions("rope_backward", -1.0, space, x, first_column, width, positions, base);
+                   const RopeFrequencies& frequencies = RopeFrequencies()) {
+  detail::rope_at_positions("rope_backward", -1.0, space, x, first_column, width, positions, frequencies);
 }
 
 /// rope_forward with a prebuilt table (table.width columns rotated; x.extent(1) <= the table's positions), from

@@ -32,6 +32,15 @@ struct ReferenceDims {
   int R = 0;                 ///< kv_lora_rank
   int Rq = 0;                ///< q_lora_rank (0: dense w_q)
   double softmax_scale = 0;  ///< 0: 1/sqrt(dqk)
+  /// RoPE's base and YaRN's rows as the configuration gives them (MlaConfig's rope_base and rope_*), applied by this
+  /// reference's own loop of docs/spec.md step 4 (no library code).
+  struct Rope {
+    double base = 10000.0;
+    double factor = 1.0;  ///< 1: plain RoPE
+    int original_max_position = 0;
+    double beta_fast = 32.0, beta_slow = 1.0;
+    double mscale = 0, mscale_all_dim = 0, attention_factor = 0;  ///< 0: absent
+  } rope{};
 };
 
 /// The MLA weights in docs/spec.md's shapes, as host Views (nn.Linear form, W is [out, in]). The biases b_q, b_kvb and
@@ -91,12 +100,43 @@ std::vector<double> linear(const std::vector<double>& in, std::size_t rows, std:
   return out;
 }
 
-/// In-place rotate-half RoPE of v[0, dr) at position p, docs/spec.md step 4.
-inline void rope(double* v, int dr, double p) {
+/// docs/spec.md step 4's frequencies inv_freq[j], j in [0, dr/2), and the factor on cos and sin, written out from the
+/// spec's formulas: plain RoPE of the base, or YaRN's ramp between the interpolated and extrapolated frequencies.
+struct RopeAngles {
+  std::vector<double> inv_freq;
+  double amplitude = 1.0;
+};
+
+inline RopeAngles rope_angles(const ReferenceDims::Rope& r, int dr) {
+  RopeAngles out;
+  const int half = dr / 2;
+  for (int j = 0; j < half; ++j) out.inv_freq.push_back(std::pow(r.base, -2.0 * j / dr));
+  if (r.factor == 1.0) return out;
+  const double pi = std::acos(-1.0);
+  const double corr_fast = dr * std::log(r.original_max_position / (2 * pi * r.beta_fast)) / (2 * std::log(r.base));
+  const double corr_slow = dr * std::log(r.original_max_position / (2 * pi * r.beta_slow)) / (2 * std::log(r.base));
+  const double lo = std::max(std::floor(corr_fast), 0.0);
+  double hi = std::min(std::ceil(corr_slow), dr - 1.0);
+  if (lo == hi) hi += 0.001;
+  for (int j = 0; j < half; ++j) {
+    const double ramp = std::min(std::max((j - lo) / (hi - lo), 0.0), 1.0);
+    out.inv_freq[j] = out.inv_freq[j] / r.factor * ramp + out.inv_freq[j] * (1 - ramp);
+  }
+  const auto g = [&](double m) { return r.factor <= 1 ? 1.0 : 0.1 * m * std::log(r.factor) + 1.0; };
+  if (r.attention_factor > 0)
+    out.amplitude = r.attention_factor;
+  else if (r.mscale != 0 && r.mscale_all_dim != 0)
+    out.amplitude = g(r.mscale) / g(r.mscale_all_dim);
+  else
+    out.amplitude = g(1.0);
+  return out;
+}
+
+/// In-place rotate-half RoPE of v[0, dr) at position p with the angles `a`, docs/spec.md step 4.
+inline void rope(double* v, int dr, double p, const RopeAngles& a) {
   const int half = dr / 2;
   for (int j = 0; j < half; ++j) {
-    const double inv_freq = std::pow(10000.0, -2.0 * j / dr);
-    const double c = std::cos(p * inv_freq), s = std::sin(p * inv_freq);
+    const double c = a.amplitude * std::cos(p * a.inv_freq[j]), s = a.amplitude * std::sin(p * a.inv_freq[j]);
     const double x1 = v[j], x2 = v[j + half];
     v[j] = x1 * c - x2 * s;
     v[j + half] = x2 * c + x1 * s;
@@ -189,10 +229,11 @@ void mla_forward(const ReferenceDims& dims, const ReferenceWeights<T>& w,
       for (int j = 0; j < R; ++j) c[t * R + j] = a[t * (R + dr) + j] * rstd * static_cast<double>(w.g_kv(j));
     }
     // 4. RoPE of q_pe (per head) and of the shared k_pe = a[:, R:], at position t (within its document)
+    const detail::RopeAngles angles = detail::rope_angles(dims.rope, dr);
     for (int t = 0; t < S; ++t) {
       const int position = t - doc_start[t];
-      for (int hd = 0; hd < H; ++hd) detail::rope(&q[t * H * dqk + hd * dqk + dn], dr, position);
-      detail::rope(&a[t * (R + dr) + R], dr, position);
+      for (int hd = 0; hd < H; ++hd) detail::rope(&q[t * H * dqk + hd * dqk + dn], dr, position, angles);
+      detail::rope(&a[t * (R + dr) + R], dr, position, angles);
     }
     // 5. per-head keys and values
     std::vector<double> kv = detail::linear(c, n_tok, R, w.w_kvb, w.b_kvb);  // [S, H*(dn+dv)]
