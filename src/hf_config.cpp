@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -25,19 +26,19 @@ class HfReader {
 
   bool has(const char* key) const { return object_.contains(key) && !object_.at(key).is_null(); }
 
-  int size(const char* key) const {
-    if (!has(key)) refuse(key, "absent", "a positive integer");
+  /// An integer >= `minimum` (and at most INT_MAX); absent or null: `fallback`, or refused when there is none.
+  int integer(const char* key, int minimum, std::optional<int> fallback = std::nullopt) const {
+    const std::string expected = minimum == 1 && !fallback
+                                     ? "a positive integer"
+                                     : "an integer >= " + std::to_string(minimum) + (fallback ? " or null" : "");
+    if (!has(key)) {
+      if (fallback) return *fallback;
+      refuse(key, "absent", expected);
+    }
     const Json& v = object_.at(key);
-    if (!v.is_number_integer() || v.get<std::int64_t>() <= 0 || v.get<std::int64_t>() > std::numeric_limits<int>::max())
-      refuse(key, v.dump(), "a positive integer");
-    return v.get<int>();
-  }
-  /// An optional non-negative integer (null or absent: `fallback`).
-  int count(const char* key, int fallback) const {
-    if (!has(key)) return fallback;
-    const Json& v = object_.at(key);
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > std::numeric_limits<int>::max())
-      refuse(key, v.dump(), "an integer >= 0 or null");
+    if (!v.is_number_integer() || v.get<std::int64_t>() < minimum ||
+        v.get<std::int64_t>() > std::numeric_limits<int>::max())
+      refuse(key, v.dump(), expected);
     return v.get<int>();
   }
   double number(const char* key, double fallback) const {
@@ -97,8 +98,8 @@ void apply_rope_scaling(MlaConfig& c, const Json& cfg, const HfReader& top, cons
              "'yarn' (DeepSeek-V2/V3's scaling) or 'default': mlacp implements no other rope scaling");
   c.rope_factor = r.number("factor", 1.0);
   c.rope_original_max_position = r.has("original_max_position_embeddings")
-                                     ? r.count("original_max_position_embeddings", 0)
-                                     : top.count("max_position_embeddings", 0);
+                                     ? r.integer("original_max_position_embeddings", 0, 0)
+                                     : top.integer("max_position_embeddings", 0, 0);
   c.rope_beta_fast = r.number("beta_fast", 32.0);
   c.rope_beta_slow = r.number("beta_slow", 1.0);
   c.rope_mscale = r.number("mscale", 0.0);
@@ -124,13 +125,13 @@ void apply_hf_config(MlaConfig& c, const std::string& json_text, const std::stri
              "false: Hugging Face's attention_bias puts biases on q_a_proj, kv_a_proj_with_mqa and o_proj, which "
              "mlacp's layer does not have (its optional biases are on q, kv_b and o)");
   MlaConfig out = c;
-  out.hidden = r.size("hidden_size");
-  out.heads = r.size("num_attention_heads");
-  out.q_lora_rank = r.count("q_lora_rank", 0);
-  out.latent = r.size("kv_lora_rank");
-  out.nope = r.size("qk_nope_head_dim");
-  out.rope = r.size("qk_rope_head_dim");
-  out.vdim = r.size("v_head_dim");
+  out.hidden = r.integer("hidden_size", 1);
+  out.heads = r.integer("num_attention_heads", 1);
+  out.q_lora_rank = r.integer("q_lora_rank", 0, 0);
+  out.latent = r.integer("kv_lora_rank", 1);
+  out.nope = r.integer("qk_nope_head_dim", 1);
+  out.rope = r.integer("qk_rope_head_dim", 1);
+  out.vdim = r.integer("v_head_dim", 1);
   out.rope_base = r.number("rope_theta", 10000.0);
   out.rope_interleave = r.flag("rope_interleave", true);
   out.rms_eps = 1e-6;  // the attention's two RMSNorms (rms_norm_eps is the decoder's)

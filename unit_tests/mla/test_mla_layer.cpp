@@ -322,7 +322,16 @@ TEST(MlaLayerErrors, SettingsThatDifferAcrossRanksRaiseOnEveryRank) {
       {[](mlacp::MlaConfig& c) { c.rope_base = 500000.0; }, "disagree on rope_base"},
       {[](mlacp::MlaConfig& c) { c.rms_eps = 1e-5; }, "disagree on rms_eps"},
       {[](mlacp::MlaConfig& c) { c.overlap = false; }, "disagree on overlap"},
-      {[](mlacp::MlaConfig& c) { c.softmax_scale = 0.125; }, "disagree on softmax_scale"}};
+      {[](mlacp::MlaConfig& c) { c.softmax_scale = 0.125; }, "disagree on softmax_scale"},
+      // YaRN's rows (issue 34), each agreed whether or not the scaling is on.
+      {[](mlacp::MlaConfig& c) {
+         c.rope_factor = 8;
+         c.rope_original_max_position = 64;
+       },
+       "disagree on rope_factor"},
+      {[](mlacp::MlaConfig& c) { c.rope_original_max_position = 128; }, "disagree on rope_original_max_position"},
+      {[](mlacp::MlaConfig& c) { c.rope_beta_slow = 2; }, "disagree on rope_beta_slow"},
+      {[](mlacp::MlaConfig& c) { c.rope_attention_factor = 0.9; }, "disagree on rope_attention_factor"}};
   for (const auto& [change, message] : cases) {
     auto config = base;
     if (odd_one) change(config);
