@@ -46,8 +46,10 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
   std::ostringstream out;
   for_each_config_field(*this, [&](const ConfigField& field, const auto& value) {
     if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int>) {
-      if (field.size && value <= 0 && out.tellp() == 0)
-        out << "mlacp::MlaConfig: " << field.name << " = " << value << "; expected a positive size";
+      if (field.size && (field.bound ? value < 0 : value <= 0) && out.tellp() == 0)
+        out << "mlacp::MlaConfig: " << field.name << " = " << value
+            << (field.bound ? "; expected 0 (unset: a call brings any) or a positive maximum"
+                            : "; expected a positive size");
     }
   });
   if (out.tellp() != 0) return out.str();
@@ -82,10 +84,21 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
     out << yarn_error();
   } else if (max_documents < 1) {
     out << "mlacp::MlaConfig: max_documents = " << max_documents << "; expected a positive count of documents";
+  } else if (!cu_seqlens.empty() && seq == 0) {
+    out << "mlacp::MlaConfig: cu_seqlens has " << cu_seqlens.size() - 1 << " documents ending at token "
+        << cu_seqlens.back() << " but seq is unset; expected seq = " << cu_seqlens.back()
+        << " (the configuration's packing fixes S; a packing per call goes to MlaAttention::forward)";
   } else {
     out << cu_seqlens_error(cu_seqlens, seq, "MlaConfig");
   }
   return out.str();
+}
+
+std::string MlaConfig::shape_error() const {
+  if (batch > 0 && seq > 0) return "";
+  return "mlacp::MlaConfig: batch = " + std::to_string(batch) + ", seq = " + std::to_string(seq) +
+         "; expected both set (positive): the shape to price (the layer takes them as optional maxima, the planner "
+         "and the model price one shape)";
 }
 
 std::string MlaConfig::yarn_error() const {

@@ -45,30 +45,38 @@ TEST(ErrorCatalogue, NonFiniteInputsWhenTheFiniteCheckIsOn) {
   expect_error<mlacp::InvalidArgument>([&] { layer.backward(Space(), forward, x); }, "dy holds 2 non-finite value(s)");
 }
 
+// The call's S is the sum of the ranks' shards (issue 34): a layer on a mesh over MPI_COMM_SELF (P = 1) given this
+// group's shard runs it as a sequence of its s tokens, and says so (token_map().seq()); more tokens than the
+// configuration's seq (a maximum) are refused, naming the bound.
 TEST(ErrorCatalogue, InputShardedForAnotherGroupSize) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   if (mesh.size() == 1) GTEST_SKIP() << "needs two ranks";
   const auto config = config_for(mesh.size());
-  // A layer on a mesh over MPI_COMM_SELF (P = 1) given this group's shard: the shape names the expected P.
   mlacp::Mesh self(MPI_COMM_SELF);
   mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 3), self);
   Tensor3 shard("x", config.batch, config.seq / mesh.size(), config.hidden);
-  expect_error<mlacp::InvalidArgument>(
-      [&] { layer.forward(Space(), shard); },
-      "expected [B, s, D] = [1, " + std::to_string(config.seq) + ", 8] (s: this rank's tokens of S = " +
-          std::to_string(config.seq) + " split as {" + std::to_string(config.seq) + "}) on rank 0 of a group of P = 1");
+  auto forward = layer.forward(Space(), shard);
+  EXPECT_EQ(layer.token_map().seq(), config.seq / mesh.size());
+  Tensor3 longer("x", config.batch, config.seq + 1, config.hidden);
+  expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), longer); },
+                                       "x brings S = " + std::to_string(config.seq + 1) +
+                                           " tokens but the configuration bounds seq at " + std::to_string(config.seq));
 }
 
-// Every size must be positive; fewer tokens or heads than ranks are no error (a rank may hold no token or no head:
-// test_mla_uneven's empty-shard block checks the numbers).
+// Every size must be positive (batch and seq, the optional maxima of a call's shape: 0 or positive); fewer tokens
+// or heads than ranks are no error (a rank may hold no token or no head: test_mla_uneven's empty-shard block checks
+// the numbers).
 TEST(ErrorCatalogue, NonPositiveSizeIsRefusedFewerThanPRuns) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const int P = mesh.size();
   auto config = config_for(P);
-  config.seq = 0;
+  config.hidden = 0;
   expect_error<mlacp::InvalidArgument>(
       [&] { mlacp::MlaAttention<double>(config, mlacp::test::make_weights<double, Mem>(config, 3), mesh); },
-      "mlacp::MlaConfig: seq = 0; expected a positive size");
+      "mlacp::MlaConfig: hidden = 0; expected a positive size");
+  config = config_for(P);
+  config.seq = -2;
+  EXPECT_EQ(config.error(P), "mlacp::MlaConfig: seq = -2; expected 0 (unset: a call brings any) or a positive maximum");
   config = config_for(P);
   config.heads = -1;
   EXPECT_EQ(config.error(P), "mlacp::MlaConfig: heads = -1; expected a positive size");

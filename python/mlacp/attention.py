@@ -262,7 +262,11 @@ class MlaAttention(torch.nn.Module):
     (this rank's contiguous token shard, s = ``local_seq``: the first S mod P ranks hold ceil(S/P) tokens, the others
     floor(S/P)) returns y_local ``[B, s, D]``.
 
-    Arguments: ``config`` an mlacp.MlaConfig (seq is the global S), ``mesh`` an mlacp.Mesh, ``dtype`` of the
+    Any batch and length per call: S is the sum of the ranks' shards (``token_map_for(S)`` says which tokens each
+    rank brings). The configuration's batch and seq are optional maxima: 0 (unset) takes any shape; set, they bound
+    every call.
+
+    Arguments: ``config`` an mlacp.MlaConfig, ``mesh`` an mlacp.Mesh, ``dtype`` of the
     parameters: torch.float32, torch.float64 or torch.bfloat16, ``seed`` (every rank draws the same weights from it:
     nn.Linear's uniform(+-1/sqrt(in)) for the weights and biases, ones for the RMSNorm gains g_kv and g_q (q-LoRA);
     drawn in float64 and rounded to ``dtype``), ``bias`` (overrides config.bias when given), ``compute_dtype`` (None,
@@ -358,16 +362,28 @@ class MlaAttention(torch.nn.Module):
 
     @property
     def local_seq(self):
-        """This rank's token count s: on a flat mesh the first S mod P ranks hold ceil(S/P) tokens, the others
-        floor(S/P); on a two-level mesh, its ranges of ``token_map``."""
+        """This rank's token count s of the configuration's S (``local_seq_for(S)`` for any other): on a flat mesh
+        the first S mod P ranks hold ceil(S/P) tokens, the others floor(S/P); on a two-level mesh, its ranges of
+        ``token_map``."""
         mesh = self.mesh
         return self.token_map.count(mesh.ring_rank, mesh.ulysses_rank)
 
     @property
     def token_map(self):
-        """Which global tokens each rank holds (mlacp.TokenMap of the mesh and the configuration's ring layout): x and
-        dy are this rank's tokens of it (``token_map.shard(x, mesh)``), y and dx come back in it."""
+        """Which global tokens each rank holds of the configuration's S (mlacp.TokenMap of the mesh and the
+        configuration's ring layout; ``token_map_for(S)`` for any other S): x and dy are this rank's tokens of it
+        (``token_map.shard(x, mesh)``), y and dx come back in it."""
         return TokenMap.of(self.mesh, self.config.seq, self.config.ring_layout)
+
+    def token_map_for(self, seq):
+        """The token map of a call of ``seq`` tokens: any S per call (the configuration's seq, when set, bounds it).
+        Each rank brings its shard ``token_map_for(S).shard(x, mesh)``; the layer derives S from the ranks' shards."""
+        return TokenMap.of(self.mesh, seq, self.config.ring_layout)
+
+    def local_seq_for(self, seq):
+        """This rank's token count in a call of ``seq`` tokens."""
+        mesh = self.mesh
+        return self.token_map_for(seq).count(mesh.ring_rank, mesh.ulysses_rank)
 
     @property
     def dtype(self):

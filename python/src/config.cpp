@@ -178,7 +178,7 @@ void bind_config(py::module_& m) {
                   "object): dimensions, q_lora_rank, rope_theta, YaRN with its softmax scale, and rope_interleave "
                   "(True when the config has none: DeepSeek's checkpoints). The attention's RMSNorm eps stays 1e-6; "
                   "unrelated keys are ignored; attention_bias true and rope scalings other than yarn are refused by "
-                  "name (mlacp/mla/hf_config.hpp). batch and seq: the layer's shape (0: set them before building one).")
+                  "name (mlacp/mla/hf_config.hpp). batch and seq: the layer's optional maxima (0: any shape per call).")
       .def("__repr__", &repr)
       .def("__copy__", [](const MlaConfig& c) { return c; })
       .def("__deepcopy__", [](const MlaConfig& c, const py::dict&) { return c; });

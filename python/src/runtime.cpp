@@ -104,6 +104,7 @@ void bind_runtime(py::module_& m) {
            {"do_a2a", mlacp::names::do_a2a},
            {"payload_all_gather", mlacp::names::payload_all_gather},
            {"latent_reduce_scatter", mlacp::names::latent_reduce_scatter},
+           {"call_shape", mlacp::names::call_shape},
            {"ring_payload", mlacp::names::ring_payload},
            {"ring_k", mlacp::names::ring_k},
            {"ring_v", mlacp::names::ring_v},

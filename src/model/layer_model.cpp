@@ -44,6 +44,8 @@ std::string choice_error(const MlaConfig& config, const Choice& choice, const Cl
   } else if (U % G != 0 && G % U != 0) {
     s << "mesh U=" << U << " on " << G << " ranks per node: a Ulysses group must sit inside a node or span whole "
       << "nodes (U divides " << G << " or " << G << " divides U)";
+  } else if (!config.shape_error().empty()) {
+    s << config.shape_error();
   } else if (config.seq < C) {
     s << "ring C=" << C << ": the sequence of " << config.seq << " tokens has fewer tokens than chunks";
   } else {

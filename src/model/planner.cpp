@@ -52,7 +52,8 @@ Plan plan(const PlanRequest& request, const MachineParams& machine) {
     throw InvalidArgument("mlacp::model::plan: cluster of " + std::to_string(cluster.nodes) + " nodes x " +
                           std::to_string(cluster.ranks_per_node) + " ranks per node: expected at least 1 of each");
   const int P = cluster.ranks();
-  const std::string config_error = request.config.error(P);
+  std::string config_error = request.config.error(P);
+  if (config_error.empty()) config_error = request.config.shape_error();
   if (!config_error.empty()) throw InvalidArgument("mlacp::model::plan: " + config_error);
   const std::string machine_error = machine.error();
   if (!machine_error.empty())

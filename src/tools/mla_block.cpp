@@ -97,7 +97,10 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
   {
     auto fields = mlacp::detail::config_fields(c);
     fields.push_back({"bytes per element of the layer's value type (--dtype)", static_cast<std::int64_t>(sizeof(T))});
-    mlacp::detail::agree_or_throw(mesh, "mlacp-mla-block", c.error(P), fields, c.describe());
+    // The tool runs one shape: the layer's optional maxima are the run's B and S here.
+    std::string error = c.error(P);
+    if (error.empty()) error = c.shape_error();
+    mlacp::detail::agree_or_throw(mesh, "mlacp-mla-block", error, fields, c.describe());
   }
   const std::string where = "mlacp-mla-block: rank " + std::to_string(rank);
   std::string allocation_problem = preflight_error<T>(o, mesh, where);

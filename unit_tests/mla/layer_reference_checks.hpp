@@ -13,6 +13,7 @@
 #include <mlacp/mla/mla_attention.hpp>
 #include <mlacp/partition.hpp>
 #include <mlacp/testing/reference_forward.hpp>
+#include <mlacp/token_map.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -38,6 +39,30 @@ LayerTensor<T> shard(const LayerTensor<T>& full, const Partition& part, int rank
   const auto count = static_cast<std::size_t>(part.count(rank));
   LayerTensor<T> local("shard", full.extent(0), count, full.extent(2));
   Kokkos::deep_copy(local, Kokkos::subview(full, Kokkos::ALL(), std::make_pair(begin, begin + count), Kokkos::ALL()));
+  return local;
+}
+
+/// The ring sizes C > 1 that divide P (none at P = 1): the two-level meshes Mesh(world, C) of P ranks.
+inline std::vector<int> ring_sizes(int P) {
+  std::vector<int> out;
+  for (int c = 2; c <= P; ++c)
+    if (P % c == 0) out.push_back(c);
+  return out;
+}
+
+/// This rank's rows of a full [B, S, D] tensor: its TokenMap ranges (TokenMap::ranges), concatenated.
+template <class T>
+LayerTensor<T> rows_of(const LayerTensor<T>& full, const std::vector<TokenRange>& ranges) {
+  std::size_t n = 0;
+  for (const auto& r : ranges) n += static_cast<std::size_t>(r.count);
+  LayerTensor<T> local("token shard", full.extent(0), n, full.extent(2));
+  std::size_t row = 0;
+  for (const auto& r : ranges) {
+    const auto b = static_cast<std::size_t>(r.begin), c = static_cast<std::size_t>(r.count);
+    Kokkos::deep_copy(Kokkos::subview(local, Kokkos::ALL(), std::make_pair(row, row + c), Kokkos::ALL()),
+                      Kokkos::subview(full, Kokkos::ALL(), std::make_pair(b, b + c), Kokkos::ALL()));
+    row += c;
+  }
   return local;
 }
 

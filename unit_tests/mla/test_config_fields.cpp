@@ -80,21 +80,33 @@ TEST(ConfigFields, DescribeShowsTheSizesAlwaysAndOtherFieldsWhenSet) {
   EXPECT_NE(changed.find("documents=1"), std::string::npos) << changed;
 }
 
+// A size must be positive; a bound (batch and seq, the optional maxima of a call's shape) may be 0, unset, but not
+// negative.
 TEST(ConfigFields, ErrorNamesTheFirstSizeThatIsNotPositive) {
   mlacp::MlaConfig c;
   mlacp::for_each_config_field(c, Changed{});
   c.cu_seqlens = {};
   c.seq = 8;
   EXPECT_EQ(c.error(1), "");
+  int bounds = 0;
   mlacp::for_each_config_field(c, [&](const mlacp::ConfigField& f, auto& member) {
     if constexpr (std::is_same_v<std::decay_t<decltype(member)>, int>) {
       if (!f.size) return;
       const int before = member;
       member = 0;
-      EXPECT_EQ(c.error(1), std::string("mlacp::MlaConfig: ") + f.name + " = 0; expected a positive size");
+      if (f.bound) {
+        ++bounds;
+        EXPECT_EQ(c.error(1), "") << f.name << " = 0 is unset: any shape per call";
+        member = -1;
+        EXPECT_EQ(c.error(1), std::string("mlacp::MlaConfig: ") + f.name +
+                                  " = -1; expected 0 (unset: a call brings any) or a positive maximum");
+      } else {
+        EXPECT_EQ(c.error(1), std::string("mlacp::MlaConfig: ") + f.name + " = 0; expected a positive size");
+      }
       member = before;
     }
   });
+  EXPECT_EQ(bounds, 2) << "batch and seq";
 }
 
 }  // namespace

@@ -29,32 +29,11 @@ using mlacp::test::LayerMem;
 using mlacp::test::LayerSpace;
 using mlacp::test::LayerTensor;
 using mlacp::test::relative_error;
+using mlacp::test::rows_of;
 using mlacp::test::sum_over_ranks;
 
 // The ring sizes C > 1 that divide P (none at P = 1).
-std::vector<int> ring_sizes() {
-  std::vector<int> out;
-  const int P = mlacp::test::world_size();
-  for (int c = 2; c <= P; ++c)
-    if (P % c == 0) out.push_back(c);
-  return out;
-}
-
-// This rank's rows of a full [B, S, D] tensor: its TokenMap ranges, concatenated.
-template <class T>
-LayerTensor<T> rows_of(const LayerTensor<T>& full, const std::vector<mlacp::TokenRange>& ranges) {
-  std::size_t n = 0;
-  for (const auto& r : ranges) n += static_cast<std::size_t>(r.count);
-  LayerTensor<T> local("ring shard", full.extent(0), n, full.extent(2));
-  std::size_t row = 0;
-  for (const auto& r : ranges) {
-    const auto b = static_cast<std::size_t>(r.begin), c = static_cast<std::size_t>(r.count);
-    Kokkos::deep_copy(Kokkos::subview(local, Kokkos::ALL(), std::make_pair(row, row + c), Kokkos::ALL()),
-                      Kokkos::subview(full, Kokkos::ALL(), std::make_pair(b, b + c), Kokkos::ALL()));
-    row += c;
-  }
-  return local;
-}
+std::vector<int> ring_sizes() { return mlacp::test::ring_sizes(mlacp::test::world_size()); }
 
 // The ring layer on Mesh(world, ring) against the one-rank layer of `Reference` (T itself, or double for bf16 on the
 // same values), two iterations (the second on the buffers of the first).

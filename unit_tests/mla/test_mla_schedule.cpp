@@ -290,9 +290,10 @@ TEST(MlaMisuse, WeightsAndInputsThatDisagreeWithTheConfiguration) {
       [&] { mlacp::MlaAttention<double>(no_bias, mlacp::test::make_weights<double, Mem>(config, 1), mesh); },
       "weight b_q has extent");
   mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh);
-  Tensor3 wrong("x", config.batch, config.seq, config.hidden + 1);
+  const auto s = std::to_string(layer.local_seq());
+  Tensor3 wrong("x", config.batch, layer.local_seq(), config.hidden + 1);
   expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), wrong); },
-                                       "x has shape [2, " + std::to_string(config.seq) + ", 17]; expected [B, s, D]");
+                                       "x has shape [2, " + s + ", 17]; expected [B, s, D] = [2, " + s + ", 16]");
 }
 
 TEST(MlaMisuse, InputsThatDifferAcrossRanks) {

@@ -131,18 +131,29 @@ TEST(MlaUnevenErrors, WrongLocalExtentRaisesOnEveryRank) {
     const auto config = uneven_config(strategy, true, 3 * P + 1, P + 1);
     mlacp::MlaAttention<double> layer(config, mlacp::test::make_weights<double, Mem>(config, 1), mesh);
     const int s = layer.local_seq();
+    // The call's S is the sum of the ranks' shards (issue 34): one token more on every rank is S + P, past the
+    // configuration's seq (a maximum).
     Tensor3<double> wrong("x", config.batch, s + 1, config.hidden);
-    // Every rank raises the first failing rank's message (rank 0's, with its count).
-    const auto s0 = std::to_string(layer.seq_partition().count(0));
-    mlacp::test::expect_error<mlacp::InvalidArgument>(
-        [&] { layer.forward(Space(), wrong); },
-        "x has shape [2, " + std::to_string(layer.seq_partition().count(0) + 1) + ", 24]; expected [B, s, D] = [2, " +
-            s0 + ", 24] (s: this rank's tokens of S = " + std::to_string(config.seq) + " split as " +
-            layer.seq_partition().str() + ") on rank 0");
-    const bool bad = mesh.rank() == P - 1;
-    Tensor3<double> x("x", config.batch, bad ? s + 1 : s, config.hidden);
-    mlacp::test::fill(x, 3, 1.0);
-    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), x); }, "x has shape");
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), wrong); },
+                                                      "x brings S = " + std::to_string(config.seq + P) + " tokens");
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), wrong); },
+                                                      "bounds seq at " + std::to_string(config.seq));
+    // The sum right but not the split: every rank raises the message naming the first rank whose shard is not the
+    // token map's (rank 0's, with its count).
+    if (P > 1) {
+      const int mine = s - (mesh.rank() == 0 ? 1 : 0) + (mesh.rank() == P - 1 ? 1 : 0);
+      Tensor3<double> x("x", config.batch, mine, config.hidden);
+      mlacp::test::fill(x, 3, 1.0);
+      mlacp::test::expect_error<mlacp::InvalidArgument>(
+          [&] { layer.forward(Space(), x); }, "x of rank 0 holds " +
+                                                  std::to_string(layer.seq_partition().count(0) - 1) +
+                                                  " tokens, but the ranks bring S = " + std::to_string(config.seq) +
+                                                  " and the token map of that S gives rank 0 (ring 0, Ulysses 0) " +
+                                                  std::to_string(layer.seq_partition().count(0)));
+    }
+    // x of the wrong width is refused by the input check, on every rank.
+    Tensor3<double> narrow("x", config.batch, s, config.hidden + 1);
+    mlacp::test::expect_error<mlacp::InvalidArgument>([&] { layer.forward(Space(), narrow); }, "x has shape");
     // The layer still runs afterwards, and dy of the wrong extent raises likewise.
     Tensor3<double> good("x", config.batch, s, config.hidden);
     mlacp::test::fill(good, 4, 1.0);
@@ -230,7 +241,7 @@ TEST(MlaEmptyShardsVariants, BlockingScheduleAndPartialGradients) {
     }
 }
 
-// The ranks past S hold no token and those past H no head; S and H below 1 are still refused.
+// The ranks past S hold no token and those past H no head; H below 1 and S below 0 are still refused.
 TEST(MlaEmptyShardsSplit, RanksPastTheExtentHoldNothing) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   const int P = mesh.size(), r = mesh.rank();
@@ -240,10 +251,11 @@ TEST(MlaEmptyShardsSplit, RanksPastTheExtentHoldNothing) {
   EXPECT_EQ(layer.local_heads(), r == 0 ? 1 : 0);
   EXPECT_EQ(layer.seq_partition().offset(r), r == 0 ? 0 : 1);
   EXPECT_EQ(layer.head_partition().count(P - 1), P == 1 ? 1 : 0);
-  auto bad = uneven_config(mlacp::MlaStrategy::latent, false, 0, 1);
+  // seq is a maximum (issue 34): 0 is unset, a negative one is refused.
+  auto bad = uneven_config(mlacp::MlaStrategy::latent, false, -1, 1);
   mlacp::test::expect_error<mlacp::InvalidArgument>(
       [&] { mlacp::MlaAttention<double>(bad, mlacp::test::make_weights<double, Mem>(bad, 1), mesh); },
-      "seq = 0; expected a positive size");
+      "seq = -1; expected 0 (unset: a call brings any) or a positive maximum");
   bad = uneven_config(mlacp::MlaStrategy::latent, false, 1, 0);
   mlacp::test::expect_error<mlacp::InvalidArgument>(
       [&] { mlacp::MlaAttention<double>(bad, mlacp::test::make_weights<double, Mem>(bad, 1), mesh); },

@@ -39,6 +39,7 @@ TEST(Names, EveryRecordedEventOfTheLayerIsNamedByTheHeader) {
                                        names::do_a2a,
                                        names::payload_all_gather,
                                        names::latent_reduce_scatter,
+                                       names::call_shape,
                                        names::w_q_fprop,
                                        names::w_kva_fprop,
                                        names::w_kvb_fprop,

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -236,6 +237,44 @@ TEST(SteadyState, PackingThatChangesEveryCallAllocatesNoView) {
     EXPECT_EQ(two_pending.views, 0u) << what << ", two pending: iterations 2-7 allocated Views";
     EXPECT_EQ(layer.forward_workspaces(), 2u);
   }
+}
+
+// Any shape per call (issue 34): a layer whose configuration leaves batch and seq unset serves other shapes first,
+// then one shape repeated allocates no View and no communication buffer after its first call, flat and on a ring of
+// P, both strategies; so does a shape it served before others (its buffers follow the pass's extents).
+TEST(SteadyState, RepeatedCallsOfOneShapeAllocateNoViewAfterOtherShapes) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  const int P = mlacp::test::world_size();
+  for (const int ring : {1, P})
+    for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
+      mlacp::Mesh mesh(MPI_COMM_WORLD, ring);
+      const auto c = mlacp::test::make_config(0, 0, 16, P + 1, 4, 2, 3, 6, true, strategy);
+      mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
+      // (B, S): the steady shape, then another that the layer serves in between.
+      const std::pair<int, int> shapes[] = {{2, 7 * P + 1}, {1, 9 * P}};
+      auto run = [&](int batch, int seq, mlacp::MlaGradients<double, Mem>& grads) {
+        Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", batch, layer.local_seq_for(seq), c.hidden);
+        mlacp::test::fill(x, 4, 1.0);
+        return [&layer, x, &grads] {
+          auto forward = layer.forward(Space(), x);
+          layer.backward(Space(), forward, x, grads);
+        };
+      };
+      for (int round = 0; round < 2; ++round)
+        for (const auto& [batch, seq] : shapes) {
+          auto shaped = c;
+          shaped.batch = batch;
+          auto grads = caller_gradients(shaped, layer.local_seq_for(seq));
+          const auto counted = count_steady(run(batch, seq, grads), 3, {});
+          const std::string what = "ring " + std::to_string(ring) + ", " + mlacp::to_string(strategy) +
+                                   ", B = " + std::to_string(batch) + ", S = " + std::to_string(seq) + ", round " +
+                                   std::to_string(round);
+          EXPECT_TRUE(counted.other_labels.empty())
+              << what << ": repeated calls allocated Views:" << joined(counted.other_labels);
+          EXPECT_EQ(counted.views, 0u) << what << ": repeated calls allocated Views";
+          EXPECT_EQ(counted.buffers, 0u) << what << ": repeated calls allocated communication buffers";
+        }
+    }
 }
 
 // Fresh gradients: backward returns new Views, so it necessarily allocates exactly those (zeroed) and nothing else.

@@ -69,6 +69,12 @@ enum class AgreedErrorKind : char { invalid_argument = 'I', usage = 'U', communi
 void agree_or_throw(const Mesh& mesh, const std::string& where, const std::string& local_error,
                     const AgreementFields& fields, const std::string& context, AgreedErrorKind kind);
 
+/// Every rank's `mine` (the same count on every rank), in rank order: one MPI_Iallgather on `mesh` whatever its
+/// checked mode, recorded and watched as the collective `name` (`where`: the call it serves, for messages). `mine`
+/// itself when the mesh has one rank.
+std::vector<std::int64_t> gather_from_every_rank(const Mesh& mesh, const std::vector<std::int64_t>& mine,
+                                                 const std::string& name, const std::string& where);
+
 /// Every rank of `mesh` learns whether any failed a step that the next collective depends on (e.g. creating a
 /// resource): whatever the checked mode, if `local_error` is not empty on some rank, every rank throws
 /// CommunicationError with the lowest such rank's message. One allreduce (and a broadcast on failure).

@@ -16,6 +16,7 @@ struct ConfigField {
   bool size = false;   ///< a dimension: error() demands a positive value, describe() always shows it
   bool shown = false;  ///< describe() always shows it (other fields: where they differ from the default)
   bool local = false;  ///< may differ across ranks (it sizes an allocation only): the layer does not agree on it
+  bool bound = false;  ///< a size that is an optional maximum: error() takes 0 (unset, any) or a positive value
 };
 
 /// The table: calls f(field, &MlaConfig::member) for each field, in the order describe() and the JSON list them.
@@ -23,8 +24,10 @@ struct ConfigField {
 /// keeps a field (the Python binding's attributes, a tool's flag) keeps its pointer to member.
 template <class F>
 void for_each_config_member(F&& f) {
-  f(ConfigField{"batch", "B", "B, the batch size", true}, &MlaConfig::batch);
-  f(ConfigField{"seq", "S", "S, the global sequence length", true}, &MlaConfig::seq);
+  f(ConfigField{"batch", "B", "B, the largest batch size a call brings (0: any)", true, false, false, true},
+    &MlaConfig::batch);
+  f(ConfigField{"seq", "S", "S, the longest global sequence a call brings (0: any)", true, false, false, true},
+    &MlaConfig::seq);
   f(ConfigField{"hidden", "D", "D, the model width", true}, &MlaConfig::hidden);
   f(ConfigField{"heads", "H", "H, the global head count", true}, &MlaConfig::heads);
   f(ConfigField{"nope", "dn", "dn, qk_nope_head_dim", true}, &MlaConfig::nope);

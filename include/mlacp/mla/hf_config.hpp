@@ -29,8 +29,8 @@ void apply_hf_config(MlaConfig& config, const std::string& json_text, const std:
 /// apply_hf_config of the file at `path` (InvalidArgument naming the path when it cannot be read).
 void apply_hf_config_file(MlaConfig& config, const std::string& path);
 
-/// A configuration of the attention a Hugging Face config.json describes, with the given batch and sequence length
-/// (0: unset, to be set before a layer is built).
+/// A configuration of the attention a Hugging Face config.json describes, with the given batch and sequence length as
+/// its optional maxima (0: unset, any shape per call; the planner needs them set).
 MlaConfig mla_config_from_hf_json(const std::string& json_text, int batch = 0, int seq = 0,
                                   const std::string& where = "config");
 

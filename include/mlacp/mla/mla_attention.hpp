@@ -148,6 +148,8 @@ class MlaAttention {
       owner_ = std::exchange(other.owner_, nullptr);
       backward_done_ = std::exchange(other.backward_done_, false);
       flags_ = other.flags_;
+      batch_ = other.batch_;
+      seq_ = other.seq_;
       y_ = std::exchange(other.y_, tensor3());
       x_ = std::exchange(other.x_, tensor3());
       ws_ = std::move(other.ws_);
@@ -157,6 +159,7 @@ class MlaAttention {
     const MlaAttention* owner_ = nullptr;
     bool backward_done_ = false;
     MlaRequiresGrad flags_;
+    int batch_ = 0, seq_ = 0;  // the pass's B and S, which its backward runs with
     tensor3 y_, x_;
     std::shared_ptr<detail::ForwardWorkspace<T, ExecSpace>> ws_;  // the schedule's workspace type
   };
@@ -225,6 +228,9 @@ class MlaAttention {
   const Mesh& mesh() const { return *mesh_; }
   /// The packed documents of config().cu_seqlens (empty: one document); a forward given its own cu_seqlens uses those.
   const DocumentLayout& documents() const { return documents_; }
+  /// The shape accessors below (seq_partition, local_seq, token_map) describe the S of the last pass that ran (the
+  /// configuration's seq before the first; 0 when unset); token_map_for(S) and local_seq_for(S) give them for any S.
+  ///
   /// How the S tokens and the H heads are split over the ranks: the first S mod P ranks hold ceil(S/P) tokens, the
   /// others floor(S/P) (heads: the same rule with H), contiguous in rank order (partition.hpp).
   const Partition& seq_partition() const { return context_.seq_partition(); }
@@ -238,6 +244,13 @@ class MlaAttention {
   const TokenMap& token_map() const { return context_.token_map(); }
   /// This rank's heads in the attention, from global head head_partition().offset(rank).
   int local_heads() const { return context_.local_heads(); }
+  /// The token map of a call of `seq` tokens on this layer's mesh and ring layout: which global tokens each rank
+  /// brings to such a call (x [B, local_seq_for(seq), D]).
+  TokenMap token_map_for(std::int64_t seq) const { return TokenMap::of(*mesh_, seq, config_.ring_layout); }
+  /// This rank's token count in a call of `seq` tokens.
+  int local_seq_for(std::int64_t seq) const {
+    return static_cast<int>(token_map_for(seq).count(mesh_->ring_rank(), mesh_->ulysses_rank()));
+  }
 
   /// The bf16 GEMM plan of a bf16 layer (its per-shape backend choices and oneDNN primitives, bf16_gemm.hpp); null for
   /// float and double layers. The layer installs it for each forward and backward (ScopedBf16GemmPlan).
@@ -270,8 +283,10 @@ class MlaAttention {
     std::visit([](const auto& s) { s.pool().trim(0); }, schedule_);
   }
 
-  /// x [B, s, D] (s = local_seq()) -> Forward (y and saved state). `requires_grad` says which gradients backward will
-  /// produce; it must be the same on every rank. The documents are config().cu_seqlens.
+  /// x [B, s, D] -> Forward (y and saved state). Any B and S per call: S is the sum of the ranks' s, and each rank
+  /// brings its shard of the token map of that S (s = local_seq_for(S)); the configuration's batch and seq, when set,
+  /// bound them. `requires_grad` says which gradients backward will produce; it must be the same on every rank. The
+  /// documents are config().cu_seqlens (which end at config().seq).
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad = {}) const {
     return forward(space, x, requires_grad, config_.cu_seqlens);
   }
@@ -281,10 +296,19 @@ class MlaAttention {
   /// count and FNV-1a hash), so a bad or differing packing is one error on every rank before any collective. The
   /// Forward keeps the layout for its backward. Changing it every call allocates nothing after the first iteration
   /// while the document count stays within config().max_documents.
+  ///
+  /// The call's shape comes first: one gather of every rank's B and s (detail::call_shape, whatever the checked mode),
+  /// from which every rank derives S and the same verdict (B differing across ranks, past config().batch, S past
+  /// config().seq, a rank whose s is not its share of S). A pass of a new shape rebuilds the token map (host only)
+  /// and reallocates the buffers whose extents change; repeated calls of one shape allocate nothing.
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad,
                   const std::vector<std::int64_t>& cu_seqlens) const {
     const detail::EntryGuard entry(*mesh_, "mlacp::MlaAttention::forward");
-    std::string documents_problem = cu_seqlens_error(cu_seqlens, config_.seq, "MlaAttention::forward");
+    const detail::CallShape shape =
+        detail::call_shape(*mesh_, config_, x.extent(0), x.extent(1), "mlacp::MlaAttention::forward");
+    if (!shape.error.empty()) throw InvalidArgument(shape.error);
+    context_.set_shape(shape.batch, shape.seq);
+    std::string documents_problem = cu_seqlens_error(cu_seqlens, shape.seq, "MlaAttention::forward");
     if (documents_problem.empty()) documents_problem = documents_error(cu_seqlens);
     detail::check_input(context_, space, "forward", "x", x, requires_grad, "", documents_problem,
                         {{"cu_seqlens.size()", static_cast<std::int64_t>(cu_seqlens.size())},
@@ -296,15 +320,20 @@ class MlaAttention {
       Forward f;
       f.owner_ = this;
       f.flags_ = flags_for(config_, requires_grad);
+      f.batch_ = shape.batch;
+      f.seq_ = shape.seq;
       f.x_ = x;
       f.y_ = std::visit(
           [&](const auto& schedule) {
             auto ws = schedule.pool().acquire();
             f.ws_ = ws;
             auto& documents = ws->documents;
-            if (documents.layout.assign(space, cu_seqlens, config_.seq,
-                                        static_cast<std::size_t>(config_.max_documents) + 1))
+            // The RoPE table of packed documents (or of a zigzag ring's two ranges) follows the layout and S.
+            if (documents.layout.assign(space, cu_seqlens, shape.seq,
+                                        static_cast<std::size_t>(config_.max_documents) + 1) ||
+                documents.seq != shape.seq)
               documents.stale = true;
+            documents.seq = shape.seq;
             return schedule.forward(space, {f.x_, f.flags_, *ws});
           },
           schedule_);
@@ -356,6 +385,8 @@ class MlaAttention {
     else if (f.backward_done_)
       state_error =
           "mlacp::MlaAttention::backward: a second backward of the same forward (each Forward is consumed once)";
+    // The pass runs with its forward's shape (another shape may have run since).
+    if (state_error.empty()) context_.set_shape(f.batch_, f.seq_);
     // The caller's gradient Views are checked before the agreement too: a bad one on one rank raises the same error
     // on every rank, before any collective, instead of a hang or a write out of bounds.
     detail::check_input(context_, space, "backward", "dy", dy, f.flags_, state_error,
@@ -523,7 +554,7 @@ class MlaAttention {
   DocumentLayout documents_;
   mutable std::optional<Bf16GemmPlan<ExecSpace>> bf16_plan_;  // bf16 layers only: a cache of shapes, like the pools
   mutable gradients_type staged_;  // float weight gradients of a backward into bf16 ones (on request)
-  context_type context_{config_, weights_, *mesh_, core_, documents_};
+  mutable context_type context_{config_, weights_, *mesh_, core_, documents_};  // its shape: the pass's
   schedule_type schedule_ = make_schedule();
 };
 

@@ -50,9 +50,13 @@ const char* to_string(RingLayout layout) noexcept;
 RingLayout parse_ring_layout(const std::string& name);
 
 /// The dimensions of one MLA attention block (docs/spec.md "Names"). `seq` is the global sequence length S.
+///
+/// `batch` and `seq` are optional maxima for the layer: 0 (unset) lets every call bring any B and S (the layer derives
+/// S from the ranks' shards per call); set, they bound every call's B and S (checked) and are the shape the planner
+/// and the performance model price. Packed documents in the configuration (cu_seqlens) need `seq`: they end there.
 struct MlaConfig {
-  int batch = 0;      ///< B
-  int seq = 0;        ///< S, global
+  int batch = 0;      ///< B, the largest batch a call brings (0: unset, any)
+  int seq = 0;        ///< S, global: the longest sequence a call brings (0: unset, any)
   int hidden = 0;     ///< D
   int heads = 0;      ///< H, global
   int nope = 0;       ///< dn, qk_nope_head_dim
@@ -114,13 +118,16 @@ struct MlaConfig {
   bool q_lora() const { return q_lora_rank > 0; }
   /// The softmax scale the attention uses: softmax_scale when set (> 0), else 1/sqrt(dqk).
   double attention_scale() const;
-  /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive,
-  /// dr even, cu_seqlens empty or strictly increasing from 0 to seq (cu_seqlens_error), max_documents positive. S and H
-  /// need neither be divisible by P nor reach it: with S < P or H < P the ranks past them hold no token or no head (and
-  /// still join every collective).
+  /// Why this configuration cannot run on a group of `group_size` ranks ("" when it can): every dimension positive
+  /// (batch and seq: 0, unset, or positive), dr even, cu_seqlens empty or strictly increasing from 0 to seq
+  /// (cu_seqlens_error), max_documents positive. S and H need neither be divisible by P nor reach it: with S < P or H <
+  /// P the ranks past them hold no token or no head (and still join every collective).
   std::string error(int group_size) const;
   /// Why the YaRN rows (rope_factor, ...) are not a scaling mlacp can apply ("" when they are); part of error().
   std::string yarn_error() const;
+  /// Why this configuration names no shape to price ("" when batch and seq are both set): the planner and the
+  /// performance model price one shape, which the layer only takes as optional maxima.
+  std::string shape_error() const;
   /// A one-line description, for messages and reports.
   std::string describe() const;
 };

@@ -29,6 +29,9 @@ inline constexpr const char* o_a2a = "O a2a";    ///< the attention output, head
 inline constexpr const char* do_a2a = "dO a2a";  ///< its gradient, token-local -> head-local
 inline constexpr const char* payload_all_gather = "payload all-gather";        ///< latent strategy
 inline constexpr const char* latent_reduce_scatter = "latent reduce-scatter";  ///< latent strategy
+/// forward: every rank's B and token count, gathered before anything else of a call, from which the call's S (the
+/// sum) is derived and every rank's shard checked against the token map of that S (P > 1).
+inline constexpr const char* call_shape = "call shape";
 // The ring of a two-level mesh (ring_attention.hpp): each step's exchange with the ring's neighbours.
 inline constexpr const char* ring_payload = "ring payload";      ///< latent strategy: the latent payload chunk
 inline constexpr const char* ring_k = "ring K";                  ///< expanded strategy: the K chunk

@@ -20,8 +20,10 @@ using Context = mlacp::detail::ScheduleContext<double, ScheduleSpace, mlacp::Fla
 inline mlacp::MlaConfig context_sample(int P) { return make_config(2, 2 * P + 1, 8, P + 1, 4, 2, 3, 5, true); }
 
 struct ContextSetup {
-  explicit ContextSetup(const mlacp::Mesh& m)
-      : config(context_sample(m.size())),
+  explicit ContextSetup(const mlacp::Mesh& m) : ContextSetup(m, context_sample(m.size())) {}
+  /// The context of `c` (which it copies: a context's configuration is fixed, but for the shape of its passes).
+  ContextSetup(const mlacp::Mesh& m, const mlacp::MlaConfig& c)
+      : config(c),
         weights(make_weights<double, ScheduleSpace::memory_space>(config, 3)),
         ctx(config, weights, m, core, documents) {}
   mlacp::MlaConfig config;

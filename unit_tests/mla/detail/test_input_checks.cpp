@@ -109,11 +109,13 @@ TEST(InputChecks, AllocateMissingAllocatesWhatTheFlagsNeedWithTheTableShapes) {
   EXPECT_EQ(mlacp::detail::gradients_error(s.ctx, g), "");
   // A provided View is kept as it is; an absent bias is never allocated.
   const auto provided = g.w_kva;
-  s.config.bias = false;
+  auto unbiased_config = s.config;
+  unbiased_config.bias = false;
+  PiecesSetup unbiased(mesh, unbiased_config);
   Grads h;
   h.w_kva = provided;
   flags.b_q = true;
-  mlacp::detail::allocate_missing(s.ctx, h, flags);
+  mlacp::detail::allocate_missing(unbiased.ctx, h, flags);
   EXPECT_EQ(h.w_kva.data(), provided.data());
   EXPECT_EQ(h.b_q.data(), nullptr);
   EXPECT_EQ(h.b_o.data(), nullptr);

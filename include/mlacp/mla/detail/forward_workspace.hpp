@@ -55,12 +55,13 @@ std::size_t bytes_of(const Views&... views) {
 /// The packed documents of one forward pass (MlaAttention::forward's cu_seqlens, or the configuration's) and this
 /// rank's RoPE positions and table for them: kept with the pass so that its backward uses the same layout, and reused
 /// (rebuilt in place, no allocation within MlaConfig::max_documents) when the next pass in the workspace brings
-/// another. `stale`: the layout changed since the table was built.
+/// another. `stale`: the layout or S changed since the table was built.
 template <class MemSpace>
 struct ForwardDocuments {
   DocumentLayout layout;
   Kokkos::View<std::int64_t*, MemSpace> positions;  ///< [s], position of each local token within its document
   RopeTable<MemSpace> table;                        ///< built from `positions` (packed documents only)
+  int seq = -1;                                     ///< the S of the pass that assigned the layout last
   bool stale = true;
 };
 

@@ -11,12 +11,16 @@
 #include <mlacp/mla/config_fields.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
 #include <mlacp/mla/mla_config.hpp>
+#include <mlacp/mla/names.hpp>
 #include <mlacp/mla/parameter_table.hpp>
 #include <mlacp/mla/weights.hpp>
+#include <mlacp/token_map.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -61,6 +65,73 @@ inline AgreementFields config_fields(const MlaConfig& c) {
     }
   });
   return fields;
+}
+
+/// The shape of one forward call: its B and S, or why it cannot run (`error`, the same text on every rank).
+struct CallShape {
+  int batch = 0;
+  int seq = 0;
+  std::string error;
+};
+
+/// The call's shape from every rank's x [B, s, D]: S is the sum of the ranks' s (each token is held by exactly one
+/// rank). One gather of every rank's (ring rank, Ulysses rank, B, s) on `mesh` (the layer's whole mesh; none when it
+/// has one rank), whatever its checked mode, so every rank derives the same S and the same verdict: the ranks' B
+/// differ, no token, a B or S past the configuration's maxima (`c.batch`, `c.seq` when set), B * S past INT_MAX, or a
+/// rank whose s is not what the token map of S gives it.
+inline CallShape call_shape(const Mesh& mesh, const MlaConfig& c, std::size_t batch, std::size_t tokens,
+                            const std::string& where) {
+  const std::vector<std::int64_t> mine{mesh.ring_rank(), mesh.ulysses_rank(), static_cast<std::int64_t>(batch),
+                                       static_cast<std::int64_t>(tokens)};
+  const std::vector<std::int64_t> all = gather_from_every_rank(mesh, mine, names::call_shape, where);
+  const std::size_t P = all.size() / mine.size();
+  std::int64_t S = 0, lo = all[2], hi = all[2];
+  for (std::size_t r = 0; r < P; ++r) {
+    S += all[4 * r + 3];
+    lo = std::min(lo, all[4 * r + 2]);
+    hi = std::max(hi, all[4 * r + 2]);
+  }
+  CallShape out;
+  const std::string prefix = where + ": x";
+  const std::string ranks = P > 1 ? " over the " + std::to_string(P) + " ranks" : "";
+  if (lo != hi) {
+    out.error = prefix + ".extent(0) (B) differs across ranks (from " + std::to_string(lo) + " to " +
+                std::to_string(hi) + "; this rank passed " + std::to_string(batch) +
+                "); expected the same batch on every rank";
+  } else if (hi < 1 || S < 1) {
+    out.error = prefix + " brings B = " + std::to_string(hi) + " and " + std::to_string(S) + " tokens" + ranks +
+                "; expected at least one batch row and one token";
+  } else if (c.batch > 0 && hi > c.batch) {
+    out.error = prefix + " brings B = " + std::to_string(hi) + " but the configuration bounds batch at " +
+                std::to_string(c.batch) + "; expected B <= " + std::to_string(c.batch) +
+                " (MlaConfig::batch: the largest a call brings; 0 for any)";
+  } else if (c.seq > 0 && S > c.seq) {
+    out.error = prefix + " brings S = " + std::to_string(S) + " tokens" + ranks +
+                " but the configuration bounds seq at " + std::to_string(c.seq) +
+                "; expected S <= " + std::to_string(c.seq) + " (MlaConfig::seq: the longest a call brings; 0 for any)";
+  } else if (hi * S > std::numeric_limits<int>::max()) {
+    out.error = prefix + " brings B * S = " + std::to_string(hi) + " * " + std::to_string(S) +
+                " token rows; expected at most INT_MAX = " + std::to_string(std::numeric_limits<int>::max());
+  }
+  if (!out.error.empty() || P == 1) {
+    out.batch = static_cast<int>(hi);
+    out.seq = static_cast<int>(S);
+    return out;
+  }
+  const TokenMap map(S, mesh.ulysses_size(), mesh.ring_size(), c.ring_layout);
+  for (std::size_t r = 0; r < P && out.error.empty(); ++r) {
+    const auto g = static_cast<int>(all[4 * r]), u = static_cast<int>(all[4 * r + 1]);
+    const std::int64_t expected = map.count(g, u);
+    if (all[4 * r + 3] != expected)
+      out.error = prefix + " of rank " + std::to_string(r) + " holds " + std::to_string(all[4 * r + 3]) +
+                  " tokens, but the ranks bring S = " + std::to_string(S) + " and the token map of that S gives rank " +
+                  std::to_string(r) + " (ring " + std::to_string(g) + ", Ulysses " + std::to_string(u) + ") " +
+                  std::to_string(expected) + " (" + map.describe() +
+                  "); expected every rank's shard of the token map of S (MlaAttention::token_map_for(S))";
+  }
+  out.batch = static_cast<int>(hi);
+  out.seq = static_cast<int>(S);
+  return out;
 }
 
 /// The caller's gradient Views that are provided (allocated) must have exactly their weight's shape (dx: x's), else

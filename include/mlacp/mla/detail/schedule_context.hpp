@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // What every part of an MLA schedule reads: the layer's settings (configuration, weights, mesh, attention core, the
-// configuration's packed documents), how tokens and heads are split over the ranks, where collectives write, the
-// rank's rows of w_kvb, the RoPE table of a pass and the attention core's call. It owns no per-call memory: each
-// schedule owns its own (forward_workspace.hpp).
+// configuration's packed documents), the shape of the pass that runs (its B and S, the TokenMap of that S), how
+// tokens and heads are split over the ranks, where collectives write, the rank's rows of w_kvb, the RoPE table of a
+// pass and the attention core's call. It owns no per-call memory: each schedule owns its own (forward_workspace.hpp).
 #pragma once
 
 #include <mlacp/compat.hpp>
@@ -45,6 +45,10 @@ void convert_tensor4(const ExecSpace& space, const char* label, const Src& src, 
 
 /// The layer's settings as its schedules read them. It refers to what the layer owns (the layer is not movable, so
 /// the references stay valid); the one-document RoPE table is a cache of this configuration, built on first use.
+///
+/// The pass's shape: config() is the layer's configuration with batch and seq those of the pass that runs now
+/// (set_shape, before each forward and backward; a layer runs one pass at a time), and the token map and the
+/// partitions follow that S. Until the first pass they are the configuration's (its maxima; 0 when unset).
 template <class T, class ExecSpace, class Core>
 class ScheduleContext {
  public:
@@ -75,7 +79,8 @@ class ScheduleContext {
   /// configuration's ring layout (token_map()).
   ScheduleContext(const MlaConfig& config, const weights_type& weights, const Mesh& mesh, const Core& core,
                   const DocumentLayout& documents)
-      : config_(&config),
+      : config_(config),
+        frequencies_(rope_frequencies(config)),
         weights_(&weights),
         whole_(&mesh),
         mesh_(&mesh.ulysses_group()),
@@ -86,7 +91,17 @@ class ScheduleContext {
         seq_part_(ring_ ? token_map_.chunk_partition(ring_->rank()) : split(config.seq, mesh.size())),
         head_part_(split(config.heads, mesh_->size())) {}
 
-  const MlaConfig& config() const { return *config_; }
+  /// The layer's configuration with the pass's batch and seq.
+  const MlaConfig& config() const { return config_; }
+  /// Makes (B, S) the shape of the passes that follow: config().batch and seq, the token map of S and the token
+  /// partition. Nothing changes (and nothing is allocated) when the shape is the current one.
+  void set_shape(int batch, int seq) {
+    if (batch == config_.batch && seq == config_.seq) return;
+    token_map_ = TokenMap(seq, whole_->ulysses_size(), whole_->ring_size(), config_.ring_layout);
+    seq_part_ = ring_ ? token_map_.chunk_partition(ring_->rank()) : split(seq, whole_->size());
+    config_.batch = batch;
+    config_.seq = seq;
+  }
   const weights_type& weights() const { return *weights_; }
   /// The Ulysses group: where the all-to-alls, the latent all-gather and reduce-scatter run (the whole mesh when flat).
   const Mesh& mesh() const { return *mesh_; }
@@ -103,7 +118,7 @@ class ScheduleContext {
   /// The tokens of the head-local attention operands (q, k, v, o [B, attention_seq(), h, *]): S when flat, this rank's
   /// ring chunk (token_map().chunk_size(ring_rank())) on a ring.
   int attention_seq() const {
-    return ring_ ? static_cast<int>(token_map_.chunk_size(ring_->rank())) : (config_->seq > 0 ? config_->seq : 0);
+    return ring_ ? static_cast<int>(token_map_.chunk_size(ring_->rank())) : (config_.seq > 0 ? config_.seq : 0);
   }
   /// The packed documents of config().cu_seqlens, the same on every rank; empty: one document.
   const DocumentLayout& documents() const { return *documents_; }
@@ -127,7 +142,7 @@ class ScheduleContext {
   /// collectives launch plainly at P == 1 whatever the codec.
   WireCodec codec(WireExchange exchange) const {
     if constexpr (std::is_same_v<T, float>)
-      return wire_codec(config_->wire_dtype, exchange);
+      return wire_codec(config_.wire_dtype, exchange);
     else
       return WireCodec::same;
   }
@@ -136,12 +151,12 @@ class ScheduleContext {
   /// [P, B, s, h, d] of an even head split, or one block of all heads [1, B, s, H, d] when the heads are split
   /// unevenly (InputA2APair::launch_backward, OutputProjection::backward). `into`: empty at P == 1.
   tensor5 blocks_into(tensor5& slot, const char* label, int d) const {
-    if (head_part_.uniform()) return into(slot, label, mesh_->size(), config_->batch, local_seq(), local_heads(), d);
-    return into(slot, label, 1, config_->batch, local_seq(), config_->heads, d);
+    if (head_part_.uniform()) return into(slot, label, mesh_->size(), config_.batch, local_seq(), local_heads(), d);
+    return into(slot, label, 1, config_.batch, local_seq(), config_.heads, d);
   }
   tensor5 blocks(tensor5& slot, const char* label, int d) const {
-    if (head_part_.uniform()) return ensure(slot, label, mesh_->size(), config_->batch, local_seq(), local_heads(), d);
-    return ensure(slot, label, 1, config_->batch, local_seq(), config_->heads, d);
+    if (head_part_.uniform()) return ensure(slot, label, mesh_->size(), config_.batch, local_seq(), local_heads(), d);
+    return ensure(slot, label, 1, config_.batch, local_seq(), config_.heads, d);
   }
 
   /// The rank's head rows of w_kvb (and of its gradient): rows [o*(dn+dv), (o+h)*(dn+dv)) with o the rank's first head
@@ -172,8 +187,8 @@ class ScheduleContext {
   const RopeTable<memory_space>& rope_table(const ExecSpace& space, ForwardDocuments<memory_space>& d) const {
     const auto& ranges = token_map_.ranges(ring_rank(), mesh_->rank());
     const std::int64_t offset = ranges.empty() ? 0 : ranges.front().begin;
-    const int width = config_->rope;
-    const RopeFrequencies frequencies = rope_frequencies(*config_);
+    const int width = config_.rope;
+    const RopeFrequencies& frequencies = frequencies_;
     if (d.layout.single() && ranges.size() <= 1) {
       if (!one_document_rope_.matches(local_seq(), offset, width, frequencies))
         one_document_rope_ = make_rope_table(space, local_seq(), offset, width, frequencies);
@@ -254,7 +269,7 @@ class ScheduleContext {
 
  private:
   std::pair<std::size_t, std::size_t> selected_rows() const {
-    const auto width = static_cast<std::size_t>(config_->nope + config_->vdim);
+    const auto width = static_cast<std::size_t>(config_.nope + config_.vdim);
     const auto first = static_cast<std::size_t>(head_part_.offset(mesh_->rank()));
     return {first * width, (first + static_cast<std::size_t>(local_heads())) * width};
   }
@@ -263,7 +278,8 @@ class ScheduleContext {
   // names it before anything runs).
   static Partition split(int total, int parts) { return Partition(total > 0 ? total : 0, parts > 0 ? parts : 1); }
 
-  const MlaConfig* config_;
+  MlaConfig config_;             // the layer's, with the pass's batch and seq
+  RopeFrequencies frequencies_;  // of the configuration's RoPE rows, derived once
   const weights_type* weights_;
   const Mesh* whole_;
   const Mesh* mesh_;
