@@ -37,8 +37,14 @@ def test_exception_hierarchy():
 def test_wrong_shape_on_one_rank(comm, layer):
     c = layer.config
     s = c.seq // comm.size
+    # One token more on one rank: the call's S (the sum of the shards) is past the configuration's seq, a maximum.
     x = torch.randn(c.batch, s + (1 if last(comm) else 0), c.hidden, dtype=torch.float64)
-    with pytest.raises(mlacp.InvalidArgument, match=r"mlacp::MlaAttention::forward: x has shape \[2, \d+, 24\]; "
+    with pytest.raises(mlacp.InvalidArgument, match=r"mlacp::MlaAttention::forward: x brings S = 17 tokens.* but the "
+                       r"configuration bounds seq at 16"):
+        layer(x)
+    # A width other than D on one rank.
+    x = torch.randn(c.batch, s, c.hidden + (1 if last(comm) else 0), dtype=torch.float64)
+    with pytest.raises(mlacp.InvalidArgument, match=r"mlacp::MlaAttention::forward: x has shape \[2, \d+, 25\]; "
                        r"expected \[B, s, D\] = \[2, \d+, 24\] \(s: this rank.s tokens of S = 16 split as"):
         layer(x)
     still_works(layer, comm)
@@ -106,11 +112,11 @@ def test_bad_configuration(mesh):
 
 
 def test_no_heads_or_no_tokens_refused(mesh):
-    # Fewer heads or tokens than ranks run (test_mla_attention.py); no heads or no tokens at all are refused.
+    # Fewer heads or tokens than ranks run (test_mla_attention.py); no heads, or a negative seq bound, are refused.
     with pytest.raises(mlacp.InvalidArgument, match=r"heads = 0; expected a positive size"):
         mlacp.MlaAttention(small_config(heads=0), mesh, dtype=torch.float64)
-    with pytest.raises(mlacp.InvalidArgument, match=r"seq = 0; expected a positive size"):
-        mlacp.MlaAttention(small_config(seq=0), mesh, dtype=torch.float64)
+    with pytest.raises(mlacp.InvalidArgument, match=r"seq = -1; expected 0 \(unset: a call brings any\) or a positive"):
+        mlacp.MlaAttention(small_config(seq=-1), mesh, dtype=torch.float64)
 
 
 def test_bad_dtype(mesh):

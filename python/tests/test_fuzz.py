@@ -39,6 +39,8 @@ def draw(seed, size, rank):
     roll = rng.random()
     if roll < 0.2:
         name, value = rng.choice(SIZES), rng.choice([0, -1, -(2**31)])
+        if name in ("batch", "seq") and value == 0:
+            value = -1  # batch and seq are optional maxima: 0 is unset (any shape per call), not an error
         fields[name] = value
         return fields, dtype, f"{name} = {value}", True
     if roll < 0.3:

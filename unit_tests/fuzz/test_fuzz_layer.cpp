@@ -193,12 +193,13 @@ Draw draw(std::uint64_t seed, int P) {
   auto& o = d.other;
   const int last = P - 1;
   switch (rng() % 12) {
-    case 0: {  // a size at 0, -1 or INT_MIN
+    case 0: {  // a size at 0, -1 or INT_MIN (a bound, batch or seq: -1 or INT_MIN)
       int* sizes[] = {&c.batch, &c.seq, &c.hidden, &c.heads, &c.nope, &c.rope, &c.vdim, &c.latent};
       const char* names[] = {"batch", "seq", "hidden", "heads", "nope", "rope", "vdim", "latent"};
       const int i = static_cast<int>(rng() % 8);
       const int values[] = {0, -1, INT_MIN};
-      const int v = values[rng() % 3];
+      int v = values[rng() % 3];
+      if (i < 2 && v == 0) v = -1;  // batch and seq are optional maxima: 0 is unset (any shape per call), no error
       *sizes[i] = v;
       d.mutation = std::string(names[i]) + " = " + std::to_string(v);
       d.must_fail = true;
