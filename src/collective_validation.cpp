@@ -417,12 +417,7 @@ void agree_or_throw(const Mesh& mesh, const std::string& where, const std::strin
 
 std::vector<std::int64_t> gather_from_every_rank(const Mesh& mesh, const std::vector<std::int64_t>& mine,
                                                  const std::string& name, const std::string& where) {
-  if (mesh.size() == 1) return mine;
-  CollectiveInfo info;
-  info.name = name;
-  info.operation = "MPI_Iallgather of " + std::to_string(mine.size()) + " integers per rank for " + where;
-  info.bytes = static_cast<std::int64_t>(mine.size() * sizeof(std::int64_t));
-  return mpi::allgather(mesh.comm(), mine, info, where + ": MPI_Iallgather of '" + name + "'");
+  return mpi::gather_integers(mesh.comm(), mine, name, where);
 }
 
 void agree_on_success(const Mesh& mesh, const std::string& where, const std::string& local_error) {

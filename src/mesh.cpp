@@ -60,14 +60,9 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 // Every rank's `mine` (the same number of settings on every rank), in rank order: one small allgather, watched.
-std::vector<std::int64_t> gather_settings(MPI_Comm comm, int size, const std::vector<std::int64_t>& mine,
+std::vector<std::int64_t> gather_settings(MPI_Comm comm, const std::vector<std::int64_t>& mine,
                                           const std::string& where) {
-  if (size == 1) return mine;
-  CollectiveInfo info;
-  info.name = where + " (settings agreement)";
-  info.operation = "MPI_Iallgather of the mesh's settings";
-  info.bytes = static_cast<std::int64_t>(mine.size() * sizeof(std::int64_t));
-  return mpi::allgather(comm, mine, info, where + ": MPI_Iallgather of the mesh's settings");
+  return mpi::gather_integers(comm, mine, where + " (settings agreement)", where);
 }
 
 // Which ranks hold which value of setting `index` (of `count` per rank).
@@ -142,7 +137,7 @@ void Mesh::agree_on_environment(std::int64_t ring) {
   // would split the communicator differently, or not at all, and hang them.
   constexpr std::size_t count = 5;
   const auto all = gather_settings(
-      comm_, size_, {malformed, reduce_scatter_from(settings), checked_ ? 1 : 0, check_finite_ ? 1 : 0, ring}, where);
+      comm_, {malformed, reduce_scatter_from(settings), checked_ ? 1 : 0, check_finite_ ? 1 : 0, ring}, where);
   // A value that does not parse, on any rank: every rank refuses, the ranks that hold it with its text.
   for (const auto& [code, holders] : ranks_by_value(all, count, 0)) {
     if (code == 0) continue;
@@ -168,7 +163,7 @@ void Mesh::build_levels(const Ring& ring) {
   if (ring.per_node) {
     // Every rank learns every rank's node (the lowest rank on it), so that all find the same groups, or the same error.
     const std::int64_t leader = mpi::node_leader(comm_);
-    const auto leaders = gather_settings(comm_, size_, {leader}, where);
+    const auto leaders = gather_settings(comm_, {leader}, where);
     grouping = detail::group_by_node(std::vector<int>(leaders.begin(), leaders.end()));
     if (!grouping.error.empty()) throw InvalidArgument(grouping.error + " [the mesh was not created]");
   } else {
@@ -289,7 +284,7 @@ MeshGrouping group_by_node(const std::vector<int>& node_of_rank) {
 
 void Mesh::set_checked(bool checked) {
   const std::string where = "mlacp::Mesh::set_checked";
-  const auto all = gather_settings(comm_, size_, {checked ? 1 : 0}, where);
+  const auto all = gather_settings(comm_, {checked ? 1 : 0}, where);
   const std::string error =
       disagreement(where, all, 1, 0, checked_setting, checked_label, "the setting was not changed on any rank");
   if (!error.empty()) throw InvalidArgument(error);
@@ -300,7 +295,7 @@ void Mesh::set_checked(bool checked) {
 
 void Mesh::set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm) {
   const std::string where = "mlacp::Mesh::set_reduce_scatter_algorithm";
-  const auto all = gather_settings(comm_, size_, {static_cast<std::int64_t>(algorithm)}, where);
+  const auto all = gather_settings(comm_, {static_cast<std::int64_t>(algorithm)}, where);
   const std::string error = disagreement(where, all, 1, 0, reduce_scatter_setting, reduce_scatter_label,
                                          "the setting was not changed on any rank");
   if (!error.empty()) throw InvalidArgument(error);

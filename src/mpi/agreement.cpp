@@ -65,4 +65,14 @@ std::vector<std::int64_t> allgather(MPI_Comm comm, const std::vector<std::int64_
   return *all;
 }
 
+std::vector<std::int64_t> gather_integers(MPI_Comm comm, const std::vector<std::int64_t>& mine, const std::string& name,
+                                          const std::string& where) {
+  if (size(comm) == 1) return mine;
+  CollectiveInfo info;
+  info.name = name;
+  info.operation = "MPI_Iallgather of " + std::to_string(mine.size()) + " integers per rank for " + where;
+  info.bytes = static_cast<std::int64_t>(mine.size() * sizeof(std::int64_t));
+  return allgather(comm, mine, info, where + ": MPI_Iallgather of '" + name + "'");
+}
+
 }  // namespace mlacp::mpi

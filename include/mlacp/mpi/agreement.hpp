@@ -27,4 +27,9 @@ void broadcast(MPI_Comm comm, void* data, int bytes, int root, const CollectiveI
 std::vector<std::int64_t> allgather(MPI_Comm comm, const std::vector<std::int64_t>& mine, const CollectiveInfo& info,
                                     const std::string& what);
 
+/// allgather of a few integers per rank (settings, shapes), watched and recorded as the collective `name`, `where`
+/// naming the call it serves in messages; `mine` itself on a communicator of one rank (no collective).
+std::vector<std::int64_t> gather_integers(MPI_Comm comm, const std::vector<std::int64_t>& mine, const std::string& name,
+                                          const std::string& where);
+
 }  // namespace mlacp::mpi

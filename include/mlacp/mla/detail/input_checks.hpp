@@ -67,33 +67,42 @@ inline AgreementFields config_fields(const MlaConfig& c) {
   return fields;
 }
 
-/// The shape of one forward call: its B and S, or why it cannot run (`error`, the same text on every rank).
+/// The shape of one forward call: its B and S, or why it cannot run (`error`, the same text on every rank), and what
+/// every rank brought ((ring rank, Ulysses rank, B, s) per rank, in rank order) for shard_error.
 struct CallShape {
   int batch = 0;
   int seq = 0;
   std::string error;
+  std::vector<std::int64_t> ranks;
 };
 
 /// The call's shape from every rank's x [B, s, D]: S is the sum of the ranks' s (each token is held by exactly one
 /// rank). One gather of every rank's (ring rank, Ulysses rank, B, s) on `mesh` (the layer's whole mesh; none when it
 /// has one rank), whatever its checked mode, so every rank derives the same S and the same verdict: the ranks' B
-/// differ, no token, a B or S past the configuration's maxima (`c.batch`, `c.seq` when set), B * S past INT_MAX, or a
-/// rank whose s is not what the token map of S gives it.
+/// differ, no token, a B or S past the configuration's maxima (`c.batch`, `c.seq` when set), or a shape whose products
+/// do not fit the layer's int (MlaConfig::error of the pass's configuration). Whether each rank's s is its share of S
+/// is shard_error's, against the token map of S that the pass builds anyway (ScheduleContext::set_shape).
 inline CallShape call_shape(const Mesh& mesh, const MlaConfig& c, std::size_t batch, std::size_t tokens,
                             const std::string& where) {
-  const std::vector<std::int64_t> mine{mesh.ring_rank(), mesh.ulysses_rank(), static_cast<std::int64_t>(batch),
-                                       static_cast<std::int64_t>(tokens)};
-  const std::vector<std::int64_t> all = gather_from_every_rank(mesh, mine, names::call_shape, where);
-  const std::size_t P = all.size() / mine.size();
+  CallShape out;
+  out.ranks = gather_from_every_rank(
+      mesh,
+      {mesh.ring_rank(), mesh.ulysses_rank(), static_cast<std::int64_t>(batch), static_cast<std::int64_t>(tokens)},
+      names::call_shape, where);
+  const std::vector<std::int64_t>& all = out.ranks;
+  const std::size_t P = all.size() / 4;
   std::int64_t S = 0, lo = all[2], hi = all[2];
   for (std::size_t r = 0; r < P; ++r) {
     S += all[4 * r + 3];
     lo = std::min(lo, all[4 * r + 2]);
     hi = std::max(hi, all[4 * r + 2]);
   }
-  CallShape out;
   const std::string prefix = where + ": x";
   const std::string ranks = P > 1 ? " over the " + std::to_string(P) + " ranks" : "";
+  MlaConfig pass = c;  // the pass's shape in the configuration's own checks (its packing is the call's, checked later)
+  pass.batch = static_cast<int>(std::min<std::int64_t>(hi, std::numeric_limits<int>::max()));
+  pass.seq = static_cast<int>(std::min<std::int64_t>(S, std::numeric_limits<int>::max()));
+  pass.cu_seqlens.clear();
   if (lo != hi) {
     out.error = prefix + ".extent(0) (B) differs across ranks (from " + std::to_string(lo) + " to " +
                 std::to_string(hi) + "; this rank passed " + std::to_string(batch) +
@@ -109,29 +118,32 @@ inline CallShape call_shape(const Mesh& mesh, const MlaConfig& c, std::size_t ba
     out.error = prefix + " brings S = " + std::to_string(S) + " tokens" + ranks +
                 " but the configuration bounds seq at " + std::to_string(c.seq) +
                 "; expected S <= " + std::to_string(c.seq) + " (MlaConfig::seq: the longest a call brings; 0 for any)";
-  } else if (hi * S > std::numeric_limits<int>::max()) {
-    out.error = prefix + " brings B * S = " + std::to_string(hi) + " * " + std::to_string(S) +
-                " token rows; expected at most INT_MAX = " + std::to_string(std::numeric_limits<int>::max());
+  } else if (hi > std::numeric_limits<int>::max() || S > std::numeric_limits<int>::max()) {
+    out.error = prefix + " brings B = " + std::to_string(hi) + " and S = " + std::to_string(S) + " tokens" + ranks +
+                "; expected each at most INT_MAX = " + std::to_string(std::numeric_limits<int>::max());
+  } else if (const std::string e = pass.error(mesh.size()); !e.empty()) {
+    out.error = prefix + " brings B = " + std::to_string(hi) + " and S = " + std::to_string(S) + ": " + e;
   }
-  if (!out.error.empty() || P == 1) {
-    out.batch = static_cast<int>(hi);
-    out.seq = static_cast<int>(S);
-    return out;
-  }
-  const TokenMap map(S, mesh.ulysses_size(), mesh.ring_size(), c.ring_layout);
-  for (std::size_t r = 0; r < P && out.error.empty(); ++r) {
+  out.batch = pass.batch;
+  out.seq = pass.seq;
+  return out;
+}
+
+/// Whether every rank's s in `shape` (call_shape's, without error) is what `map`, the token map of the call's S, gives
+/// it: "" when it is, else the message naming the first rank that is not.
+inline std::string shard_error(const CallShape& shape, const TokenMap& map, const std::string& where) {
+  const std::vector<std::int64_t>& all = shape.ranks;
+  for (std::size_t r = 0; 4 * r < all.size(); ++r) {
     const auto g = static_cast<int>(all[4 * r]), u = static_cast<int>(all[4 * r + 1]);
     const std::int64_t expected = map.count(g, u);
     if (all[4 * r + 3] != expected)
-      out.error = prefix + " of rank " + std::to_string(r) + " holds " + std::to_string(all[4 * r + 3]) +
-                  " tokens, but the ranks bring S = " + std::to_string(S) + " and the token map of that S gives rank " +
-                  std::to_string(r) + " (ring " + std::to_string(g) + ", Ulysses " + std::to_string(u) + ") " +
-                  std::to_string(expected) + " (" + map.describe() +
-                  "); expected every rank's shard of the token map of S (MlaAttention::token_map_for(S))";
+      return where + ": x of rank " + std::to_string(r) + " holds " + std::to_string(all[4 * r + 3]) +
+             " tokens, but the ranks bring S = " + std::to_string(shape.seq) +
+             " and the token map of that S gives rank " + std::to_string(r) + " (ring " + std::to_string(g) +
+             ", Ulysses " + std::to_string(u) + ") " + std::to_string(expected) + " (" + map.describe() +
+             "); expected every rank's shard of the token map of S (MlaAttention::token_map_for(S))";
   }
-  out.batch = static_cast<int>(hi);
-  out.seq = static_cast<int>(S);
-  return out;
+  return "";
 }
 
 /// The caller's gradient Views that are provided (allocated) must have exactly their weight's shape (dx: x's), else
