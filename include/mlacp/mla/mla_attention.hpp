@@ -299,8 +299,9 @@ class MlaAttention {
   ///
   /// The call's shape comes first: one gather of every rank's B and s (detail::call_shape, whatever the checked mode),
   /// from which every rank derives S and the same verdict (B differing across ranks, past config().batch, S past
-  /// config().seq, a rank whose s is not its share of S). A pass of a new shape rebuilds the token map (host only)
-  /// and reallocates the buffers whose extents change; repeated calls of one shape allocate nothing.
+  /// config().seq, a rank whose s is not its share of S). A pass of a new shape rebuilds the token map (host only);
+  /// the workspaces are sized by the largest shape seen (detail::Buffer), so only a shape larger than any before
+  /// allocates, besides the output y (the caller's, exactly its shape).
   Forward forward(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad,
                   const std::vector<std::int64_t>& cu_seqlens) const {
     const detail::EntryGuard entry(*mesh_, "mlacp::MlaAttention::forward");
@@ -308,6 +309,8 @@ class MlaAttention {
         detail::call_shape(*mesh_, config_, x.extent(0), x.extent(1), "mlacp::MlaAttention::forward");
     if (!shape.error.empty()) throw InvalidArgument(shape.error);
     context_.set_shape(shape.batch, shape.seq);
+    if (std::string e = detail::shard_error(shape, context_.token_map(), "mlacp::MlaAttention::forward"); !e.empty())
+      throw InvalidArgument(e);
     std::string documents_problem = cu_seqlens_error(cu_seqlens, shape.seq, "MlaAttention::forward");
     if (documents_problem.empty()) documents_problem = documents_error(cu_seqlens);
     detail::check_input(context_, space, "forward", "x", x, requires_grad, "", documents_problem,

@@ -36,14 +36,14 @@ TEST(ScheduleContext, RowsOfAreTheRanksHeadRows) {
 TEST(ScheduleContext, CollectivesWriteIntoTheLayersMemoryOnlyWhenThereArePeers) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   PiecesSetup s(mesh);
-  mlacp::test::Context::tensor4 slot;
+  mlacp::detail::Buffer<mlacp::test::Context::tensor4> slot;
   const auto into = s.ctx.into(slot, "slot", 1, 2, 3, 4);
   if (mesh.size() == 1) {
     // A collective on one rank returns its input: nothing is allocated for its result.
     EXPECT_EQ(into.data(), nullptr);
-    EXPECT_EQ(slot.data(), nullptr);
+    EXPECT_EQ(slot.capacity(), 0u);
   } else {
-    EXPECT_EQ(into.data(), slot.data());
+    EXPECT_EQ(into.data(), slot.view().data());
     EXPECT_EQ(into.extent(3), 4u);
     // The second call reuses the allocation.
     EXPECT_EQ(s.ctx.into(slot, "slot", 1, 2, 3, 4).data(), into.data());
@@ -53,7 +53,7 @@ TEST(ScheduleContext, CollectivesWriteIntoTheLayersMemoryOnlyWhenThereArePeers) 
 TEST(ScheduleContext, HeadBlocksFollowTheHeadSplit) {
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   PiecesSetup s(mesh);  // H = P + 1: uneven for P > 1
-  mlacp::test::Context::tensor5 slot;
+  mlacp::detail::Buffer<mlacp::test::Context::tensor5> slot;
   const auto blocks = s.ctx.blocks(slot, "blocks", 7);
   const auto s_local = static_cast<std::size_t>(s.ctx.local_seq());
   if (s.ctx.head_partition().uniform()) {

@@ -23,9 +23,9 @@ template <class T, class ExecSpace>
 struct ExpandedForwardWorkspace : ForwardWorkspace<T, ExecSpace> {
   using typename ForwardWorkspace<T, ExecSpace>::tensor3;
   using typename ForwardWorkspace<T, ExecSpace>::tensor4;
-  tensor3 c;                 ///< [B, s, R], the normalised latent (w_kvb's wgrad reads it)
-  tensor4 k_local, v_local;  ///< [B, s, H, dqk], [B, s, H, dv]: token-local k, v, the K and V all-to-alls' inputs
-  tensor4 k_heads, v_heads;  ///< [B, S, h, *]: their results (P > 1)
+  Buffer<tensor3> c;                 ///< [B, s, R], the normalised latent (w_kvb's wgrad reads it)
+  Buffer<tensor4> k_local, v_local;  ///< [B, s, H, dqk], [B, s, H, dv]: token-local k, v, the K and V a2as' inputs
+  Buffer<tensor4> k_heads, v_heads;  ///< [B, S, h, *]: their results (P > 1)
   InputA2APair<T, ExecSpace> k_pair, v_pair;
 
   std::size_t owned_bytes() const override {
@@ -44,13 +44,13 @@ struct ExpandedScratch : SharedScratch<T, ExecSpace> {
   using tensor3 = Tensor3<T, typename ExecSpace::memory_space>;
   using tensor5 = Tensor5<T, typename ExecSpace::memory_space>;
   // forward
-  tensor3 kpe;  ///< [B, s, dr], the rotated shared key
-  tensor3 kv;   ///< [B, s, H*(dn+dv)], the expansion of every head for the rank's tokens
+  Buffer<tensor3> kpe;  ///< [B, s, dr], the rotated shared key
+  Buffer<tensor3> kv;   ///< [B, s, H*(dn+dv)], the expansion of every head for the rank's tokens
   // backward
-  tensor5 dk_blocks, dv_blocks;  ///< [P, B, s, h, *], the dK and dV inverse all-to-alls' results (P > 1)
-  tensor3 dkv;                   ///< [B, s, H*(dn+dv)]
-  tensor3 dkpe;                  ///< [B, s, dr]
-  tensor3 dc;                    ///< [B, s, R]
+  Buffer<tensor5> dk_blocks, dv_blocks;  ///< [P, B, s, h, *], the dK and dV inverse all-to-alls' results (P > 1)
+  Buffer<tensor3> dkv;                   ///< [B, s, H*(dn+dv)]
+  Buffer<tensor3> dkpe;                  ///< [B, s, dr]
+  Buffer<tensor3> dc;                    ///< [B, s, R]
 };
 
 /// Forward: V, then K, then Q are launched as each is ready (the Q projection beside V and K), all three waited in
@@ -111,10 +111,10 @@ class ExpandedSchedule
           const tensor3& kv = ensure(scratch.kv, "mlacp::kv", B, s, H * (dn + dv));
           {
             ComputePhase<ExecSpace> phase(space_, names::w_kvb_fprop);
-            linear_forward(space_, as_matrix(w.c, B * s, R), ctx_.weights().w_kvb, ctx_.weights().b_kvb,
+            linear_forward(space_, as_matrix(w.c.view(), B * s, R), ctx_.weights().w_kvb, ctx_.weights().b_kvb,
                            as_matrix(kv, B * s, H * (dn + dv)));
           }
-          assemble_kv(space_, tensor4(kv.data(), B, s, H, dn + dv), scratch.kpe,
+          assemble_kv(space_, tensor4(kv.data(), B, s, H, dn + dv), scratch.kpe.view(),
                       ensure(w.k_local, "mlacp::k local", B, s, H, dn + dr),
                       ensure(w.v_local, "mlacp::v local", B, s, H, dv), dn);
           return;
@@ -135,11 +135,12 @@ class ExpandedSchedule
       const bool kv_grad = needs_kv(p_.flags);
       if (comm == timeline::Comm::v_a2a) {
         w.v_pair = InputA2APair<T, ExecSpace>(ctx_.mesh(), names::v, ctx_.seq_partition(), ctx_.head_partition());
-        w.v_pair.launch_forward(space_, w.v_local, kv_grad, ctx_.into(w.v_heads, "mlacp::v heads", B, S, h, cfg.vdim),
+        w.v_pair.launch_forward(space_, w.v_local.view(), kv_grad,
+                                ctx_.into(w.v_heads, "mlacp::v heads", B, S, h, cfg.vdim),
                                 ctx_.codec(WireExchange::forward));
       } else if (comm == timeline::Comm::k_a2a) {
         w.k_pair = InputA2APair<T, ExecSpace>(ctx_.mesh(), names::k, ctx_.seq_partition(), ctx_.head_partition());
-        w.k_pair.launch_forward(space_, w.k_local, kv_grad,
+        w.k_pair.launch_forward(space_, w.k_local.view(), kv_grad,
                                 ctx_.into(w.k_heads, "mlacp::k heads", B, S, h, cfg.qk_dim()),
                                 ctx_.codec(WireExchange::forward));
       } else {
@@ -163,7 +164,7 @@ class ExpandedSchedule
       if (part == timeline::Part::ring_forward) {
         // K and V of the rank's heads travel round the ring, chunk by chunk.
         attention_output(ctx_, p_);
-        s_->ring_.forward_expanded(space_, ctx_, p_, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse);
+        s_->ring_.forward_expanded(space_, ctx_, p_, w.q_saved, w.k_saved, w.v_saved, w.o.view(), w.lse.view());
       } else {
         y = project_output(ctx_, s_->scratch_, space_, p_);
       }
@@ -274,7 +275,7 @@ class ExpandedSchedule
           ComputePhase<ExecSpace> phase(space_, names::kv_backward);
           const tensor3& dkv = dkv4_storage();
           const auto dkv2 = as_matrix(dkv, B * s, H * (dn + dv));
-          if (r.w_kvb) linear_wgrad(space_, dkv2, as_matrix(p_.w.c, B * s, R), g_->w_kvb);
+          if (r.w_kvb) linear_wgrad(space_, dkv2, as_matrix(p_.w.c.view(), B * s, R), g_->w_kvb);
           if (r.b_kvb && c.bias) bias_grad(space_, dkv2, g_->b_kvb);
           if (!needs_payload(r)) return;
           scratch_type& scratch = schedule_->scratch_;
@@ -321,8 +322,8 @@ class ExpandedSchedule
           // K and V travel round the ring again and their gradients' accumulators home behind them; the own chunk's
           // dK and dV are complete once the last exchange is waited (ring_finish, after dQ's launch).
           const auto& w = p_.w;
-          return schedule_->ring_.backward_expanded(space_, x, p_, w.q_saved, w.k_saved, w.v_saved, w.o, w.lse, d_o_,
-                                                    grads_.dq, grads_.dk, grads_.dv);
+          return schedule_->ring_.backward_expanded(space_, x, p_, w.q_saved, w.k_saved, w.v_saved, w.o.view(),
+                                                    w.lse.view(), d_o_, grads_.dq, grads_.dk, grads_.dv);
         }
         case timeline::Part::ring_finish:
           return schedule_->ring_.finish_backward(space_);
@@ -334,7 +335,7 @@ class ExpandedSchedule
    private:
     const context_type& ctx() const { return *schedule_->ctx_; }
 
-    void launch_inverse(InputA2APair<T, ExecSpace>& pair, const tensor4& grad, tensor5& slot, const char* label,
+    void launch_inverse(InputA2APair<T, ExecSpace>& pair, const tensor4& grad, Buffer<tensor5>& slot, const char* label,
                         int d) {
       pair.launch_backward(space_, grad, ctx().blocks_into(slot, label, d), ctx().codec(WireExchange::backward));
     }

@@ -11,12 +11,15 @@
 //   and the steady state allocates nothing;
 // - scratch that lives only inside one forward() or backward() call (temporaries, the backward's gradients of the
 //   activations, send buffers of collectives waited inside the call): one per layer, reused by every call.
-// Buffers are allocated on first use with the shape the configuration gives, so paths that a gradient flag skips never
-// allocate. Reuse is ordered when the calls of a layer run on the same execution-space instance (or are fenced
-// between); a layer is used from one host thread at a time (detail::EntryGuard refuses concurrent entry).
+// Buffers (detail::Buffer) are allocated on first use, sized by the largest pass seen and reused by smaller ones, so
+// that calls of any shape allocate nothing once the largest has run (the output y alone is exactly its pass's shape:
+// the caller may keep it), and paths that a gradient flag skips never allocate. Reuse is ordered when the calls of a
+// layer run on the same execution-space instance (or are fenced between); a layer is used from one host thread at a
+// time (detail::EntryGuard refuses concurrent entry).
 #pragma once
 
 #include <mlacp/compat.hpp>
+#include <mlacp/detail/buffer.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/rope.hpp>
 #include <mlacp/mla/mla_config.hpp>
@@ -33,10 +36,10 @@
 
 namespace mlacp::detail {
 
-/// `view` itself when it already has extents `n...`, else a new uninitialised View of them (assigned to `view`): the
-/// first use allocates, every later one reuses.
+/// `view` itself when it already has extents `n...`, else a new uninitialised View of exactly them (assigned to
+/// `view`): for what leaves the layer (the output y, which the caller may keep), never laid over a Buffer.
 template <class ViewType, class... Extents>
-const ViewType& ensure(ViewType& view, const char* label, Extents... n) {
+const ViewType& ensure_exact(ViewType& view, const char* label, Extents... n) {
   const std::size_t want[] = {static_cast<std::size_t>(n)...};
   bool same = view.data() != nullptr;
   for (std::size_t d = 0; same && d < sizeof...(n); ++d) same = view.extent(d) == want[d];
@@ -46,11 +49,25 @@ const ViewType& ensure(ViewType& view, const char* label, Extents... n) {
   return view;
 }
 
-/// Bytes of the Views' allocations as they span them (0 for an empty View).
-template <class... Views>
-std::size_t bytes_of(const Views&... views) {
-  return (std::size_t{0} + ... + (views.span() * sizeof(typename Views::value_type)));
-}
+/// A RoPE table (kernels/rope.hpp) laid over Buffers: rebuilt in place for any number of rows, allocating only when
+/// a pass has more rows than any before.
+template <class MemSpace>
+struct RopeTableBuffers {
+  RopeTable<MemSpace> table;
+  Buffer<Matrix<double, MemSpace>> cos, sin;
+
+  /// `table` laid out for `tokens` rows of this width and these frequencies, not yet filled (rope_fill_table or
+  /// refill_rope_table fill it).
+  RopeTable<MemSpace>& lay_out(std::int64_t tokens, int width, const RopeFrequencies& frequencies) {
+    table = RopeTable<MemSpace>();
+    table.cos = cos.ensure("mlacp::rope cos", tokens, width / 2);
+    table.sin = sin.ensure("mlacp::rope sin", tokens, width / 2);
+    table.width = width;
+    table.frequencies = frequencies;
+    return table;
+  }
+  std::size_t bytes() const { return bytes_of(cos, sin); }
+};
 
 /// The packed documents of one forward pass (MlaAttention::forward's cu_seqlens, or the configuration's) and this
 /// rank's RoPE positions and table for them: kept with the pass so that its backward uses the same layout, and reused
@@ -59,9 +76,9 @@ std::size_t bytes_of(const Views&... views) {
 template <class MemSpace>
 struct ForwardDocuments {
   DocumentLayout layout;
-  Kokkos::View<std::int64_t*, MemSpace> positions;  ///< [s], position of each local token within its document
-  RopeTable<MemSpace> table;                        ///< built from `positions` (packed documents only)
-  int seq = -1;                                     ///< the S of the pass that assigned the layout last
+  Buffer<Kokkos::View<std::int64_t*, MemSpace>> positions;  ///< [s], position of each local token in its document
+  RopeTableBuffers<MemSpace> table;                         ///< built from `positions` (packed documents only)
+  int seq = -1;                                             ///< the S of the pass that assigned the layout last
   bool stale = true;
 };
 
@@ -82,20 +99,20 @@ struct ForwardWorkspace {
   virtual ~ForwardWorkspace() = default;
 
   // Owned buffers, allocated on first use.
-  tensor3 y;                                    ///< [B, s, D], the output
-  tensor3 kv_a;                                 ///< [B, s, R+dr], x w_kva^T
-  Vector<statistic_type, memory_space> rstd;    ///< [B*s]
-  tensor4 q_local;                              ///< [B, s, H, dqk] (the head-local q when P = 1)
-  tensor3 q_a;                                  ///< q-LoRA: [B, s, Rq], x w_qa^T (the query RMSNorm's input)
-  tensor3 cq;                                   ///< q-LoRA: [B, s, Rq], its RMSNorm (w_qb's input)
-  Vector<statistic_type, memory_space> rstd_q;  ///< q-LoRA: [B*s], the query RMSNorm's rstd
-  tensor4 o;                                    ///< [B, S, h, dv]
+  tensor3 y;                                            ///< [B, s, D], the output (exactly its shape: the caller's)
+  Buffer<tensor3> kv_a;                                 ///< [B, s, R+dr], x w_kva^T
+  Buffer<Vector<statistic_type, memory_space>> rstd;    ///< [B*s]
+  Buffer<tensor4> q_local;                              ///< [B, s, H, dqk] (the head-local q when P = 1)
+  Buffer<tensor3> q_a;                                  ///< q-LoRA: [B, s, Rq], x w_qa^T (the query RMSNorm's input)
+  Buffer<tensor3> cq;                                   ///< q-LoRA: [B, s, Rq], its RMSNorm (w_qb's input)
+  Buffer<Vector<statistic_type, memory_space>> rstd_q;  ///< q-LoRA: [B*s], the query RMSNorm's rstd
+  Buffer<tensor4> o;                                    ///< [B, S, h, dv]
   // Destinations of the forward collectives whose results backward reads (P > 1; at P == 1 a collective returns its
   // input): the head-local q and the token-local attention output.
-  tensor4 q_heads;                            ///< [B, S, h, dqk]
-  tensor4 o_tokens;                           ///< [B, s, H, dv]
-  Tensor3<statistic_type, memory_space> lse;  ///< [B, h, S]
-  ForwardDocuments<memory_space> documents;   ///< this pass's packed documents and RoPE table
+  Buffer<tensor4> q_heads;                            ///< [B, S, h, dqk]
+  Buffer<tensor4> o_tokens;                           ///< [B, s, H, dv]
+  Buffer<Tensor3<statistic_type, memory_space>> lse;  ///< [B, h, S]
+  ForwardDocuments<memory_space> documents;           ///< this pass's packed documents and RoPE table
 
   // Saved for backward: head-local q, k, v (buffers or collective results), and the pieces' state.
   tensor4 q_saved, k_saved, v_saved;
@@ -105,8 +122,8 @@ struct ForwardWorkspace {
   /// Bytes of the buffers this workspace owns (its y included while it still references it); a schedule's workspace
   /// adds its own.
   virtual std::size_t owned_bytes() const {
-    return bytes_of(y, kv_a, rstd, q_local, q_a, cq, rstd_q, o, q_heads, o_tokens, lse, documents.positions,
-                    documents.table.cos, documents.table.sin);
+    return bytes_of(y, kv_a, rstd, q_local, q_a, cq, rstd_q, o, q_heads, o_tokens, lse, documents.positions) +
+           documents.table.bytes();
   }
 
   /// Drops everything a consumed pass referenced outside the owned buffers (collective results, the pieces' state).
@@ -121,12 +138,12 @@ struct ForwardWorkspace {
 template <class T, class ExecSpace>
 struct SharedScratch {
   using memory_space = typename ExecSpace::memory_space;
-  Tensor5<T, memory_space> d_o_blocks;  ///< [P, B, s, h, dv], the dO all-to-all's input
-  Tensor5<T, memory_space> d_o_heads;   ///< [1, B, S, h, dv], the dO all-to-all's result (P > 1)
-  Tensor4<T, memory_space> dq, dk, dv;  ///< [B, S, h, *], the attention core's gradients
-  Tensor5<T, memory_space> dq_blocks;   ///< [P, B, s, h, dqk], the dQ inverse all-to-all's result (P > 1)
-  Tensor3<T, memory_space> d_kv_a;      ///< [B, s, R+dr], the payload's gradient before the RMSNorm backward
-  Tensor3<T, memory_space> d_cq, d_qa;  ///< q-LoRA: [B, s, Rq], the gradients of w_qb's input and of x w_qa^T
+  Buffer<Tensor5<T, memory_space>> d_o_blocks;  ///< [P, B, s, h, dv], the dO all-to-all's input
+  Buffer<Tensor5<T, memory_space>> d_o_heads;   ///< [1, B, S, h, dv], the dO all-to-all's result (P > 1)
+  Buffer<Tensor4<T, memory_space>> dq, dk, dv;  ///< [B, S, h, *], the attention core's gradients
+  Buffer<Tensor5<T, memory_space>> dq_blocks;   ///< [P, B, s, h, dqk], the dQ inverse all-to-all's result (P > 1)
+  Buffer<Tensor3<T, memory_space>> d_kv_a;      ///< [B, s, R+dr], the payload's gradient before the RMSNorm backward
+  Buffer<Tensor3<T, memory_space>> d_cq, d_qa;  ///< q-LoRA: [B, s, Rq], the gradients of w_qb's input and x w_qa^T
   OutputExchangeBuffers<T, memory_space> o_exchange;  ///< forward: the O exchange's blocks in T (P > 1)
 };
 

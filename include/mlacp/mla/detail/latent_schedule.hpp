@@ -23,10 +23,10 @@ template <class T, class ExecSpace>
 struct LatentForwardWorkspace : ForwardWorkspace<T, ExecSpace> {
   using typename ForwardWorkspace<T, ExecSpace>::tensor3;
   using typename ForwardWorkspace<T, ExecSpace>::tensor4;
-  tensor3 latent;                          ///< [B, S, R], the gathered normalised latent
-  tensor4 k, v;                            ///< [B, S, h, dqk], [B, S, h, dv]: head-local k, v expanded from it
+  Buffer<tensor3> latent;                  ///< [B, S, R], the gathered normalised latent
+  Buffer<tensor4> k, v;                    ///< [B, S, h, dqk], [B, S, h, dv]: head-local k, v expanded from it
   LatentKVLinear<T, ExecSpace> latent_kv;  ///< its backward (w_kvb's gradients, the latent reduce-scatter)
-  tensor3 ring_payload;                    ///< ring: [B, Sg, R+dr], the own chunk's payload (the ring's first chunk)
+  Buffer<tensor3> ring_payload;            ///< ring: [B, Sg, R+dr], the own chunk's payload (the ring's first chunk)
 
   std::size_t owned_bytes() const override {
     return ForwardWorkspace<T, ExecSpace>::owned_bytes() + bytes_of(latent, k, v, ring_payload);
@@ -42,15 +42,15 @@ template <class T, class ExecSpace>
 struct LatentScratch : SharedScratch<T, ExecSpace> {
   using tensor3 = Tensor3<T, typename ExecSpace::memory_space>;
   // forward
-  tensor3 payload;   ///< [B, s, R+dr], the all-gather's input: [RMSNorm(c), RoPE(k_pe)]
-  tensor3 gathered;  ///< [B, S, R+dr], the all-gather's result (P > 1)
-  tensor3 kv;        ///< [B, S, h*(dn+dv)], the rank's heads of the expansion
+  Buffer<tensor3> payload;   ///< [B, s, R+dr], the all-gather's input: [RMSNorm(c), RoPE(k_pe)]
+  Buffer<tensor3> gathered;  ///< [B, S, R+dr], the all-gather's result (P > 1)
+  Buffer<tensor3> kv;        ///< [B, S, h*(dn+dv)], the rank's heads of the expansion
   // backward
-  tensor3 dkv;           ///< [B, S, h*(dn+dv)]
-  tensor3 dkpe;          ///< [B, S, dr]
-  tensor3 grad_payload;  ///< [B, S, R+dr], the reduce-scatter's input
-  tensor3 grad_latent;   ///< [B, S, R]
-  tensor3 d_payload;     ///< [B, s, R+dr], the reduce-scatter's result (P > 1)
+  Buffer<tensor3> dkv;           ///< [B, S, h*(dn+dv)]
+  Buffer<tensor3> dkpe;          ///< [B, S, dr]
+  Buffer<tensor3> grad_payload;  ///< [B, S, R+dr], the reduce-scatter's input
+  Buffer<tensor3> grad_latent;   ///< [B, S, R]
+  Buffer<tensor3> d_payload;     ///< [B, s, R+dr], the reduce-scatter's result (P > 1)
 };
 
 /// Forward: each exchange leaves as soon as its input exists: the payload is projected first and its all-gather runs
@@ -124,10 +124,10 @@ class LatentSchedule
           return;
         case timeline::Step::assemble_kv:
           // The shared key is read from the gathered payload: no k_pe copy.
-          assemble_kv(space_, tensor4(scratch.kv.data(), B, S, h, dn + dv), gathered_,
+          assemble_kv(space_, tensor4(scratch.kv.view().data(), B, S, h, dn + dv), gathered_,
                       ensure(w.k, "mlacp::k", B, S, h, dn + dr), ensure(w.v, "mlacp::v", B, S, h, dv), dn, R);
-          w.k_saved = w.k;
-          w.v_saved = w.v;
+          w.k_saved = w.k.view();
+          w.v_saved = w.v.view();
           return;
         case timeline::Step::attention:
           return attention_forward(ctx_, space_, p_);
@@ -162,7 +162,7 @@ class LatentSchedule
       if (part == timeline::Part::ring_forward) {
         // Each chunk (this one first) is expanded for the rank's heads as it comes round.
         attention_output(ctx_, p_);
-        s_->ring_.forward_latent(space_, ctx_, p_, w.q_saved, w.ring_payload, w.o, w.lse);
+        s_->ring_.forward_latent(space_, ctx_, p_, w.q_saved, w.ring_payload.view(), w.o.view(), w.lse.view());
       } else {
         y = project_output(ctx_, s_->scratch_, space_, p_);
       }
@@ -287,7 +287,7 @@ class LatentSchedule
       }
       // Ring: the Ulysses group reduce-scatters the payload gradient over the heads, as the flat layer does.
       reduce_ = launch_reduce_scatter(
-          space_, scratch.grad_payload, 1, x.seq_partition(), x.mesh(), names::latent_reduce_scatter,
+          space_, scratch.grad_payload.view(), 1, x.seq_partition(), x.mesh(), names::latent_reduce_scatter,
           x.into(scratch.d_payload, "mlacp::d payload local", c.batch, x.local_seq(), c.latent + c.rope),
           x.codec(WireExchange::reduce));
     }
@@ -315,7 +315,7 @@ class LatentSchedule
           // behind them; w_kvb's gradients accumulate chunk by chunk.
           const bool payload = needs_payload(r);
           schedule_->ring_.backward_latent(
-              space_, x, p_, p_.w.q_saved, p_.w.ring_payload, p_.w.o, p_.w.lse, d_o_, grads_.dq,
+              space_, x, p_, p_.w.q_saved, p_.w.ring_payload.view(), p_.w.o.view(), p_.w.lse.view(), d_o_, grads_.dq,
               payload ? ensure(scratch.grad_payload, "mlacp::d payload", c.batch, x.attention_seq(), c.latent + c.rope)
                       : tensor3(),
               r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
@@ -328,7 +328,7 @@ class LatentSchedule
           const int B = c.batch, S = x.attention_seq(), R = c.latent, dr = c.rope;
           const bool payload = needs_payload(r);
           p_.w.latent_kv.launch_backward(
-              space_, scratch.dkv, scratch.dkpe, payload,
+              space_, scratch.dkv.view(), scratch.dkpe.view(), payload,
               r.w_kvb ? x.rows_of(g_->w_kvb) : typename context_type::gradient_rows(),
               r.b_kvb && c.bias ? x.part_of(g_->b_kvb) : typename context_type::gradient_part(), c.overlap,
               payload ? ensure(scratch.grad_payload, "mlacp::d payload", B, S, R + dr) : tensor3(),

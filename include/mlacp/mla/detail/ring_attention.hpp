@@ -212,14 +212,14 @@ class RingAttention {
     const T* own = nullptr;
     int width = 0;
     const char* name = "";
-    flat<T> slot[2];
+    Buffer<flat<T>> slot[2];
     AsyncCollective<view3<T>> pending;
   };
   struct GradStream {
     int width = 0;
     const char* name = "";
-    flat<A> slot[2];
-    flat<A> contribution;
+    Buffer<flat<A>> slot[2];
+    Buffer<flat<A>> contribution;
     AsyncCollective<view3<A>> pending;
   };
   struct DataSpec {
@@ -272,7 +272,7 @@ class RingAttention {
 
   // The own chunk's gradient accumulator, after the last exchange: the slot the last step received into.
   view3<A> own_grad(int stream) {
-    return view3<A>(grad_[stream].slot[(ring_size_ - 1) % 2].data(), batch_, own_rows_, grad_[stream].width);
+    return view3<A>(grad_[stream].slot[(ring_size_ - 1) % 2].view().data(), batch_, own_rows_, grad_[stream].width);
   }
 
   // The rank's heads' k, v of the chunk whose payload is `payload` (latent strategy), into k_, v_ (first n rows).
@@ -282,12 +282,12 @@ class RingAttention {
     const std::int64_t n = ctx.token_map().chunk_size(chunk);
     ComputePhase<ExecSpace> phase(space, names::ring_expand);
     const view3<const T> pay(payload, B, n, R + dr);
-    const view3<T> latent(latent_.data(), B, n, R), kv(kv_.data(), B, n, h * (dn + dv));
+    const view3<T> latent(latent_.view().data(), B, n, R), kv(kv_.view().data(), B, n, h * (dn + dv));
     copy_columns(space, pay, 0, latent, 0, R);
     kv_up_forward(space, as_matrix(latent, B * n, R), ctx.rows_of(ctx.weights().w_kvb),
                   ctx.part_of(ctx.weights().b_kvb), as_matrix(kv, B * n, h * (dn + dv)));
-    assemble_kv(space, view4<T>(kv.data(), B, n, h, dn + dv), pay, view4<T>(k_.data(), B, n, h, dn + dr),
-                view4<T>(v_.data(), B, n, h, dv), dn, R);
+    assemble_kv(space, view4<T>(kv.data(), B, n, h, dn + dv), pay, view4<T>(k_.view().data(), B, n, h, dn + dr),
+                view4<T>(v_.view().data(), B, n, h, dv), dn, R);
   }
 
   // A chunk's dK or dV in T: the accumulator itself (float, double), or its rounding into `slot` (bf16).
@@ -310,13 +310,13 @@ class RingAttention {
     const auto& map = ctx.token_map();
     DataStream& s = data_[k];
     const view3<const T> send(current[k], batch_, map.chunk_size(held), s.width);
-    const view3<T> recv(s.slot[t % 2].data(), batch_, map.chunk_size(next), s.width);
+    const view3<T> recv(s.slot[t % 2].view().data(), batch_, map.chunk_size(next), s.width);
     s.pending =
         launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name, data_tag + k);
   }
   void wait_data(int t, int k, std::array<const T*, 2>& current) {
     data_[k].pending.wait();
-    current[k] = data_[k].slot[t % 2].data();
+    current[k] = data_[k].slot[t % 2].view().data();
   }
 
   void prepare(const context_type& ctx) {
@@ -374,13 +374,13 @@ class RingAttention {
       const MlaConfig& c = ctx->config();
       const int h = ctx->local_heads();
       const std::int64_t n = ctx->token_map().chunk_size(chunk);
-      return {view4<const T>(ring->k_.data(), c.batch, n, h, c.qk_dim()),
-              view4<const T>(ring->v_.data(), c.batch, n, h, c.vdim)};
+      return {view4<const T>(ring->k_.view().data(), c.batch, n, h, c.qk_dim()),
+              view4<const T>(ring->v_.view().data(), c.batch, n, h, c.vdim)};
     }
     bool kv() const { return travels || dw_sel.data() != nullptr || db_sel.data() != nullptr; }
     std::array<A*, 2> gradients(const std::array<A*, 2>&) const {
       if (!kv()) return {nullptr, nullptr};
-      return {ring->dk_acc_.data(), ring->dv_acc_.data()};
+      return {ring->dk_acc_.view().data(), ring->dv_acc_.view().data()};
     }
     void fold(int chunk, const std::array<A*, 2>& into) const {
       if (!kv()) return;
@@ -401,14 +401,14 @@ class RingAttention {
     const int B = c.batch, h = ctx.local_heads(), dn = c.nope, dvd = c.vdim, dr = c.rope, R = c.latent;
     const std::int64_t n = ctx.token_map().chunk_size(chunk);
     ComputePhase<ExecSpace> phase(space, names::ring_kv_backward);
-    const view4<T> dk_t = rounded(space, view4<A>(dk_acc_.data(), B, n, h, dn + dr), dk_);
-    const view4<T> dv_t = rounded(space, view4<A>(dv_acc_.data(), B, n, h, dvd), dv_);
-    const view3<T> dkv(dkv_.data(), B, n, h * (dn + dvd)), dkpe(dkpe_.data(), B, n, dr);
+    const view4<T> dk_t = rounded(space, view4<A>(dk_acc_.view().data(), B, n, h, dn + dr), dk_.view());
+    const view4<T> dv_t = rounded(space, view4<A>(dv_acc_.view().data(), B, n, h, dvd), dv_.view());
+    const view3<T> dkv(dkv_.view().data(), B, n, h * (dn + dvd)), dkpe(dkpe_.view().data(), B, n, dr);
     disassemble_kv_grad(space, dk_t, dv_t, view4<T>(dkv.data(), B, n, h, dn + dvd), dkpe, dn);
     const auto dkv2 = as_matrix(dkv, B * n, h * (dn + dvd));
-    const view3<T> latent_j(latent_.data(), B, n, R);
+    const view3<T> latent_j(latent_.view().data(), B, n, R);
     if (into != nullptr)
-      kv_up_dgrad(space, dkv2, ctx.rows_of(ctx.weights().w_kvb), view3<T>(d_latent_.data(), B, n, R), dkpe,
+      kv_up_dgrad(space, dkv2, ctx.rows_of(ctx.weights().w_kvb), view3<T>(d_latent_.view().data(), B, n, R), dkpe,
                   view3<A>(into, B, n, R + dr));
     kv_up_wgrad(space, dkv2, as_matrix(latent_j, B * n, R), dw_sel, db_sel);
   }
@@ -431,7 +431,7 @@ class RingAttention {
       o_acc = view4<A>(o.data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
     } else {
       ensure(o_acc_, "mlacp::ring o (float)", o.extent(0), o.extent(1), o.extent(2), o.extent(3));
-      o_acc = view4<A>(o_acc_.data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
+      o_acc = view4<A>(o_acc_.view().data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
     }
     std::array<const T*, 2> current{data_[0].own, data_count_ > 1 ? data_[1].own : nullptr};
     auto steps = timeline::steps(
@@ -493,7 +493,7 @@ class RingAttention {
         dq_view_ = view4<A>(dq.data(), dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
       } else {
         ensure(dq_acc_, "mlacp::ring dq (float)", dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
-        dq_view_ = view4<A>(dq_acc_.data(), dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+        dq_view_ = view4<A>(dq_acc_.view().data(), dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
       }
       Kokkos::deep_copy(space, dq_view_, A(0));
     }
@@ -502,7 +502,8 @@ class RingAttention {
     // to the arriving accumulator once it is there.
     const auto into = [&](int t) {
       std::array<A*, 2> ptr{nullptr, nullptr};
-      for (int i = 0; i < grad_count_; ++i) ptr[i] = t == 0 ? grad_[i].slot[1].data() : grad_[i].contribution.data();
+      for (int i = 0; i < grad_count_; ++i)
+        ptr[i] = t == 0 ? grad_[i].slot[1].view().data() : grad_[i].contribution.view().data();
       return ptr;
     };
     const auto rows = [&](int t) { return map.chunk_size((g - t + C) % C); };
@@ -530,7 +531,7 @@ class RingAttention {
             case timeline::Step::ring_accumulate: {
               const int t = i / 2;
               GradStream& s = grad_[i % 2];
-              ring_copy(space, s.contribution.data(), s.slot[(t + 1) % 2].data(),
+              ring_copy(space, s.contribution.view().data(), s.slot[(t + 1) % 2].view().data(),
                         static_cast<std::int64_t>(batch_) * rows(t) * s.width, true);
               return;
             }
@@ -542,8 +543,8 @@ class RingAttention {
           const int t = i / 2;
           if (comm == timeline::Comm::ring_data) return launch_data(space, ctx, t, i % 2, current);
           GradStream& s = grad_[i % 2];
-          const view3<A> send(s.slot[(t + 1) % 2].data(), batch_, rows(t), s.width);
-          const view3<A> recv(s.slot[t % 2].data(), batch_, map.chunk_size((g - t - 1 + 2 * C) % C), s.width);
+          const view3<A> send(s.slot[(t + 1) % 2].view().data(), batch_, rows(t), s.width);
+          const view3<A> recv(s.slot[t % 2].view().data(), batch_, map.chunk_size((g - t - 1 + 2 * C) % C), s.width);
           s.pending = launch_send_recv(space, send, (g + 1) % C, recv, (g + C - 1) % C, ctx.ring_mesh(), s.name,
                                        grad_tag + i % 2);
         },
@@ -574,10 +575,10 @@ class RingAttention {
   int data_count_ = 0, grad_count_ = 0;
   int batch_ = 0, ring_size_ = 1;
   std::int64_t own_rows_ = 0;
-  Tensor4<A, memory_space> o_acc_, dq_acc_, dk_acc_, dv_acc_;
+  Buffer<Tensor4<A, memory_space>> o_acc_, dq_acc_, dk_acc_, dv_acc_;
   view4<A> dq_view_;
-  tensor4 k_, v_, dk_, dv_;
-  tensor3 kv_, latent_, dkv_, dkpe_, d_latent_;
+  Buffer<tensor4> k_, v_, dk_, dv_;
+  Buffer<tensor3> kv_, latent_, dkv_, dkpe_, d_latent_;
   std::array<FinishTarget, 2> finish_;
   int finish_count_ = 0;
   timeline::Facts backward_facts_ = facts_none();

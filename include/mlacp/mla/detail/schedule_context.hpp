@@ -134,7 +134,7 @@ class ScheduleContext {
   /// A collective's destination in the layer's memory (allocated once); empty at P == 1, where a collective returns
   /// its input and writes nothing.
   template <class ViewType, class... Extents>
-  ViewType into(ViewType& slot, const char* label, Extents... n) const {
+  ViewType into(Buffer<ViewType>& slot, const char* label, Extents... n) const {
     return mesh_->size() > 1 ? ensure(slot, label, n...) : ViewType();
   }
   /// The wire codec of one kind of this layer's exchanges (MlaConfig::wire_dtype's row of mla/wire_policy.hpp) for a
@@ -150,11 +150,11 @@ class ScheduleContext {
   /// Head blocks of d columns as an inverse all-to-all receives them, or as the dO all-to-all sends them: the P blocks
   /// [P, B, s, h, d] of an even head split, or one block of all heads [1, B, s, H, d] when the heads are split
   /// unevenly (InputA2APair::launch_backward, OutputProjection::backward). `into`: empty at P == 1.
-  tensor5 blocks_into(tensor5& slot, const char* label, int d) const {
+  tensor5 blocks_into(Buffer<tensor5>& slot, const char* label, int d) const {
     if (head_part_.uniform()) return into(slot, label, mesh_->size(), config_.batch, local_seq(), local_heads(), d);
     return into(slot, label, 1, config_.batch, local_seq(), config_.heads, d);
   }
-  tensor5 blocks(tensor5& slot, const char* label, int d) const {
+  tensor5 blocks(Buffer<tensor5>& slot, const char* label, int d) const {
     if (head_part_.uniform()) return ensure(slot, label, mesh_->size(), config_.batch, local_seq(), local_heads(), d);
     return ensure(slot, label, 1, config_.batch, local_seq(), config_.heads, d);
   }
@@ -190,25 +190,27 @@ class ScheduleContext {
     const int width = config_.rope;
     const RopeFrequencies& frequencies = frequencies_;
     if (d.layout.single() && ranges.size() <= 1) {
-      if (!one_document_rope_.matches(local_seq(), offset, width, frequencies))
-        one_document_rope_ = make_rope_table(space, local_seq(), offset, width, frequencies);
-      return one_document_rope_;
+      if (!one_document_rope_.table.matches(local_seq(), offset, width, frequencies)) {
+        RopeTable<memory_space>& table = one_document_rope_.lay_out(local_seq(), width, frequencies);
+        table.position_offset = offset;
+        rope_fill_table(space, table, Kokkos::View<const std::int64_t*, memory_space>(), false);
+      }
+      return one_document_rope_.table;
     }
-    if (!d.stale) return d.table;
+    if (!d.stale) return d.table.table;
     const auto s = static_cast<std::size_t>(local_seq());
     ensure(d.positions, "mlacp::rope positions", s);
     std::size_t row = 0;
     for (const TokenRange& range : ranges) {
       const auto n = static_cast<std::size_t>(range.count);
-      fill_rope_positions(space, Kokkos::subview(d.positions, std::make_pair(row, row + n)), range.begin, d.layout);
+      fill_rope_positions(space, Kokkos::subview(d.positions.view(), std::make_pair(row, row + n)), range.begin,
+                          d.layout);
       row += n;
     }
-    if (!(d.table.cos.data() != nullptr && d.table.cos.extent(0) == s && d.table.width == width &&
-          d.table.frequencies == frequencies))
-      d.table = allocate_rope_table<memory_space>(static_cast<std::int64_t>(s), width, frequencies);
-    refill_rope_table(space, d.table, d.positions);
+    RopeTable<memory_space>& table = d.table.lay_out(static_cast<std::int64_t>(s), width, frequencies);
+    refill_rope_table(space, table, d.positions.view());
     d.stale = false;
-    return d.table;
+    return table;
   }
   const RopeTable<memory_space>& rope_table(const ExecSpace& space, const pass_type& p) const {
     return rope_table(space, p.w.documents);
@@ -300,11 +302,11 @@ class ScheduleContext {
 
   // The float scratch of a bf16 core call: `slot` with src's extents, src widened into it.
   template <class Src>
-  static core_tensor4 like(const Src& src, core_tensor4& slot, const char* label) {
+  static core_tensor4 like(const Src& src, Buffer<core_tensor4>& slot, const char* label) {
     return ensure(slot, label, src.extent(0), src.extent(1), src.extent(2), src.extent(3));
   }
   template <class Src>
-  static core_tensor4 widened(const ExecSpace& space, const Src& src, core_tensor4& slot, const char* label) {
+  static core_tensor4 widened(const ExecSpace& space, const Src& src, Buffer<core_tensor4>& slot, const char* label) {
     const core_tensor4 dst = like(src, slot, label);
     convert_4d(space, "mlacp::widen for the core", src, dst);
     return dst;
@@ -320,7 +322,7 @@ class ScheduleContext {
 
   /// The float copies a bf16 core call computes on (empty for float and double).
   struct CoreScratch {
-    core_tensor4 q, k, v, o, d_o, dq, dk, dv;
+    Buffer<core_tensor4> q, k, v, o, d_o, dq, dk, dv;
   };
 
   const Core* core_;
@@ -328,7 +330,7 @@ class ScheduleContext {
   TokenMap token_map_;
   Partition seq_part_;
   Partition head_part_;
-  mutable RopeTable<memory_space> one_document_rope_;
+  mutable RopeTableBuffers<memory_space> one_document_rope_;
   mutable CoreScratch core_scratch_;
 };
 

@@ -104,7 +104,7 @@ void attention_forward(const Context& ctx, const typename Context::execution_spa
                        const typename Context::pass_type& p) {
   attention_output(ctx, p);
   ComputePhase<typename Context::execution_space> phase(space, names::attention_fprop);
-  ctx.core_forward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse);
+  ctx.core_forward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o.view(), p.w.lse.view());
 }
 
 /// The output projection (OutputProjection: its exchange, in the forward's wire codec, and w_o, in the timeline's
@@ -116,8 +116,8 @@ typename Context::tensor3 project_output(const Context& ctx, Scratch& scratch,
   const MlaConfig& c = ctx.config();
   const int B = c.batch, s = ctx.local_seq();
   auto& w = p.w;
-  return w.out_proj.forward(space, w.o, ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
-                            ctx.head_partition(), ensure(w.y, "mlacp::y", B, s, c.hidden),
+  return w.out_proj.forward(space, w.o.view(), ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
+                            ctx.head_partition(), ensure_exact(w.y, "mlacp::y", B, s, c.hidden),
                             ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim),
                             ctx.codec(WireExchange::forward), &scratch.o_exchange, c.overlap);
 }
@@ -167,7 +167,8 @@ void attention_backward(const Context& ctx, const typename Context::execution_sp
                         const typename Context::pass_type& p, const typename Context::tensor4& d_o,
                         AttentionGradients<typename Context::tensor4>& out) {
   ComputePhase<typename Context::execution_space> phase(space, names::attention_bprop);
-  ctx.core_backward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o, p.w.lse, d_o, out.dq, out.dk, out.dv);
+  ctx.core_backward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o.view(), p.w.lse.view(), d_o, out.dq, out.dk,
+                    out.dv);
 }
 
 /// The token-local dq as the head blocks [P, B, s, h, dqk] the inverse all-to-all received (block r: heads
@@ -194,7 +195,7 @@ void q_branch_backward(const Context& ctx, Scratch& scratch, const typename Cont
   const bool lora = c.q_lora();
   const auto x2 = as_matrix(p.x, rows, D);
   // What the blocks multiply: x and w_q (dense), or cq and w_qb (q-LoRA), whose gradient d(cq) the blocks sum into.
-  const auto in2 = lora ? as_matrix(p.w.cq, rows, Rq) : x2;
+  const auto in2 = lora ? as_matrix(p.w.cq.view(), rows, Rq) : x2;
   const auto& weight = lora ? w.w_qb : w.w_q;
   const auto& weight_grad = lora ? g.w_qb : g.w_q;
   const bool weight_flag = lora ? r.w_qb : r.w_q;
@@ -218,7 +219,7 @@ void q_branch_backward(const Context& ctx, Scratch& scratch, const typename Cont
   const bool d_qa_needed = r.x || r.w_qa;
   const typename Context::tensor3 d_qa =
       d_qa_needed ? ensure(scratch.d_qa, "mlacp::d q_a", B, s, Rq) : typename Context::tensor3();
-  rms_norm_backward(space, p.w.q_a, w.g_q, p.w.rstd_q, d_cq3, d_qa, r.g_q ? g.g_q : decltype(g.g_q)());
+  rms_norm_backward(space, p.w.q_a.view(), w.g_q, p.w.rstd_q.view(), d_cq3, d_qa, r.g_q ? g.g_q : decltype(g.g_q)());
   if (!d_qa_needed) return;
   const auto d_qa2 = as_matrix(d_qa, rows, Rq);
   if (r.w_qa) linear_wgrad(space, d_qa2, x2, g.w_qa);
@@ -243,7 +244,7 @@ void kv_a_backward(const Context& ctx, const typename Context::execution_space& 
   using T = typename Context::value_type;
   const MlaConfig& c = ctx.config();
   const int B = c.batch, s = ctx.local_seq(), D = c.hidden, R = c.latent, dr = c.rope;
-  rms_norm_backward(space, p.w.kv_a, ctx.weights().g_kv, p.w.rstd, d_latent, d_kv_a,
+  rms_norm_backward(space, p.w.kv_a.view(), ctx.weights().g_kv, p.w.rstd.view(), d_latent, d_kv_a,
                     p.flags.g_kv ? g.g_kv : decltype(g.g_kv)());
   const auto da2 = as_matrix(d_kv_a, B * s, R + dr);
   if (p.flags.w_kva) linear_wgrad(space, da2, as_matrix(p.x, B * s, D), g.w_kva);

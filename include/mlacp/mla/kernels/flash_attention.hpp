@@ -148,7 +148,7 @@ class FlashAttentionCore {
         const detail::FlashRange rg = range(pb, s, t);
         if (!detail::flash_range_visible(host_docs, rg)) continue;
         // The square problem's tiles are clamped to the sequence; a positioned one keeps the configured tiles, so
-        // that ring chunks of different sizes share one scratch (reserve_tiles reallocates when the tiles change).
+        // that ring chunks of different sizes share one scratch (reserve_tiles grows it to the largest tiles seen).
         const std::int64_t rq = square ? std::min<std::int64_t>(tq, rg.n_q) : tq;
         const std::int64_t rk = square ? std::min<std::int64_t>(tk, rg.n_k) : tk;
         run_path(
@@ -226,7 +226,7 @@ class FlashAttentionCore {
           row_term = true;
         }
         // The square problem's tiles are clamped to the sequence; a positioned one keeps the configured tiles, so
-        // that ring chunks of different sizes share one scratch (reserve_tiles reallocates when the tiles change).
+        // that ring chunks of different sizes share one scratch (reserve_tiles grows it to the largest tiles seen).
         const std::int64_t rq = square ? std::min<std::int64_t>(tq, rg.n_q) : tq;
         const std::int64_t rk = square ? std::min<std::int64_t>(tk, rg.n_k) : tk;
         run_path(

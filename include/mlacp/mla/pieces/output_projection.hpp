@@ -6,6 +6,7 @@
 
 #include <mlacp/all_to_all.hpp>
 #include <mlacp/compat.hpp>
+#include <mlacp/detail/buffer.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/detail/timeline.hpp>
 #include <mlacp/mla/kernels/detail/linear.hpp>
@@ -30,12 +31,10 @@ namespace detail {
 /// arrive, source r's [B, s, h_r, dv] at offset B * s * heads.offset(r) * dv.
 template <class T, class MemorySpace>
 struct OutputExchangeBuffers {
-  Tensor4<T, MemorySpace> send, recv;
+  Buffer<Tensor4<T, MemorySpace>> send, recv;
   /// bf16 layers: y [B*s, D] summed over the source blocks in float, rounded into y once (empty otherwise).
-  Matrix<compat::accumulation_t<T>, MemorySpace> y_sum;
-  std::size_t bytes() const {
-    return (send.span() + recv.span()) * sizeof(T) + y_sum.span() * sizeof(compat::accumulation_t<T>);
-  }
+  Buffer<Matrix<compat::accumulation_t<T>, MemorySpace>> y_sum;
+  std::size_t bytes() const { return bytes_of(send, recv, y_sum); }
 };
 
 /// Row r of the attention output o [B, S, h, dv] that goes to the destination whose tokens are [first, first +
@@ -231,17 +230,6 @@ class OutputProjection {
     return tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y"), B, s, w_o.extent(0));
   }
 
-  // `slot` when it has the extents [n0, n1, n2, n3], else a new uninitialised View of them (assigned to `slot`).
-  template <class View>
-  static const View& ensure_extents(View& slot, const std::string& label, std::int64_t n0, std::int64_t n1,
-                                    std::int64_t n2, std::int64_t n3) {
-    const std::int64_t n[4] = {n0, n1, n2, n3};
-    bool same = slot.use_count() > 0;
-    for (unsigned d = 0; same && d < 4; ++d) same = static_cast<std::int64_t>(slot.extent(d)) == n[d];
-    if (!same) slot = View(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n0, n1, n2, n3);
-    return slot;
-  }
-
   // The per-peer exchange of the head blocks (each row of dv values encoded by Codec: T itself, or bf16 or fp8 for a
   // float layer's wire) and the output projection summed block by block. Codec same: through `buffers`, the caller's
   // (see OutputExchangeBuffers); another codec: through pooled staging buffers (the codec's, kept until the
@@ -272,11 +260,11 @@ class OutputProjection {
     if constexpr (same) {
       if (B == 1) send = o.data();
       if (send == nullptr) {
-        U* packed = ensure_extents(buffers.send, std::string("mlacp::") + names::o_a2a + " send", B, S, h, dv).data();
+        U* packed = detail::ensure(buffers.send, "mlacp::O a2a send", B, S, h, dv).data();
         detail::pack_token_blocks<Codec>(space, o, seq, packed);
         send = packed;
       }
-      recv = ensure_extents(buffers.recv, std::string("mlacp::") + names::o_a2a + " recv", B, s, H, dv).data();
+      recv = detail::ensure(buffers.recv, "mlacp::O a2a recv", B, s, H, dv).data();
     } else {
       send_staging = detail::allocate_buffer<U, memory_space>(space, std::string(names::o_a2a) + " wire send",
                                                               static_cast<std::size_t>(B * S * h * wide));
@@ -302,10 +290,7 @@ class OutputProjection {
     detail::Matrix<A, memory_space> y_sum;
     if constexpr (widened) {
       buffers_type& b = buffers;
-      if (b.y_sum.extent(0) != static_cast<std::size_t>(B * s) || b.y_sum.extent(1) != static_cast<std::size_t>(D))
-        b.y_sum =
-            detail::Matrix<A, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::y sum"), B * s, D);
-      y_sum = b.y_sum;
+      y_sum = detail::ensure(b.y_sum, "mlacp::y sum", B * s, D);
     }
     const auto tokens = detail::as_matrix(local, B * s, H * dv);
     bool first = true;

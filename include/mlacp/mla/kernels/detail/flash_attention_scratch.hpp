@@ -8,6 +8,7 @@
 #include <mlacp/view_types.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 
 #include <cstdint>
 #include <string>
@@ -33,27 +34,40 @@ struct FlashScratch {
 
   /// The mixed-precision members for tiles [tq, tk], head dims dqk and dv, and S tokens (grown, never shrunk).
   void reserve_mixed(std::int64_t tq, std::int64_t tk, std::int64_t dqk, std::int64_t dv, std::int64_t n_s) {
-    grow(scores_bf16, "mlacp::flash P (bf16)", tq, tk);
-    grow(grads_bf16, "mlacp::flash dS (bf16)", tq, tk);
+    grow_tile(scores_bf16, "mlacp::flash P (bf16)", tq, tk);
+    grow_tile(grads_bf16, "mlacp::flash dS (bf16)", tq, tk);
     grow(o_acc, "mlacp::flash O accumulator", tq, dv);
     grow(dk_acc, "mlacp::flash dK accumulator", tk, dqk);
     grow(dv_acc, "mlacp::flash dV accumulator", tk, dv);
     grow(dq_acc, "mlacp::flash dQ accumulator", n_s, dqk);
   }
 
-  /// The host path's [tq, tk] score tiles and [tq] row statistics (reallocated only when the tiles change).
+  /// The host path's [tq, tk] score tiles and [tq] row statistics, grown to the largest tiles seen and never shrunk:
+  /// every pass reads a tile as its [rows, columns] corner (rows_cols), so calls of any shape share them.
   void reserve_tiles(std::int64_t tq, std::int64_t tk) {
-    if (scores.extent(0) == static_cast<std::size_t>(tq) && scores.extent(1) == static_cast<std::size_t>(tk)) return;
-    scores = decltype(scores)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash scores"), tq, tk);
-    grads = decltype(grads)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash dS"), tq, tk);
-    row_max = decltype(row_max)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash m"), tq);
-    row_sum = decltype(row_sum)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash l"), tq);
+    if (scores.extent(0) >= static_cast<std::size_t>(tq) && scores.extent(1) >= static_cast<std::size_t>(tk)) return;
+    const std::int64_t rows = std::max<std::int64_t>(tq, static_cast<std::int64_t>(scores.extent(0)));
+    const std::int64_t cols = std::max<std::int64_t>(tk, static_cast<std::int64_t>(scores.extent(1)));
+    scores = decltype(scores)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash scores"), rows, cols);
+    grads = decltype(grads)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash dS"), rows, cols);
+    row_max = decltype(row_max)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash m"), rows);
+    row_sum = decltype(row_sum)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "mlacp::flash l"), rows);
   }
+  /// `m` with at least `rows` rows of exactly `cols` columns (an accumulator of a head dim: zero_rows clears whole
+  /// rows).
   template <class M>
   static void grow(M& m, const char* label, std::int64_t rows, std::int64_t cols) {
     if (m.extent(0) >= static_cast<std::size_t>(rows) && m.extent(1) == static_cast<std::size_t>(cols)) return;
     m = M(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(rows),
           static_cast<std::size_t>(cols));
+  }
+  /// A tile `m` grown to at least [rows, cols] (read as its corner), never shrunk.
+  template <class M>
+  static void grow_tile(M& m, const char* label, std::int64_t rows, std::int64_t cols) {
+    if (m.extent(0) >= static_cast<std::size_t>(rows) && m.extent(1) >= static_cast<std::size_t>(cols)) return;
+    m = M(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+          static_cast<std::size_t>(std::max<std::int64_t>(rows, static_cast<std::int64_t>(m.extent(0)))),
+          static_cast<std::size_t>(std::max<std::int64_t>(cols, static_cast<std::int64_t>(m.extent(1)))));
   }
   /// At least `rows` entries of the backward's row term D (grown, never shrunk).
   void reserve_row_term(std::int64_t rows) {
