@@ -12,7 +12,7 @@
 // A crash, an abort or a hang fails the ctest. Every failure prints its seed and its one-line reproduction.
 //
 //   MLACP_FUZZ_CASES=N   cases per run (default 60; the ctest 100)      MLACP_FUZZ_SEED=S   the first case's seed
-//   (default 1)
+//   (default 1)      MLACP_FUZZ_VERBOSE=1   rank 0 names each case before running it (a hang names only its collective)
 #include "../mla/layer_reference_checks.hpp"
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
@@ -32,6 +32,7 @@
 #include <functional>
 #include <random>
 #include <sstream>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -489,6 +490,9 @@ TEST(FuzzLayer, EveryCaseMatchesTheReferenceOrIsOneClearErrorOnEveryRank) {
   int ran = 0, refused = 0;
   for (std::uint64_t seed = first; seed < first + cases; ++seed) {
     const Draw d = draw(seed, P);
+    // MLACP_FUZZ_VERBOSE: a hang is the watchdog's abort, which names the collective, not the case.
+    if (env_u64("MLACP_FUZZ_VERBOSE", 0) != 0 && mlacp::test::world_rank() == 0)
+      std::cerr << "case " << d.describe() << "\n  reproduce: " << d.reproduction() << std::endl;
     const Outcome o = run_case(d);
     const auto all = gather_outcomes(o);
     bool every_rank_failed = true, every_rank_ran = true, same_error = true, matched = true;
