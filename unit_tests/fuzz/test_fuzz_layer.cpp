@@ -30,9 +30,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <sstream>
-#include <iostream>
 #include <string>
 #include <vector>
 

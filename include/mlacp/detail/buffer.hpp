@@ -13,8 +13,9 @@
 namespace mlacp::detail {
 
 /// The View of the current pass (`view()`: extents of the last ensure, unmanaged, over `storage`) and the allocation
-/// under it (at least one value, so that a laid-out View never has a null data(), even with no element). The View is valid while the Buffer lives and until the next ensure of other extents; what must outlive the
-/// owner (a caller's output) is not a Buffer. V: a contiguous LayoutRight or LayoutLeft View type.
+/// under it (at least one value, so that a laid-out View never has a null data(), even with no element). The View is
+/// valid while the Buffer lives and until the next ensure of other extents; what must outlive the owner (a caller's
+/// output) is not a Buffer. V: a contiguous LayoutRight or LayoutLeft View type.
 template <class V>
 class Buffer {
  public:
