@@ -239,42 +239,52 @@ TEST(SteadyState, PackingThatChangesEveryCallAllocatesNoView) {
   }
 }
 
-// Any shape per call (issue 34): a layer whose configuration leaves batch and seq unset serves other shapes first,
-// then one shape repeated allocates no View and no communication buffer after its first call, flat and on a ring of
-// P, both strategies; so does a shape it served before others (its buffers follow the pass's extents).
-TEST(SteadyState, RepeatedCallsOfOneShapeAllocateNoViewAfterOtherShapes) {
-  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+// f(layer, c, what) for a layer whose configuration leaves batch and seq unset (any shape per call), flat and on a ring
+// of P, both strategies; `what` names the mesh and the strategy.
+template <class F>
+void for_each_layer_of_any_shape(F&& f) {
   const int P = mlacp::test::world_size();
   for (const int ring : {1, P})
     for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
       mlacp::Mesh mesh(MPI_COMM_WORLD, ring);
       const auto c = mlacp::test::make_config(0, 0, 16, P + 1, 4, 2, 3, 6, true, strategy);
       mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
-      // (B, S): the steady shape, then another that the layer serves in between.
-      const std::pair<int, int> shapes[] = {{2, 7 * P + 1}, {1, 9 * P}};
-      auto run = [&](int batch, int seq, mlacp::MlaGradients<double, Mem>& grads) {
-        Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", batch, layer.local_seq_for(seq), c.hidden);
-        mlacp::test::fill(x, 4, 1.0);
-        return [&layer, x, &grads] {
-          auto forward = layer.forward(Space(), x);
-          layer.backward(Space(), forward, x, grads);
-        };
-      };
-      for (int round = 0; round < 2; ++round)
-        for (const auto& [batch, seq] : shapes) {
-          auto shaped = c;
-          shaped.batch = batch;
-          auto grads = caller_gradients(shaped, layer.local_seq_for(seq));
-          const auto counted = count_steady(run(batch, seq, grads), 3, {});
-          const std::string what = "ring " + std::to_string(ring) + ", " + mlacp::to_string(strategy) +
-                                   ", B = " + std::to_string(batch) + ", S = " + std::to_string(seq) + ", round " +
-                                   std::to_string(round);
-          EXPECT_TRUE(counted.other_labels.empty())
-              << what << ": repeated calls allocated Views:" << joined(counted.other_labels);
-          EXPECT_EQ(counted.views, 0u) << what << ": repeated calls allocated Views";
-          EXPECT_EQ(counted.buffers, 0u) << what << ": repeated calls allocated communication buffers";
-        }
+      f(layer, c, "ring " + std::to_string(ring) + ", " + std::string(mlacp::to_string(strategy)));
     }
+}
+
+// Any shape per call (issue 34): a layer whose configuration leaves batch and seq unset serves other shapes first,
+// then one shape repeated allocates no View and no communication buffer after its first call, flat and on a ring of
+// P, both strategies; so does a shape it served before others (its buffers follow the pass's extents).
+TEST(SteadyState, RepeatedCallsOfOneShapeAllocateNoViewAfterOtherShapes) {
+  ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
+  const int P = mlacp::test::world_size();
+  for_each_layer_of_any_shape(
+      [&](mlacp::MlaAttention<double>& layer, const mlacp::MlaConfig& c, const std::string& layer_what) {
+        // (B, S): the steady shape, then another that the layer serves in between.
+        const std::pair<int, int> shapes[] = {{2, 7 * P + 1}, {1, 9 * P}};
+        auto run = [&](int batch, int seq, mlacp::MlaGradients<double, Mem>& grads) {
+          Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", batch, layer.local_seq_for(seq), c.hidden);
+          mlacp::test::fill(x, 4, 1.0);
+          return [&layer, x, &grads] {
+            auto forward = layer.forward(Space(), x);
+            layer.backward(Space(), forward, x, grads);
+          };
+        };
+        for (int round = 0; round < 2; ++round)
+          for (const auto& [batch, seq] : shapes) {
+            auto shaped = c;
+            shaped.batch = batch;
+            auto grads = caller_gradients(shaped, layer.local_seq_for(seq));
+            const auto counted = count_steady(run(batch, seq, grads), 3, {});
+            const std::string what = layer_what + ", B = " + std::to_string(batch) + ", S = " + std::to_string(seq) +
+                                     ", round " + std::to_string(round);
+            EXPECT_TRUE(counted.other_labels.empty())
+                << what << ": repeated calls allocated Views:" << joined(counted.other_labels);
+            EXPECT_EQ(counted.views, 0u) << what << ": repeated calls allocated Views";
+            EXPECT_EQ(counted.buffers, 0u) << what << ": repeated calls allocated communication buffers";
+          }
+      });
 }
 
 // Workspaces sized by the largest shape seen (issue 34): once the largest shape and each other one have run, calls
@@ -284,54 +294,51 @@ TEST(SteadyState, RepeatedCallsOfOneShapeAllocateNoViewAfterOtherShapes) {
 TEST(SteadyState, AlternatingShapesReuseWorkspacesSizedByTheLargest) {
   ASSERT_TRUE(mlacp::diagnostics::count_view_allocations());
   const int P = mlacp::test::world_size();
-  for (const int ring : {1, P})
-    for (auto strategy : {mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded}) {
-      mlacp::Mesh mesh(MPI_COMM_WORLD, ring);
-      const auto c = mlacp::test::make_config(0, 0, 16, P + 1, 4, 2, 3, 6, true, strategy);
-      mlacp::MlaAttention<double> layer(c, mlacp::test::make_weights<double, Mem>(c, 3), mesh);
-      struct Shape {
-        int batch, seq;
-        std::vector<std::int64_t> cu_seqlens;
-      };
-      // The largest first, then smaller ones with another B, an S that P does not divide, and packed documents.
-      const std::vector<Shape> shapes = {
-          {3, 9 * P + 2, {}}, {1, 5 * P, {}}, {2, 7 * P + 1, {0, 3, 7 * P + 1}}, {3, 4 * P + 1, {}}};
-      auto call = [&](const Shape& shape) {
-        auto shaped = c;
-        shaped.batch = shape.batch;
-        const int s = layer.local_seq_for(shape.seq);
-        auto grads = caller_gradients(shaped, s);
-        Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", shape.batch, s, c.hidden);
-        mlacp::test::fill(x, 4, 1.0);
-        const auto views = mlacp::diagnostics::view_allocations();
-        const auto buffers = mlacp::diagnostics::communication_buffer_allocations();
-        {
-          auto forward = layer.forward(Space(), x, {}, shape.cu_seqlens);
-          layer.backward(Space(), forward, x, grads);
-        }
-        const auto n = mlacp::diagnostics::view_allocations() - views;
-        const auto labels = mlacp::diagnostics::recent_view_allocations();
-        std::vector<std::string> allocated;
-        for (std::uint64_t k = 0; k < n && k < labels.size(); ++k) allocated.push_back(labels[labels.size() - n + k]);
-        return std::make_pair(allocated, mlacp::diagnostics::communication_buffer_allocations() - buffers);
-      };
-      for (const Shape& shape : shapes) call(shape);  // every shape once: the largest sizes the workspaces
-      call(shapes.front());
-      const std::size_t largest_bytes = layer.forward_workspace_bytes();
-      for (int round = 0; round < 2; ++round)
-        for (std::size_t i = 0; i < shapes.size(); ++i) {
-          const auto [allocated, buffers] = call(shapes[(i + 1) % shapes.size()]);  // the shape changes every call
-          const std::string what = "ring " + std::to_string(ring) + ", " + mlacp::to_string(strategy) + ", round " +
-                                   std::to_string(round) + ", shape " + std::to_string((i + 1) % shapes.size());
-          EXPECT_EQ(allocated, std::vector<std::string>{"mlacp::y"})
-              << what << ": a call of a shape seen before allocated" << joined(allocated);
-          EXPECT_EQ(buffers, 0u) << what << ": communication buffers allocated";
-          if ((i + 1) % shapes.size() == 0) {
-            EXPECT_EQ(layer.forward_workspace_bytes(), largest_bytes) << what << ": the workspaces grew";
+  for_each_layer_of_any_shape(
+      [&](mlacp::MlaAttention<double>& layer, const mlacp::MlaConfig& c, const std::string& layer_what) {
+        struct Shape {
+          int batch, seq;
+          std::vector<std::int64_t> cu_seqlens;
+        };
+        // The largest first, then smaller ones with another B, an S that P does not divide, and packed documents.
+        const std::vector<Shape> shapes = {
+            {3, 9 * P + 2, {}}, {1, 5 * P, {}}, {2, 7 * P + 1, {0, 3, 7 * P + 1}}, {3, 4 * P + 1, {}}};
+        auto call = [&](const Shape& shape) {
+          auto shaped = c;
+          shaped.batch = shape.batch;
+          const int s = layer.local_seq_for(shape.seq);
+          auto grads = caller_gradients(shaped, s);
+          Kokkos::View<double***, Kokkos::LayoutRight, Mem> x("x", shape.batch, s, c.hidden);
+          mlacp::test::fill(x, 4, 1.0);
+          const auto views = mlacp::diagnostics::view_allocations();
+          const auto buffers = mlacp::diagnostics::communication_buffer_allocations();
+          {
+            auto forward = layer.forward(Space(), x, {}, shape.cu_seqlens);
+            layer.backward(Space(), forward, x, grads);
           }
-        }
-      EXPECT_EQ(layer.forward_workspaces(), 1u);
-    }
+          const auto n = mlacp::diagnostics::view_allocations() - views;
+          const auto labels = mlacp::diagnostics::recent_view_allocations();
+          std::vector<std::string> allocated;
+          for (std::uint64_t k = 0; k < n && k < labels.size(); ++k) allocated.push_back(labels[labels.size() - n + k]);
+          return std::make_pair(allocated, mlacp::diagnostics::communication_buffer_allocations() - buffers);
+        };
+        for (const Shape& shape : shapes) call(shape);  // every shape once: the largest sizes the workspaces
+        call(shapes.front());
+        const std::size_t largest_bytes = layer.forward_workspace_bytes();
+        for (int round = 0; round < 2; ++round)
+          for (std::size_t i = 0; i < shapes.size(); ++i) {
+            const auto [allocated, buffers] = call(shapes[(i + 1) % shapes.size()]);  // the shape changes every call
+            const std::string what =
+                layer_what + ", round " + std::to_string(round) + ", shape " + std::to_string((i + 1) % shapes.size());
+            EXPECT_EQ(allocated, std::vector<std::string>{"mlacp::y"})
+                << what << ": a call of a shape seen before allocated" << joined(allocated);
+            EXPECT_EQ(buffers, 0u) << what << ": communication buffers allocated";
+            if ((i + 1) % shapes.size() == 0) {
+              EXPECT_EQ(layer.forward_workspace_bytes(), largest_bytes) << what << ": the workspaces grew";
+            }
+          }
+        EXPECT_EQ(layer.forward_workspaces(), 1u);
+      });
 }
 
 // Fresh gradients: backward returns new Views, so it necessarily allocates exactly those (zeroed) and nothing else.
