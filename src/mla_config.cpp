@@ -5,6 +5,7 @@
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/wire_policy.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -53,23 +54,7 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
     }
   });
   if (out.tellp() != 0) return out.str();
-  // Products the layer computes in int (GEMM dimensions, token rows) must fit in it: a wrapped size would allocate or
-  // index the wrong amount.
-  const std::pair<const char*, std::int64_t> products[] = {
-      {"batch * seq (token rows)", std::int64_t{batch} * seq},
-      {"nope + rope (qk_head_dim)", std::int64_t{nope} + rope},
-      {"nope + vdim", std::int64_t{nope} + vdim},
-      {"latent + rope (w_kva's rows)", std::int64_t{latent} + rope},
-      {"heads * (nope + rope) (w_q's rows)", std::int64_t{heads} * (std::int64_t{nope} + rope)},
-      {"heads * (nope + vdim) (w_kvb's rows)", std::int64_t{heads} * (std::int64_t{nope} + vdim)},
-      {"heads * vdim (w_o's columns)", std::int64_t{heads} * vdim}};
-  for (const auto& [name, value] : products) {
-    if (value > std::numeric_limits<int>::max()) {
-      out << "mlacp::MlaConfig: " << name << " = " << value << " (" << describe()
-          << "); expected at most INT_MAX = " << std::numeric_limits<int>::max();
-      return out.str();
-    }
-  }
+  if (const std::string e = int_products_error(batch, seq); !e.empty()) return e;
   if (rope % 2 != 0) {
     out << "mlacp::MlaConfig: rope = " << rope << "; expected an even qk_rope_head_dim (RoPE rotates pairs)";
   } else if (!(rms_eps > 0) || !(rope_base > 0)) {
@@ -92,6 +77,32 @@ std::string MlaConfig::error(int /*group_size: any positive S and H run on any g
     out << cu_seqlens_error(cu_seqlens, seq, "MlaConfig");
   }
   return out.str();
+}
+
+std::string MlaConfig::int_products_error(std::int64_t batch_rows, std::int64_t seq_tokens) const {
+  // Products the layer computes in int (GEMM dimensions, token rows) must fit in it: a wrapped size would allocate or
+  // index the wrong amount.
+  const std::pair<const char*, std::int64_t> products[] = {
+      {"batch * seq (token rows)", batch_rows * seq_tokens},
+      {"nope + rope (qk_head_dim)", std::int64_t{nope} + rope},
+      {"nope + vdim", std::int64_t{nope} + vdim},
+      {"latent + rope (w_kva's rows)", std::int64_t{latent} + rope},
+      {"heads * (nope + rope) (w_q's rows)", std::int64_t{heads} * (std::int64_t{nope} + rope)},
+      {"heads * (nope + vdim) (w_kvb's rows)", std::int64_t{heads} * (std::int64_t{nope} + vdim)},
+      {"heads * vdim (w_o's columns)", std::int64_t{heads} * vdim}};
+  for (const auto& [name, value] : products) {
+    if (value > std::numeric_limits<int>::max()) {
+      // The configuration as the pass would run it, for the message only (the error path alone copies it).
+      MlaConfig pass = *this;
+      pass.batch = static_cast<int>(std::min<std::int64_t>(batch_rows, std::numeric_limits<int>::max()));
+      pass.seq = static_cast<int>(std::min<std::int64_t>(seq_tokens, std::numeric_limits<int>::max()));
+      std::ostringstream out;
+      out << "mlacp::MlaConfig: " << name << " = " << value << " (" << pass.describe()
+          << "); expected at most INT_MAX = " << std::numeric_limits<int>::max();
+      return out.str();
+    }
+  }
+  return "";
 }
 
 std::string MlaConfig::shape_error() const {

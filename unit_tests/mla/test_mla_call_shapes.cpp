@@ -244,6 +244,27 @@ TEST(MlaCallShapes, ShapesThatCannotRunRaiseOnEveryRankCheckedOrNot) {
   }
 }
 
+// With no maxima, a call whose B * S (the layer's token rows, an int) would overflow is refused on every rank before
+// x is read: x here is a View of those extents over one value, which a read would overrun.
+TEST(MlaCallShapes, ACallWhoseTokenRowsOverflowAnIntIsRefusedBeforeXIsRead) {
+  const int P = mlacp::test::world_size();
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  const auto c = base_config(mlacp::MlaStrategy::latent, false);
+  const auto weights = mlacp::test::make_weights<double, LayerMem>(c, 42);
+  mlacp::MlaAttention<double> layer(c, weights, mesh);
+  const int B = 1 << 16, S = 1 << 16;  // B * S = 2^32
+  const LayerTensor<double> one("one value", 1, 1, 1);
+  const LayerTensor<double> x(one.data(), B, layer.local_seq_for(S), c.hidden);
+  expect_refused_on_every_rank(
+      [&] { layer.forward(LayerSpace(), x); },
+      "brings B = 65536 and S = 65536: mlacp::MlaConfig: batch * seq (token rows) = 4294967296",
+      "B * S past INT_MAX on " + std::to_string(P) + " ranks");
+  EXPECT_EQ(c.int_products_error(B, S / 2 - 1), "");
+  EXPECT_NE(c.int_products_error(B, S / 2).find("batch * seq (token rows) = 2147483648 (B=65536 S=32768"),
+            std::string::npos)
+      << c.int_products_error(B, S / 2);
+}
+
 TEST(MlaCallShapes, TheConfigurationsMaximaAreCheckedAndThePlannerNeedsAShape) {
   auto c = base_config(mlacp::MlaStrategy::latent, false);
   EXPECT_EQ(c.error(2), "") << "batch and seq unset: any shape per call";

@@ -125,6 +125,10 @@ struct MlaConfig {
   std::string error(int group_size) const;
   /// Why the YaRN rows (rope_factor, ...) are not a scaling mlacp can apply ("" when they are); part of error().
   std::string yarn_error() const;
+  /// Why a pass of `batch` x `seq` tokens would overflow a product the layer computes in int ("" when none): the part
+  /// of error() that a call's shape can change, so the per-call check (detail::call_shape) runs it alone with the
+  /// call's B and S. error() runs it with the configuration's own batch and seq.
+  std::string int_products_error(std::int64_t batch, std::int64_t seq) const;
   /// Why this configuration names no shape to price ("" when batch and seq are both set): the planner and the
   /// performance model price one shape, which the layer only takes as optional maxima.
   std::string shape_error() const;

@@ -80,8 +80,8 @@ struct CallShape {
 /// rank). One gather of every rank's (ring rank, Ulysses rank, B, s) on `mesh` (the layer's whole mesh; none when it
 /// has one rank), whatever its checked mode, so every rank derives the same S and the same verdict: the ranks' B
 /// differ, no token, a B or S past the configuration's maxima (`c.batch`, `c.seq` when set), or a shape whose products
-/// do not fit the layer's int (MlaConfig::error of the pass's configuration). Whether each rank's s is its share of S
-/// is shard_error's, against the token map of S that the pass builds anyway (ScheduleContext::set_shape).
+/// do not fit the layer's int (MlaConfig::int_products_error with the call's B and S). Whether each rank's s is its
+/// share of S is shard_error's, against the token map of S that the pass builds anyway (ScheduleContext::set_shape).
 inline CallShape call_shape(const Mesh& mesh, const MlaConfig& c, std::size_t batch, std::size_t tokens,
                             const std::string& where) {
   CallShape out;
@@ -99,10 +99,6 @@ inline CallShape call_shape(const Mesh& mesh, const MlaConfig& c, std::size_t ba
   }
   const std::string prefix = where + ": x";
   const std::string ranks = P > 1 ? " over the " + std::to_string(P) + " ranks" : "";
-  MlaConfig pass = c;  // the pass's shape in the configuration's own checks (its packing is the call's, checked later)
-  pass.batch = static_cast<int>(std::min<std::int64_t>(hi, std::numeric_limits<int>::max()));
-  pass.seq = static_cast<int>(std::min<std::int64_t>(S, std::numeric_limits<int>::max()));
-  pass.cu_seqlens.clear();
   if (lo != hi) {
     out.error = prefix + ".extent(0) (B) differs across ranks (from " + std::to_string(lo) + " to " +
                 std::to_string(hi) + "; this rank passed " + std::to_string(batch) +
@@ -121,11 +117,11 @@ inline CallShape call_shape(const Mesh& mesh, const MlaConfig& c, std::size_t ba
   } else if (hi > std::numeric_limits<int>::max() || S > std::numeric_limits<int>::max()) {
     out.error = prefix + " brings B = " + std::to_string(hi) + " and S = " + std::to_string(S) + " tokens" + ranks +
                 "; expected each at most INT_MAX = " + std::to_string(std::numeric_limits<int>::max());
-  } else if (const std::string e = pass.error(mesh.size()); !e.empty()) {
+  } else if (const std::string e = c.int_products_error(hi, S); !e.empty()) {
     out.error = prefix + " brings B = " + std::to_string(hi) + " and S = " + std::to_string(S) + ": " + e;
   }
-  out.batch = pass.batch;
-  out.seq = pass.seq;
+  out.batch = static_cast<int>(std::min<std::int64_t>(hi, std::numeric_limits<int>::max()));
+  out.seq = static_cast<int>(std::min<std::int64_t>(S, std::numeric_limits<int>::max()));
   return out;
 }
 

@@ -430,8 +430,7 @@ class RingAttention {
     if constexpr (std::is_same_v<A, T>) {
       o_acc = view4<A>(o.data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
     } else {
-      ensure(o_acc_, "mlacp::ring o (float)", o.extent(0), o.extent(1), o.extent(2), o.extent(3));
-      o_acc = view4<A>(o_acc_.view().data(), o.extent(0), o.extent(1), o.extent(2), o.extent(3));
+      o_acc = ensure(o_acc_, "mlacp::ring o (float)", o.extent(0), o.extent(1), o.extent(2), o.extent(3));
     }
     std::array<const T*, 2> current{data_[0].own, data_count_ > 1 ? data_[1].own : nullptr};
     auto steps = timeline::steps(
@@ -492,8 +491,7 @@ class RingAttention {
       if constexpr (std::is_same_v<A, T>) {
         dq_view_ = view4<A>(dq.data(), dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
       } else {
-        ensure(dq_acc_, "mlacp::ring dq (float)", dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
-        dq_view_ = view4<A>(dq_acc_.view().data(), dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
+        dq_view_ = ensure(dq_acc_, "mlacp::ring dq (float)", dq.extent(0), dq.extent(1), dq.extent(2), dq.extent(3));
       }
       Kokkos::deep_copy(space, dq_view_, A(0));
     }
