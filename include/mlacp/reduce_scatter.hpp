@@ -3,9 +3,11 @@
 #pragma once
 
 #include <mlacp/detail/launch.hpp>
+#include <mlacp/detail/running_block_sum.hpp>
 #include <mlacp/wire/coded_collective.hpp>
 
 #include <cstddef>
+#include <memory>
 
 namespace mlacp {
 
@@ -13,7 +15,7 @@ namespace detail {
 /// What the even and uneven reduce-scatter share once their send side is described (launch.send's blocks: launch.count
 /// even, launch.send_blocks uneven): the transport reads `sent`, and `view` when sent in place; the result (`count`
 /// values, LayoutRight and contiguous) is written directly by the backend's own reduce-scatter or, pairwise, by the
-/// sum at wait() of the blocks exchanged. Pairwise, rank i's block for this rank arrives at i * count (the same
+/// sum of the blocks exchanged, in rank order, each run of them added as it arrives (RunningBlockSum). Pairwise, rank i's block for this rank arrives at i * count (the same
 /// `count` on every rank), and this rank's own block, at `own_offset` in the send buffer, is neither sent nor copied:
 /// the sum reads it where it is sent from.
 template <class ExecSpace, class ViewType, class T, class MemSpace, class Result>
@@ -42,12 +44,12 @@ AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewT
     }
   }
   launch.extend_lifetime(received);
-  const T* own = sent.buffer.data() + own_offset;
-  const T* blocks = received.view.data();
-  T* out = result_buffer.data();
-  launch.finish = [space, blocks, own, me, out, count, parts, name = launch.name]() {
-    detail::sum_blocks(space, blocks, own, me, out, static_cast<std::int64_t>(count), parts, name + " sum");
-  };
+  // The blocks are summed as they arrive, where the transport reports arrivals (block_arrived), and the rest at wait.
+  auto sum = std::make_shared<detail::RunningBlockSum<ExecSpace, T>>(
+      space, received.view.data(), sent.buffer.data() + own_offset, me, result_buffer.data(),
+      static_cast<std::int64_t>(count), parts, launch.name + " sum");
+  launch.block_arrived = [sum](int peer) { sum->arrived(peer); };
+  launch.finish = [sum]() { sum->complete(); };
   return detail::start(space, mesh, std::move(launch));
 }
 
@@ -76,8 +78,9 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
 
 /// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
 /// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
-/// mesh's reduce_scatter_algorithm(): pairwise (default: the blocks exchanged with MPI_Ialltoallv, this rank's own
-/// not copied, then the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL,
+/// mesh's reduce_scatter_algorithm(): pairwise (default: one message per peer block, this rank's own not copied,
+/// and the P blocks summed in rank order, each as soon as it and those before it have arrived: in the mlacp::progress()
+/// calls of this thread's compute, test() or wait(); bit for bit the same sum whatever the order of arrival) or mpi (MPI_Ireduce_scatter_block); over NCCL,
 /// ncclReduceScatter. bf16 is summed in float (pairwise: the blocks widened and added in rank order; NCCL: widened
 /// and reduced in ncclFloat32) and rounded once; MPI has no bf16 sum, so a bf16 View with the mpi algorithm raises
 /// InvalidArgument on every rank before anything is sent (at P == 1 too). As for launch_all_to_all, `view` must not be
@@ -100,8 +103,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
 /// The uneven SUM reduce-scatter: every rank passes view.extent(dim) == part.total(); the ranks' Views are summed and
 /// rank r receives rows part.offset(r) .. part.offset(r) + part.count(r) - 1 of the sum (extent(dim) =
 /// part.count(r), possibly 0). It is the adjoint of the uneven launch_all_gather with the same partition. Over MPI
-/// the mesh's reduce_scatter_algorithm(): pairwise (MPI_Ialltoallv of the blocks, this rank's own not copied, then
-/// the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter with the partition's counts); over NCCL,
+/// the mesh's reduce_scatter_algorithm(): pairwise (one message per peer block, this rank's own not copied, the P
+/// blocks summed in rank order as they arrive) or mpi (MPI_Ireduce_scatter with the partition's counts); over NCCL,
 /// one ncclReduce per root in a group. Nothing is padded. The partition needs mesh.size() parts and must be the
 /// same on every rank; the errors of launch_all_to_all's uneven form apply. A uniform partition takes the even path.
 /// P == 1 returns `view`; `into` as for launch_all_to_all; bf16 as for the even form.

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// The sum of a pairwise reduce-scatter's P blocks, taken as they arrive: block r is added as soon as it and every block
+// before it are in, so that the blocks that came first are summed while the later ones still travel, and the sum is
+// still taken in rank order, bit for bit the one-pass sum_blocks (block_layout.hpp) whatever the order of arrival.
+#pragma once
+
+#include <mlacp/compat.hpp>
+#include <mlacp/detail/buffer_pool.hpp>
+#include <mlacp/progress.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <any>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mlacp::detail {
+
+/// out = the sum in rank order of P blocks of n values: block r is `own` for r == self, else received + r * n. The
+/// blocks are added in runs: a run starts at the first block not yet added and takes every block after it that has
+/// arrived (this rank's own always has), one kernel on `space` per run, so that the blocks that arrive in rank order
+/// are summed as they arrive and all of them at once (at wait) is the one pass of sum_blocks. The running sum is in
+/// the accumulation type: `out` itself for float and double; for bf16 a pooled float buffer, taken only when a run
+/// ends before the last block, and `out` is written once, rounded, by the last run. Every value is
+/// sum = x_0; sum += x_1; ...; sum += x_{P-1}, as in sum_blocks, whichever runs compute it.
+template <class ExecSpace, class T>
+class RunningBlockSum {
+ public:
+  using Acc = compat::accumulation_t<T>;
+  using memory_space = typename ExecSpace::memory_space;
+
+  RunningBlockSum(const ExecSpace& space, const T* received, const T* own, int self, T* out, std::int64_t n, int parts,
+                  std::string label)
+      : space_(space),
+        received_(received),
+        own_(own),
+        self_(self),
+        out_(out),
+        n_(n),
+        parts_(parts),
+        label_(std::move(label)),
+        arrived_(static_cast<std::size_t>(parts), 0) {}
+
+  /// Peer `peer`'s block has arrived (before the collective's wait): adds the run it completes, if any.
+  void arrived(int peer) {
+    arrived_[static_cast<std::size_t>(peer)] = 1;
+    const int added = advance();
+    if (added > 0) count_blocks_summed_on_arrival(static_cast<std::size_t>(added));
+  }
+
+  /// Every block has arrived (the collective's wait): adds the blocks not added yet, in one run.
+  void complete() {
+    for (auto& a : arrived_) a = 1;
+    advance();
+  }
+
+  /// The first block not added yet (parts once the sum is complete).
+  int next() const noexcept { return next_; }
+
+ private:
+  // Adds the run that starts at next_, if its first block is in; returns its length.
+  int advance() {
+    int end = next_;
+    while (end < parts_ && (end == self_ || arrived_[static_cast<std::size_t>(end)] != 0)) ++end;
+    if (end == next_) return 0;
+    add(next_, end);
+    const int added = end - next_;
+    next_ = end;
+    return added;
+  }
+
+  void add(const int first, const int end) {
+    const bool last = end == parts_;
+    Acc* partial = partial_;
+    if constexpr (std::is_same_v<Acc, T>) {
+      partial = out_;
+    } else if (!last && partial == nullptr) {
+      auto pooled = allocate_buffer<Acc, memory_space>(space_, label_ + " (float)", static_cast<std::size_t>(n_));
+      partial_ = partial = pooled.view.data();
+      partial_owner_ = pooled;
+    }
+    const T* received = received_;
+    const T* own = own_;
+    T* out = out_;
+    const int self = self_;
+    const std::int64_t n = n_;
+    Kokkos::parallel_for(
+        label_, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space_, 0, n),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          const auto x = [&](int r) { return static_cast<Acc>(r == self ? own[i] : received[r * n + i]); };
+          Acc sum = first == 0 ? x(0) : partial[i];
+          for (int r = first == 0 ? 1 : first; r < end; ++r) sum += x(r);
+          if (last)
+            out[i] = static_cast<T>(sum);
+          else
+            partial[i] = sum;
+        });
+  }
+
+  ExecSpace space_;
+  const T* received_;
+  const T* own_;
+  int self_;
+  T* out_;
+  std::int64_t n_;
+  int parts_;
+  std::string label_;
+  std::vector<char> arrived_;
+  int next_ = 0;
+  Acc* partial_ = nullptr;
+  std::any partial_owner_;  // the pooled float buffer of a bf16 sum, once a run ended before the last block
+};
+
+}  // namespace mlacp::detail
