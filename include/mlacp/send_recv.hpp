@@ -125,6 +125,7 @@ AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendVie
                                                 0,
                                                 std::move(info),
                                                 {},
+                                                {},
                                                 {}};
   request.dest = dest;
   request.source = source;
