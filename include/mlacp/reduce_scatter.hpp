@@ -15,9 +15,9 @@ namespace detail {
 /// What the even and uneven reduce-scatter share once their send side is described (launch.send's blocks: launch.count
 /// even, launch.send_blocks uneven): the transport reads `sent`, and `view` when sent in place; the result (`count`
 /// values, LayoutRight and contiguous) is written directly by the backend's own reduce-scatter or, pairwise, by the
-/// sum of the blocks exchanged, in rank order, each run of them added as it arrives (RunningBlockSum). Pairwise, rank i's block for this rank arrives at i * count (the same
-/// `count` on every rank), and this rank's own block, at `own_offset` in the send buffer, is neither sent nor copied:
-/// the sum reads it where it is sent from.
+/// sum of the blocks exchanged, in rank order, each run of them added as it arrives (RunningBlockSum). Pairwise, rank
+/// i's block for this rank arrives at i * count (the same `count` on every rank), and this rank's own block, at
+/// `own_offset` in the send buffer, is neither sent nor copied: the sum reads it where it is sent from.
 template <class ExecSpace, class ViewType, class T, class MemSpace, class Result>
 AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewType& view, const Mesh& mesh,
                                              CollectiveLaunch<T, MemSpace, Result>&& launch,
@@ -80,13 +80,13 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
 /// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
 /// mesh's reduce_scatter_algorithm(): pairwise (default: one message per peer block, this rank's own not copied,
 /// and the P blocks summed in rank order, each as soon as it and those before it have arrived: in the mlacp::progress()
-/// calls of this thread's compute, test() or wait(); bit for bit the same sum whatever the order of arrival) or mpi (MPI_Ireduce_scatter_block); over NCCL,
-/// ncclReduceScatter. bf16 is summed in float (pairwise: the blocks widened and added in rank order; NCCL: widened
-/// and reduced in ncclFloat32) and rounded once; MPI has no bf16 sum, so a bf16 View with the mpi algorithm raises
-/// InvalidArgument on every rank before anything is sent (at P == 1 too). As for launch_all_to_all, `view` must not be
-/// written until wait() (where its blocks are contiguous MPI reads it directly). Requirements and errors as
-/// launch_all_to_all (extent(dim) must be divisible by P). P == 1 returns `view`. `into`: an optional destination of
-/// the result's shape, as for launch_all_to_all.
+/// calls of this thread's compute, test() or wait(); bit for bit the same sum whatever the order of arrival) or mpi
+/// (MPI_Ireduce_scatter_block); over NCCL, ncclReduceScatter. bf16 is summed in float (pairwise: the blocks widened and
+/// added in rank order; NCCL: widened and reduced in ncclFloat32) and rounded once; MPI has no bf16 sum, so a bf16 View
+/// with the mpi algorithm raises InvalidArgument on every rank before anything is sent (at P == 1 too). As for
+/// launch_all_to_all, `view` must not be written until wait() (where its blocks are contiguous MPI reads it directly).
+/// Requirements and errors as launch_all_to_all (extent(dim) must be divisible by P). P == 1 returns `view`. `into`: an
+/// optional destination of the result's shape, as for launch_all_to_all.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
                                                                      int dim, const Mesh& mesh,

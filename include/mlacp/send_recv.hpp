@@ -46,11 +46,11 @@ void check_send_recv_view(const View& view, const char* which, const std::string
 /// CommunicationError naming the exchange (on a communicator whose error handler returns errors; MPI's default
 /// handler aborts). Two exchanges between the same pair may be in flight at once with different tags. Errors raised
 /// at launch, before anything is posted (InvalidArgument naming the value and what was expected): dest or source
-/// outside [0, P), a non-contiguous View, send and recv overlapping, a negative tag (or one of MPI_TAG_UB or above: MPI_TAG_UB is the pairwise reduce-scatter's), a View
-/// of more than INT_MAX values; a broken mesh raises CommunicationError; a second host thread launching while another
-/// is inside mlacp on the communicator raises UsageError (as the collectives). Registered as pending
-/// (mlacp::progress()), recorded by the event recorder, counted by collective_bytes().send_recv (the bytes of `send`),
-/// waited once; an unwaited handle completes at destruction.
+/// outside [0, P), a non-contiguous View, send and recv overlapping, a negative tag (or one of MPI_TAG_UB or above:
+/// MPI_TAG_UB is the pairwise reduce-scatter's), a View of more than INT_MAX values; a broken mesh raises
+/// CommunicationError; a second host thread launching while another is inside mlacp on the communicator raises
+/// UsageError (as the collectives). Registered as pending (mlacp::progress()), recorded by the event recorder, counted
+/// by collective_bytes().send_recv (the bytes of `send`), waited once; an unwaited handle completes at destruction.
 template <class ExecSpace, class SendView, class RecvView>
 AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendView& send, int dest, const RecvView& recv,
                                            int source, const Mesh& mesh, const std::string& name = "send_recv",

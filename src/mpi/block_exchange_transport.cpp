@@ -4,7 +4,6 @@
 #include <mlacp/mpi/communicator.hpp>
 #include <mlacp/mpi/request_transport.hpp>
 
-#include <cstdio>
 #include <exception>
 #include <string>
 #include <thread>
@@ -36,7 +35,7 @@ class BlockExchangeTransport final : public detail::PendingTransport {
       if (done != 0) arrived_[i] = 1;
       all = all && done != 0;
     }
-    all = test_sends() && all;
+    all = test_requests(sends_, info_) && all;
     report_arrivals();
     return all;
   }
@@ -47,23 +46,11 @@ class BlockExchangeTransport final : public detail::PendingTransport {
     // The receives in rank order, each block reported as soon as it is in: the sum of a prefix of blocks proceeds
     // while the later ones still travel. A broken mesh leaves the requests active: the handle's destructor parks them.
     int first_error = MPI_SUCCESS;
-    const auto wait_one = [&](MPI_Request& request) {
-      if (request == MPI_REQUEST_NULL) return false;
-      bool failed = false;
-      const int code = wait_watched(&request, comm_, info_, &failed);
-      if (failed) throw_if_failed(comm_, "mlacp: wait of '" + info_.name + "'");
-      if (code != MPI_SUCCESS) {
-        if (first_error == MPI_SUCCESS) first_error = code;
-        request = MPI_REQUEST_NULL;  // a failed request is complete; MPI may have freed it already
-        return false;
-      }
-      return true;
-    };
     for (std::size_t i = 0; i < recvs_.size(); ++i) {
-      if (wait_one(recvs_[i])) arrived_[i] = 1;
+      if (wait_request(recvs_[i], comm_, info_, first_error)) arrived_[i] = 1;
       if (first_error == MPI_SUCCESS) report_arrivals();
     }
-    for (auto& request : sends_) wait_one(request);
+    for (auto& request : sends_) wait_request(request, comm_, info_, first_error);
     check_mpi(first_error, "MPI_Wait of '" + info_.name + "'");
   }
 
@@ -73,11 +60,7 @@ class BlockExchangeTransport final : public detail::PendingTransport {
       int done = 0;
       if (MPI_Test(&recvs_[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done != 0) arrived_[i] = 1;
     }
-    for (auto& request : sends_) {
-      if (request == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    }
+    progress_requests(sends_);
     if (std::this_thread::get_id() != owner_ || kept_) return;
     try {
       report_arrivals();
@@ -87,42 +70,13 @@ class BlockExchangeTransport final : public detail::PendingTransport {
   }
 
   void complete_noexcept() noexcept override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    for (auto* requests : {&recvs_, &sends_}) {
-      for (auto& request : *requests) {
-        if (request == MPI_REQUEST_NULL) continue;
-        if (!finalized && !parked_) {
-          bool failed = false;
-          const int code = wait_watched(&request, comm_, info_, &failed);
-          if (failed) {
-            // The mesh is broken: this exchange may never complete. Its requests are parked here; the handle keeps
-            // what they use alive for good (parked()).
-            parked_ = true;
-          } else if (code != MPI_SUCCESS) {
-            std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info_.name.c_str());
-          }
-        }
-        if (parked_ && request != MPI_REQUEST_NULL) park(request, nullptr);
-        request = MPI_REQUEST_NULL;
-      }
-    }
+    complete_requests_noexcept(recvs_, comm_, info_, parked_);
+    complete_requests_noexcept(sends_, comm_, info_, parked_);
   }
 
   bool parked() const noexcept override { return parked_; }
 
  private:
-  bool test_sends() {
-    bool all = true;
-    for (auto& request : sends_) {
-      if (request == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test of '" + info_.name + "'");
-      all = all && done != 0;
-    }
-    return all;
-  }
-
   // Reports every arrived block not reported yet, in rank order (on the owner's thread only: test() and wait() run
   // there, progress() checks).
   void report_arrivals() {

@@ -129,14 +129,14 @@ int start_block_messages(const void* send, const BlocksInUnits& send_blocks, voi
   // the ranks do not all send to rank 0 at once.
   for (int k = 1; rc == MPI_SUCCESS && k < size; ++k) {
     const int i = (rank + size - k) % size;
-    const auto at = static_cast<char*>(recv) + recv_blocks.displacements[static_cast<std::size_t>(i)] *
-                                                   extent_of(recv_type);
+    const auto at =
+        static_cast<char*>(recv) + recv_blocks.displacements[static_cast<std::size_t>(i)] * extent_of(recv_type);
     rc = MPI_Irecv(at, recv_blocks.counts[static_cast<std::size_t>(i)], recv_type, i, tag, comm, &recvs[i]);
   }
   for (int k = 1; rc == MPI_SUCCESS && k < size; ++k) {
     const int j = (rank + k) % size;
-    const auto at = static_cast<const char*>(send) + send_blocks.displacements[static_cast<std::size_t>(j)] *
-                                                         extent_of(send_type);
+    const auto at =
+        static_cast<const char*>(send) + send_blocks.displacements[static_cast<std::size_t>(j)] * extent_of(send_type);
     rc = MPI_Isend(at, send_blocks.counts[static_cast<std::size_t>(j)], send_type, j, tag, comm, &sends[j]);
   }
   if (rc != MPI_SUCCESS) {

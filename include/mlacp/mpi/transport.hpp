@@ -101,8 +101,8 @@ struct Transport {
     const BlocksInUnits sent = in_units(request.uneven() ? request.send_blocks : even, name + " (send blocks)");
     const BlocksInUnits received = in_units(request.uneven() ? request.recv_blocks : even, name + " (receive blocks)");
     std::vector<MPI_Request> sends(P, MPI_REQUEST_NULL), recvs(P, MPI_REQUEST_NULL);
-    check_mpi(start_block_messages(request.send.data(), sent, request.recv.data(), received, datatype<T>(),
-                                   mesh.comm(), sends.data(), recvs.data()),
+    check_mpi(start_block_messages(request.send.data(), sent, request.recv.data(), received, datatype<T>(), mesh.comm(),
+                                   sends.data(), recvs.data()),
               name + ": MPI launch");
     return make_block_exchange_transport(std::move(sends), std::move(recvs), mesh.comm(), request.info,
                                          request.block_arrived);
