@@ -5,6 +5,7 @@
 #pragma once
 
 #include <mlacp/compat.hpp>
+#include <mlacp/detail/block_layout.hpp>
 #include <mlacp/detail/buffer_pool.hpp>
 #include <mlacp/progress.hpp>
 
@@ -73,30 +74,41 @@ class RunningBlockSum {
 
   void add(const int first, const int end) {
     const bool last = end == parts_;
+    if (first == 0 && last) {  // every block at once: the one-pass sum
+      sum_blocks(space_, received_, own_, self_, out_, n_, parts_, label_);
+      return;
+    }
     Acc* partial = partial_;
     if constexpr (std::is_same_v<Acc, T>) {
       partial = out_;
-    } else if (!last && partial == nullptr) {
+    } else if (partial == nullptr) {
       auto pooled = allocate_buffer<Acc, memory_space>(space_, label_ + " (float)", static_cast<std::size_t>(n_));
       partial_ = partial = pooled.view.data();
       partial_owner_ = pooled;
     }
+    // Written as sum_blocks is (no nested lambda, no per-value branch on the run's end), so that it runs as fast.
     const T* received = received_;
     const T* own = own_;
     T* out = out_;
     const int self = self_;
     const std::int64_t n = n_;
-    Kokkos::parallel_for(
-        label_, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space_, 0, n),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          const auto x = [&](int r) { return static_cast<Acc>(r == self ? own[i] : received[r * n + i]); };
-          Acc sum = first == 0 ? x(0) : partial[i];
-          for (int r = first == 0 ? 1 : first; r < end; ++r) sum += x(r);
-          if (last)
+    const int from = first == 0 ? 1 : first;
+    using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    if (last) {
+      Kokkos::parallel_for(
+          label_, policy(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+            Acc sum = partial[i];
+            for (int r = from; r < end; ++r) sum += static_cast<Acc>(r == self ? own[i] : received[r * n + i]);
             out[i] = static_cast<T>(sum);
-          else
+          });
+    } else {
+      Kokkos::parallel_for(
+          label_, policy(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+            Acc sum = first == 0 ? static_cast<Acc>(self == 0 ? own[i] : received[i]) : partial[i];
+            for (int r = from; r < end; ++r) sum += static_cast<Acc>(r == self ? own[i] : received[r * n + i]);
             partial[i] = sum;
-        });
+          });
+    }
   }
 
   ExecSpace space_;
