@@ -44,7 +44,8 @@ AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewT
     }
   }
   launch.extend_lifetime(received);
-  // The blocks are summed as they arrive, where the transport reports arrivals (block_arrived), and the rest at wait.
+  // The blocks are summed as the transport reports them (block_arrived: while this rank waits for later ones), the rest
+  // by finish.
   auto sum = std::make_shared<detail::RunningBlockSum<ExecSpace, T>>(
       space, received.view.data(), sent.buffer.data() + own_offset, me, result_buffer.data(),
       static_cast<std::int64_t>(count), parts, launch.name + " sum");
@@ -79,8 +80,9 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
 /// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
 /// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
 /// mesh's reduce_scatter_algorithm(): pairwise (default: one message per peer block, this rank's own not copied,
-/// and the P blocks summed in rank order, each as soon as it and those before it have arrived: in the mlacp::progress()
-/// calls of this thread's compute, test() or wait(); bit for bit the same sum whatever the order of arrival) or mpi
+/// and the P blocks summed in rank order: in wait(), the blocks that are in while another is still in flight, so that
+/// the sum proceeds while the rank waits, and the rest in one pass once all are in; bit for bit the same sum whatever
+/// the order of arrival) or mpi
 /// (MPI_Ireduce_scatter_block); over NCCL, ncclReduceScatter. bf16 is summed in float (pairwise: the blocks widened and
 /// added in rank order; NCCL: widened and reduced in ncclFloat32) and rounded once; MPI has no bf16 sum, so a bf16 View
 /// with the mpi algorithm raises InvalidArgument on every rank before anything is sent (at P == 1 too). As for

@@ -4,9 +4,7 @@
 #include <mlacp/mpi/communicator.hpp>
 #include <mlacp/mpi/request_transport.hpp>
 
-#include <exception>
 #include <string>
-#include <thread>
 #include <utility>
 
 namespace mlacp::mpi {
@@ -21,12 +19,10 @@ class BlockExchangeTransport final : public detail::PendingTransport {
         arrived_(recvs_.size(), 0),
         comm_(comm),
         info_(std::move(info)),
-        block_arrived_(std::move(block_arrived)),
-        owner_(std::this_thread::get_id()) {}
+        block_arrived_(std::move(block_arrived)) {}
   ~BlockExchangeTransport() override { complete_noexcept(); }
 
   bool test() override {
-    rethrow_kept();
     bool all = true;
     for (std::size_t i = 0; i < recvs_.size(); ++i) {
       if (recvs_[i] == MPI_REQUEST_NULL) continue;
@@ -35,38 +31,30 @@ class BlockExchangeTransport final : public detail::PendingTransport {
       if (done != 0) arrived_[i] = 1;
       all = all && done != 0;
     }
-    all = test_requests(sends_, info_) && all;
-    report_arrivals();
-    return all;
+    return test_requests(sends_, info_) && all;
   }
 
   void wait() override {
-    rethrow_kept();
-    report_arrivals();
-    // The receives in rank order, each block reported as soon as it is in: the sum of a prefix of blocks proceeds
-    // while the later ones still travel. A broken mesh leaves the requests active: the handle's destructor parks them.
+    // The receives in rank order. While some are still in flight, the blocks that are in are reported, so that their
+    // sum proceeds while this rank would otherwise only wait; once every block is in, none is reported here and the
+    // collective's finish sums the rest in one pass. A broken mesh leaves the requests active: the handle's destructor
+    // parks them.
     int first_error = MPI_SUCCESS;
+    if (!poll_receives()) report_arrivals();
     for (std::size_t i = 0; i < recvs_.size(); ++i) {
       if (wait_request(recvs_[i], comm_, info_, first_error)) arrived_[i] = 1;
-      if (first_error == MPI_SUCCESS) report_arrivals();
+      if (first_error == MPI_SUCCESS && !poll_receives()) report_arrivals();
     }
     for (auto& request : sends_) wait_request(request, comm_, info_, first_error);
     check_mpi(first_error, "MPI_Wait of '" + info_.name + "'");
   }
 
+  // Only tests: a block summed here would take its time from the compute that hides the transfer, and a run summed
+  // before the last block adds a memory pass, so that on a CPU whose one thread both computes and sums, summing during
+  // compute only costs. The arrivals seen here are reported by wait().
   void progress() noexcept override {
-    for (std::size_t i = 0; i < recvs_.size(); ++i) {
-      if (recvs_[i] == MPI_REQUEST_NULL) continue;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
-      int done = 0;
-      if (MPI_Test(&recvs_[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done != 0) arrived_[i] = 1;
-    }
+    poll_receives();
     progress_requests(sends_);
-    if (std::this_thread::get_id() != owner_ || kept_) return;
-    try {
-      report_arrivals();
-    } catch (...) {
-      kept_ = std::current_exception();
-    }
   }
 
   void complete_noexcept() noexcept override {
@@ -77,8 +65,20 @@ class BlockExchangeTransport final : public detail::PendingTransport {
   bool parked() const noexcept override { return parked_; }
 
  private:
-  // Reports every arrived block not reported yet, in rank order (on the owner's thread only: test() and wait() run
-  // there, progress() checks).
+  // Tests the receives still in flight (errors are left to wait(), which waits for each); true when all are in.
+  bool poll_receives() noexcept {
+    bool all = true;
+    for (std::size_t i = 0; i < recvs_.size(); ++i) {
+      if (recvs_[i] == MPI_REQUEST_NULL) continue;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
+      int done = 0;
+      if (MPI_Test(&recvs_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      if (done != 0) arrived_[i] = 1;
+      all = all && done != 0;
+    }
+    return all;
+  }
+
+  // Reports every arrived block not reported yet, in rank order.
   void report_arrivals() {
     for (std::size_t i = 0; i < arrived_.size(); ++i) {
       if (arrived_[i] != 1) continue;
@@ -87,18 +87,12 @@ class BlockExchangeTransport final : public detail::PendingTransport {
     }
   }
 
-  void rethrow_kept() {
-    if (kept_) std::rethrow_exception(std::exchange(kept_, nullptr));
-  }
-
   std::vector<MPI_Request> sends_;
   std::vector<MPI_Request> recvs_;
   std::vector<char> arrived_;  // per peer: 0 in flight, 1 arrived, 2 reported
   MPI_Comm comm_;
   CollectiveInfo info_;
   std::function<void(int)> block_arrived_;
-  std::thread::id owner_;
-  std::exception_ptr kept_;
   bool parked_ = false;
 };
 

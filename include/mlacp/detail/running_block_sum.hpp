@@ -44,28 +44,29 @@ class RunningBlockSum {
         label_(std::move(label)),
         arrived_(static_cast<std::size_t>(parts), 0) {}
 
-  /// Peer `peer`'s block has arrived (before the collective's wait): adds the run it completes, if any.
+  /// Peer `peer`'s block has arrived while others are still in flight: adds the run it completes, if that run adds at
+  /// least one block to another (block 0 alone would only be copied: it waits for block 1).
   void arrived(int peer) {
     arrived_[static_cast<std::size_t>(peer)] = 1;
-    const int added = advance();
+    const int added = advance(/*at_least=*/next_ == 0 ? 2 : 1);
     if (added > 0) count_blocks_summed_on_arrival(static_cast<std::size_t>(added));
   }
 
   /// Every block has arrived (the collective's wait): adds the blocks not added yet, in one run.
   void complete() {
     for (auto& a : arrived_) a = 1;
-    advance();
+    advance(1);
   }
 
   /// The first block not added yet (parts once the sum is complete).
   int next() const noexcept { return next_; }
 
  private:
-  // Adds the run that starts at next_, if its first block is in; returns its length.
-  int advance() {
+  // Adds the run that starts at next_ if it has at least `at_least` blocks in; returns its length.
+  int advance(const int at_least) {
     int end = next_;
     while (end < parts_ && (end == self_ || arrived_[static_cast<std::size_t>(end)] != 0)) ++end;
-    if (end == next_) return 0;
+    if (end - next_ < at_least) return 0;
     add(next_, end);
     const int added = end - next_;
     next_ = end;

@@ -15,12 +15,11 @@
 namespace mlacp::mpi {
 
 /// Owns the per-peer requests of start_block_messages on `comm` (`sends` and `recvs`, comm-size each, this rank's own
-/// MPI_REQUEST_NULL). `block_arrived(i)` is called once per peer i, once its block has arrived, in the order the
-/// arrivals are seen: by test() and wait() (which waits for the receives in rank order), and by progress() when
-/// mlacp::progress() runs on the thread that created the transport (the one that launched the collective: the
-/// callback launches kernels on its execution-space instance). An arrival seen by another thread's progress() is
-/// reported at the next call on that thread. An exception of the callback in progress() is kept and raised by the next
-/// test() or wait(). Failures, the watchdog and parking as make_request_transport.
+/// MPI_REQUEST_NULL). `block_arrived(i)` is called at most once per peer i, in rank order of the arrivals seen, by
+/// wait() only and only while another block is still in flight: wait() waits for the receives in rank order and, after
+/// each, reports the blocks that are in if one is not. A block not reported is left to the collective's finish.
+/// test() and progress() only test (a sum during the compute that hides the transfer would take the compute's time).
+/// Failures, the watchdog and parking as make_request_transport.
 std::unique_ptr<detail::PendingTransport> make_block_exchange_transport(std::vector<MPI_Request> sends,
                                                                         std::vector<MPI_Request> recvs, MPI_Comm comm,
                                                                         CollectiveInfo info,
