@@ -229,7 +229,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> rs_lines;
   {
     Region region("reduce-scatter algorithms");
-    const int rows = o.quick ? 1024 : 8192, C = 128;
+    const int rows = (o.quick ? 1024 : 8192) / P * P, C = 128;  // the scattered rows divisible by P
     Tensor3 view("reduce-scatter in", 1, rows, C);
     mlacp::testing::synthetic::fill(view, 52, 1.0);
     const std::size_t total = view.size(), count = total / static_cast<std::size_t>(P);
