@@ -19,6 +19,33 @@
 
 namespace mlacp::detail {
 
+/// The run of blocks [first, end) (first < end, not the whole sum) added on `space`: block r is `own` for r == self,
+/// else received + r * n. The partial sum is `partial` (read unless first == 0); the run's end is written to `partial`
+/// (accumulation type), or, for the last run (`last`), rounded to `out`. Written as sum_blocks is (no nested lambda, no
+/// per-value branch on the run's end), so that it runs as fast; a free function, since CUDA's extended lambdas may not
+/// be defined in a private member.
+template <class ExecSpace, class T, class Acc>
+void add_block_run(const ExecSpace& space, const T* received, const T* own, const int self, Acc* partial, T* out,
+                   const std::int64_t n, const int first, const int end, const bool last, const std::string& label) {
+  const int from = first == 0 ? 1 : first;
+  using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  if (last) {
+    Kokkos::parallel_for(
+        label, policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+          Acc sum = partial[i];
+          for (int r = from; r < end; ++r) sum += static_cast<Acc>(r == self ? own[i] : received[r * n + i]);
+          out[i] = static_cast<T>(sum);
+        });
+  } else {
+    Kokkos::parallel_for(
+        label, policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+          Acc sum = first == 0 ? static_cast<Acc>(self == 0 ? own[i] : received[i]) : partial[i];
+          for (int r = from; r < end; ++r) sum += static_cast<Acc>(r == self ? own[i] : received[r * n + i]);
+          partial[i] = sum;
+        });
+  }
+}
+
 /// out = the sum in rank order of P blocks of n values: block r is `own` for r == self, else received + r * n. The
 /// blocks are added in runs: a run starts at the first block not yet added and takes every block after it that has
 /// arrived (this rank's own always has), one kernel on `space` per run, so that the blocks that arrive in rank order
@@ -87,29 +114,7 @@ class RunningBlockSum {
       partial_ = partial = pooled.view.data();
       partial_owner_ = pooled;
     }
-    // Written as sum_blocks is (no nested lambda, no per-value branch on the run's end), so that it runs as fast.
-    const T* received = received_;
-    const T* own = own_;
-    T* out = out_;
-    const int self = self_;
-    const std::int64_t n = n_;
-    const int from = first == 0 ? 1 : first;
-    using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-    if (last) {
-      Kokkos::parallel_for(
-          label_, policy(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
-            Acc sum = partial[i];
-            for (int r = from; r < end; ++r) sum += static_cast<Acc>(r == self ? own[i] : received[r * n + i]);
-            out[i] = static_cast<T>(sum);
-          });
-    } else {
-      Kokkos::parallel_for(
-          label_, policy(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
-            Acc sum = first == 0 ? static_cast<Acc>(self == 0 ? own[i] : received[i]) : partial[i];
-            for (int r = from; r < end; ++r) sum += static_cast<Acc>(r == self ? own[i] : received[r * n + i]);
-            partial[i] = sum;
-          });
-    }
+    add_block_run(space_, received_, own_, self_, partial, out_, n_, first, end, last, label_);
   }
 
   ExecSpace space_;
