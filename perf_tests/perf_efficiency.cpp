@@ -9,7 +9,8 @@
 //     MPI_Alltoall of pre-packed contiguous buffers of the same bytes. Efficiency = T_raw / T_library (target >= 0.85).
 //     The library's time is also split into launch (allocation, pack, MPI start) and wait (transfer, unpack).
 //   Reduce-scatter: launch_reduce_scatter + wait along the tokens of [1, S, C] with the mesh's two algorithms
-//     (pairwise: MPI_Ialltoall + rank-ordered sum, the default; mpi: MPI_Ireduce_scatter_block) against a raw
+//     (pairwise: one message per peer, summed in rank order as they arrive, the default; mpi:
+//     MPI_Ireduce_scatter_block) against a raw
 //     MPI_Reduce_scatter_block of the same buffer.
 //   Transfer CPU cost: what an 8 MiB-per-rank all-to-all costs the CPUs while nobody computes: launched, then
 //     tested every 1 ms (sleeping in between, as often as the panelled GEMMs poll) until done, many times back to
@@ -228,7 +229,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> rs_lines;
   {
     Region region("reduce-scatter algorithms");
-    const int rows = o.quick ? 1024 : 8192, C = 128;
+    const int rows = (o.quick ? 1024 : 8192) / P * P, C = 128;  // the scattered rows divisible by P
     Tensor3 view("reduce-scatter in", 1, rows, C);
     mlacp::testing::synthetic::fill(view, 52, 1.0);
     const std::size_t total = view.size(), count = total / static_cast<std::size_t>(P);

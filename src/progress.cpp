@@ -15,6 +15,7 @@ struct Registry {
   std::vector<detail::PendingTransport*> pending;
   std::atomic<std::size_t> count{0};
   std::atomic<std::size_t> calls{0};
+  std::atomic<std::size_t> blocks_summed{0};
 };
 
 Registry& registry() {
@@ -39,6 +40,12 @@ void unregister_pending(PendingTransport* transport) noexcept {
   r.pending.erase(std::remove(r.pending.begin(), r.pending.end(), transport), r.pending.end());
   r.count.store(r.pending.size(), std::memory_order_relaxed);
 }
+
+void count_blocks_summed_on_arrival(std::size_t blocks) noexcept {
+  registry().blocks_summed.fetch_add(blocks, std::memory_order_relaxed);
+}
+
+std::size_t blocks_summed_on_arrival() noexcept { return registry().blocks_summed.load(std::memory_order_relaxed); }
 
 bool test_pending(PendingTransport* transport) {
   std::lock_guard<std::mutex> lock(registry().mutex);

@@ -3,6 +3,10 @@
 // algorithms and their configuration.
 #include "collective_test_helpers.hpp"
 
+#include <chrono>
+#include <optional>
+#include <thread>
+
 namespace {
 
 using namespace mlacp::test::collectives;
@@ -209,6 +213,97 @@ TEST(Bf16Collectives, MpiReduceScatterAlgorithmIsRefusedForBf16OnEveryRank) {
   mlacp::Mesh pairwise(MPI_COMM_WORLD);
   EXPECT_EQ(bits_of(to_host(mlacp::launch_reduce_scatter(space, x, 1, pairwise).wait())),
             std::vector<std::uint16_t>(x.size() / static_cast<std::size_t>(p), bits_of({mlacp::bf16(float(p))})[0]));
+}
+
+}  // namespace
+
+namespace {
+
+// ---- The pairwise sum as the blocks arrive (RunningBlockSum): in rank order, bit for bit, whatever the order. ----
+
+// Rank r's input value at flat index i: magnitudes that differ by rank, so that another order of the sum would round
+// differently.
+template <class T>
+T running_sum_input(int r, std::int64_t i) {
+  const double v = std::sin(1.0 + 0.37 * static_cast<double>(i) + 31.0 * r) * std::pow(10.0, r % 3);
+  if constexpr (std::is_same_v<T, mlacp::bf16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// Every rank but `late` launches a reduce-scatter of `e` along dim 1 (evenly, or by `part`), polls mlacp::progress()
+// (which sums nothing) and waits, while rank `late` launches a while after them: in its wait, a rank sums the blocks of
+// ranks 0 .. late - 1 while the late block travels, when they are a run of at least two (block 0 alone is not copied
+// ahead), so at P = 2 nothing is summed ahead. Rank `late`'s receives are in when it waits: it sums in one pass. The
+// result is the sum in rank order, bit for bit.
+template <class T>
+void check_running_sum(const mlacp::Mesh& mesh, const Extents& e, const mlacp::Partition* part, int late) {
+  using Acc = std::conditional_t<std::is_same_v<T, mlacp::bf16>, float, T>;
+  const int me = mesh.rank();
+  const int p = mesh.size();
+  std::vector<T> values(static_cast<std::size_t>(product(e)));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = running_sum_input<T>(me, static_cast<std::int64_t>(i));
+  auto x = make_view<T, 3>(e, values);
+  const auto space = Kokkos::DefaultExecutionSpace();
+  const auto launch = [&] {
+    return part != nullptr ? mlacp::launch_reduce_scatter(space, x, 1, *part, mesh, "running rs")
+                           : mlacp::launch_reduce_scatter(space, x, 1, mesh, "running rs");
+  };
+  const std::string where = std::string(part != nullptr ? "partition " + part->str() : "even") + ", late rank " +
+                            std::to_string(late) + ", rank " + std::to_string(me);
+  const std::size_t before = mlacp::detail::blocks_summed_on_arrival();
+  std::optional<decltype(launch())> handle;
+  if (me != late) {
+    handle.emplace(launch());
+    for (int i = 0; i < 100; ++i) mlacp::progress();
+    EXPECT_EQ(mlacp::detail::blocks_summed_on_arrival() - before, 0U) << where << ": summed in progress()";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me == late) {
+    // Long enough for the others to reach their waits and see the early blocks in (an oversubscribed rank may sleep a
+    // time slice or a few), when there is a run of them to sum.
+    if (late >= 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    handle.emplace(launch());
+  }
+  const auto result = to_host(handle->wait());
+  if (me != late) {
+    const auto expected = static_cast<std::size_t>(late >= 2 ? late : 0);
+    EXPECT_EQ(mlacp::detail::blocks_summed_on_arrival() - before, expected) << where << ": summed ahead in wait()";
+  }
+  Extents re = e;
+  re[1] = part != nullptr ? part->count(me) : e[1] / p;
+  const std::int64_t offset = part != nullptr ? part->offset(me) : me * re[1];
+  std::vector<T> expected(static_cast<std::size_t>(product(re)));
+  for (std::int64_t k = 0; k < product(re); ++k) {
+    Extents idx = unravel(k, re);
+    idx[1] += offset;
+    const std::int64_t i = ravel(idx, e);
+    Acc sum = static_cast<Acc>(running_sum_input<T>(0, i));
+    for (int r = 1; r < p; ++r) sum += static_cast<Acc>(running_sum_input<T>(r, i));
+    expected[static_cast<std::size_t>(k)] = static_cast<T>(sum);
+  }
+  EXPECT_EQ(exact(result), exact(expected)) << where;
+}
+
+template <class T>
+class RunningSum : public ::testing::Test {};
+using SummedTypes = ::testing::Types<float, double, mlacp::bf16>;
+TYPED_TEST_SUITE(RunningSum, SummedTypes);
+
+// Unchecked: a checked launch agrees with every rank first, which the late rank has not reached.
+TYPED_TEST(RunningSum, BlocksAreSummedAsTheyArriveInRankOrderBitForBit) {
+  const int p = mlacp::test::world_size();
+  if (p < 2) GTEST_SKIP() << "one rank: nothing is exchanged";
+  mlacp::Mesh mesh(MPI_COMM_WORLD);
+  mesh.set_checked(false);
+  const auto part = uneven_partitions(p)[2];
+  for (const int late : {0, p / 2, p - 1}) {
+    check_running_sum<TypeParam>(mesh, {2, 3 * p, 5}, nullptr, late);
+    check_running_sum<TypeParam>(mesh, {1, 4 * p, 3}, nullptr, late);  // sent in place
+    check_running_sum<TypeParam>(mesh, {2, part.total(), 3}, &part, late);
+  }
 }
 
 }  // namespace

@@ -18,6 +18,11 @@ void unregister_pending(PendingTransport* transport) noexcept;
 /// transport->test() under the registry's lock, so that it never runs at the same time as progress() on the same
 /// request (MPI_Test on one request from two threads at once is erroneous even with MPI_THREAD_MULTIPLE).
 bool test_pending(PendingTransport* transport);
+/// Counts `blocks` that a running sum (running_block_sum.hpp) added before its collective's wait.
+void count_blocks_summed_on_arrival(std::size_t blocks) noexcept;
+/// Blocks (this rank's own included) that the running sums of this process's reduce-scatters added before their
+/// collective's wait, since the start: what a test or a report reads to see the sum overlap the exchange.
+std::size_t blocks_summed_on_arrival() noexcept;
 }  // namespace detail
 
 /// Tests every pending collective once (MPI_Test), which lets the MPI library progress them. Cheap when none is

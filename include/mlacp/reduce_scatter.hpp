@@ -3,9 +3,11 @@
 #pragma once
 
 #include <mlacp/detail/launch.hpp>
+#include <mlacp/detail/running_block_sum.hpp>
 #include <mlacp/wire/coded_collective.hpp>
 
 #include <cstddef>
+#include <memory>
 
 namespace mlacp {
 
@@ -13,9 +15,9 @@ namespace detail {
 /// What the even and uneven reduce-scatter share once their send side is described (launch.send's blocks: launch.count
 /// even, launch.send_blocks uneven): the transport reads `sent`, and `view` when sent in place; the result (`count`
 /// values, LayoutRight and contiguous) is written directly by the backend's own reduce-scatter or, pairwise, by the
-/// sum at wait() of the blocks exchanged. Pairwise, rank i's block for this rank arrives at i * count (the same
-/// `count` on every rank), and this rank's own block, at `own_offset` in the send buffer, is neither sent nor copied:
-/// the sum reads it where it is sent from.
+/// sum of the blocks exchanged, in rank order, each run of them added as it arrives (RunningBlockSum). Pairwise, rank
+/// i's block for this rank arrives at i * count (the same `count` on every rank), and this rank's own block, at
+/// `own_offset` in the send buffer, is neither sent nor copied: the sum reads it where it is sent from.
 template <class ExecSpace, class ViewType, class T, class MemSpace, class Result>
 AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewType& view, const Mesh& mesh,
                                              CollectiveLaunch<T, MemSpace, Result>&& launch,
@@ -42,12 +44,13 @@ AsyncCollective<Result> reduce_scatter_start(const ExecSpace& space, const ViewT
     }
   }
   launch.extend_lifetime(received);
-  const T* own = sent.buffer.data() + own_offset;
-  const T* blocks = received.view.data();
-  T* out = result_buffer.data();
-  launch.finish = [space, blocks, own, me, out, count, parts, name = launch.name]() {
-    detail::sum_blocks(space, blocks, own, me, out, static_cast<std::int64_t>(count), parts, name + " sum");
-  };
+  // The blocks are summed as the transport reports them (block_arrived: while this rank waits for later ones), the rest
+  // by finish.
+  auto sum = std::make_shared<detail::RunningBlockSum<ExecSpace, T>>(
+      space, received.view.data(), sent.buffer.data() + own_offset, me, result_buffer.data(),
+      static_cast<std::int64_t>(count), parts, launch.name + " sum");
+  launch.block_arrived = [sum](int peer) { sum->arrived(peer); };
+  launch.finish = [sum]() { sum->complete(); };
   return detail::start(space, mesh, std::move(launch));
 }
 
@@ -76,14 +79,16 @@ AsyncCollective<collective_result_t<ViewType>> reduce_scatter_even(const ExecSpa
 
 /// Launches a SUM reduce-scatter along `dim`: the ranks' Views are summed and rank r receives block r of the sum,
 /// extent(dim) / P wide. It is the adjoint of launch_all_gather along the same `dim`. Over MPI the algorithm is the
-/// mesh's reduce_scatter_algorithm(): pairwise (default: the blocks exchanged with MPI_Ialltoallv, this rank's own
-/// not copied, then the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter_block); over NCCL,
-/// ncclReduceScatter. bf16 is summed in float (pairwise: the blocks widened and added in rank order; NCCL: widened
-/// and reduced in ncclFloat32) and rounded once; MPI has no bf16 sum, so a bf16 View with the mpi algorithm raises
-/// InvalidArgument on every rank before anything is sent (at P == 1 too). As for launch_all_to_all, `view` must not be
-/// written until wait() (where its blocks are contiguous MPI reads it directly). Requirements and errors as
-/// launch_all_to_all (extent(dim) must be divisible by P). P == 1 returns `view`. `into`: an optional destination of
-/// the result's shape, as for launch_all_to_all.
+/// mesh's reduce_scatter_algorithm(): pairwise (default: one message per peer block, this rank's own not copied,
+/// and the P blocks summed in rank order: in wait(), the blocks that are in while another is still in flight, so that
+/// the sum proceeds while the rank waits, and the rest in one pass once all are in; bit for bit the same sum whatever
+/// the order of arrival) or mpi
+/// (MPI_Ireduce_scatter_block); over NCCL, ncclReduceScatter. bf16 is summed in float (pairwise: the blocks widened and
+/// added in rank order; NCCL: widened and reduced in ncclFloat32) and rounded once; MPI has no bf16 sum, so a bf16 View
+/// with the mpi algorithm raises InvalidArgument on every rank before anything is sent (at P == 1 too). As for
+/// launch_all_to_all, `view` must not be written until wait() (where its blocks are contiguous MPI reads it directly).
+/// Requirements and errors as launch_all_to_all (extent(dim) must be divisible by P). P == 1 returns `view`. `into`: an
+/// optional destination of the result's shape, as for launch_all_to_all.
 template <class ExecSpace, class ViewType>
 AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecSpace& space, const ViewType& view,
                                                                      int dim, const Mesh& mesh,
@@ -100,8 +105,8 @@ AsyncCollective<collective_result_t<ViewType>> launch_reduce_scatter(const ExecS
 /// The uneven SUM reduce-scatter: every rank passes view.extent(dim) == part.total(); the ranks' Views are summed and
 /// rank r receives rows part.offset(r) .. part.offset(r) + part.count(r) - 1 of the sum (extent(dim) =
 /// part.count(r), possibly 0). It is the adjoint of the uneven launch_all_gather with the same partition. Over MPI
-/// the mesh's reduce_scatter_algorithm(): pairwise (MPI_Ialltoallv of the blocks, this rank's own not copied, then
-/// the P blocks summed in rank order at wait()) or mpi (MPI_Ireduce_scatter with the partition's counts); over NCCL,
+/// the mesh's reduce_scatter_algorithm(): pairwise (one message per peer block, this rank's own not copied, the P
+/// blocks summed in rank order as they arrive) or mpi (MPI_Ireduce_scatter with the partition's counts); over NCCL,
 /// one ncclReduce per root in a group. Nothing is padded. The partition needs mesh.size() parts and must be the
 /// same on every rank; the errors of launch_all_to_all's uneven form apply. A uniform partition takes the even path.
 /// P == 1 returns `view`; `into` as for launch_all_to_all; bf16 as for the even form.

@@ -46,11 +46,11 @@ void check_send_recv_view(const View& view, const char* which, const std::string
 /// CommunicationError naming the exchange (on a communicator whose error handler returns errors; MPI's default
 /// handler aborts). Two exchanges between the same pair may be in flight at once with different tags. Errors raised
 /// at launch, before anything is posted (InvalidArgument naming the value and what was expected): dest or source
-/// outside [0, P), a non-contiguous View, send and recv overlapping, a negative tag (or one above MPI_TAG_UB), a View
-/// of more than INT_MAX values; a broken mesh raises CommunicationError; a second host thread launching while another
-/// is inside mlacp on the communicator raises UsageError (as the collectives). Registered as pending
-/// (mlacp::progress()), recorded by the event recorder, counted by collective_bytes().send_recv (the bytes of `send`),
-/// waited once; an unwaited handle completes at destruction.
+/// outside [0, P), a non-contiguous View, send and recv overlapping, a negative tag (or one of MPI_TAG_UB or above:
+/// MPI_TAG_UB is the pairwise reduce-scatter's), a View of more than INT_MAX values; a broken mesh raises
+/// CommunicationError; a second host thread launching while another is inside mlacp on the communicator raises
+/// UsageError (as the collectives). Registered as pending (mlacp::progress()), recorded by the event recorder, counted
+/// by collective_bytes().send_recv (the bytes of `send`), waited once; an unwaited handle completes at destruction.
 template <class ExecSpace, class SendView, class RecvView>
 AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendView& send, int dest, const RecvView& recv,
                                            int source, const Mesh& mesh, const std::string& name = "send_recv",
@@ -81,9 +81,10 @@ AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendVie
   if (source < 0 || source >= size)
     throw InvalidArgument(where + "source is " + std::to_string(source) + "; expected a rank in [0, " +
                           std::to_string(size) + ")");
-  if (tag < 0 || tag > mpi::tag_upper_bound())
+  if (tag < 0 || tag >= mpi::block_message_tag())
     throw InvalidArgument(where + "tag is " + std::to_string(tag) + "; expected a tag in [0, " +
-                          std::to_string(mpi::tag_upper_bound()) + "] (MPI_TAG_UB)");
+                          std::to_string(mpi::block_message_tag() - 1) +
+                          "] (MPI_TAG_UB - 1: MPI_TAG_UB itself tags mlacp's reduce-scatter blocks)");
   detail::check_send_recv_view(send, "send", name);
   detail::check_send_recv_view(recv, "recv", name);
   const auto address = [](const auto* p) { return reinterpret_cast<std::uintptr_t>(p); };
@@ -123,6 +124,7 @@ AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendVie
                                                 detail::Vector<T, MemSpace>(recv.data(), recv.size()),
                                                 0,
                                                 std::move(info),
+                                                {},
                                                 {},
                                                 {}};
   request.dest = dest;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 #include <mlacp/error.hpp>
 #include <mlacp/mpi/collectives.hpp>
+#include <mlacp/mpi/communicator.hpp>
 
 #include <climits>
 #include <cstddef>
@@ -99,6 +100,55 @@ int start_all_to_all_v(const void* send, const BlocksInUnits& send_blocks, void*
     rc = MPI_Ialltoallv(send, send_blocks.counts.data(), send_blocks.displacements.data(), send_type, recv,
                         recv_blocks.counts.data(), recv_blocks.displacements.data(), recv_type, comm, request);
   // Freed once the pending exchange no longer needs them.
+  if (send_type != MPI_DATATYPE_NULL) MPI_Type_free(&send_type);
+  if (recv_type != MPI_DATATYPE_NULL) MPI_Type_free(&recv_type);
+  return rc;
+}
+
+int block_message_tag() noexcept { return tag_upper_bound(); }
+
+int start_block_messages(const void* send, const BlocksInUnits& send_blocks, void* recv,
+                         const BlocksInUnits& recv_blocks, MPI_Datatype type, MPI_Comm comm, MPI_Request* sends,
+                         MPI_Request* recvs) {
+  int rank = 0;
+  int size = 0;
+  int rc = MPI_Comm_rank(comm, &rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
+  if (rc != MPI_SUCCESS) return rc;
+  for (int r = 0; r < size; ++r) sends[r] = recvs[r] = MPI_REQUEST_NULL;
+  MPI_Datatype send_type = contiguous(send_blocks.unit, type, rc);
+  MPI_Datatype recv_type = MPI_DATATYPE_NULL;
+  if (rc == MPI_SUCCESS) recv_type = contiguous(recv_blocks.unit, type, rc);
+  const int tag = block_message_tag();
+  const auto extent_of = [](MPI_Datatype t) {
+    MPI_Aint lower = 0, extent = 0;
+    MPI_Type_get_extent(t, &lower, &extent);
+    return extent;
+  };
+  // The receives first, so that every message finds its receive posted; then the sends, the next rank first, so that
+  // the ranks do not all send to rank 0 at once.
+  for (int k = 1; rc == MPI_SUCCESS && k < size; ++k) {
+    const int i = (rank + size - k) % size;
+    const auto at =
+        static_cast<char*>(recv) + recv_blocks.displacements[static_cast<std::size_t>(i)] * extent_of(recv_type);
+    rc = MPI_Irecv(at, recv_blocks.counts[static_cast<std::size_t>(i)], recv_type, i, tag, comm, &recvs[i]);
+  }
+  for (int k = 1; rc == MPI_SUCCESS && k < size; ++k) {
+    const int j = (rank + k) % size;
+    const auto at =
+        static_cast<const char*>(send) + send_blocks.displacements[static_cast<std::size_t>(j)] * extent_of(send_type);
+    rc = MPI_Isend(at, send_blocks.counts[static_cast<std::size_t>(j)], send_type, j, tag, comm, &sends[j]);
+  }
+  if (rc != MPI_SUCCESS) {
+    for (int r = 0; r < size; ++r) {
+      if (recvs[r] != MPI_REQUEST_NULL) {
+        MPI_Cancel(&recvs[r]);
+        MPI_Request_free(&recvs[r]);
+      }
+      if (sends[r] != MPI_REQUEST_NULL) MPI_Request_free(&sends[r]);
+    }
+  }
+  // Freed once the pending messages no longer need them.
   if (send_type != MPI_DATATYPE_NULL) MPI_Type_free(&send_type);
   if (recv_type != MPI_DATATYPE_NULL) MPI_Type_free(&recv_type);
   return rc;

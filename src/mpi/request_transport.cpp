@@ -20,62 +20,19 @@ class RequestTransport final : public detail::PendingTransport {
       : requests_(std::move(requests)), comm_(comm), info_(std::move(info)) {}
   ~RequestTransport() override { complete_noexcept(); }
 
-  bool test() override {
-    bool all = true;
-    for (auto& request : requests_) {
-      if (request == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test of '" + info_.name + "'");
-      all = all && done != 0;
-    }
-    return all;
-  }
+  bool test() override { return test_requests(requests_, info_); }
 
   void wait() override {
     // With the watchdog on or off, MPI's error code reaches the caller. A broken mesh leaves the requests active: the
     // handle's destructor parks them (complete_noexcept).
     int first_error = MPI_SUCCESS;
-    for (auto& request : requests_) {
-      if (request == MPI_REQUEST_NULL) continue;
-      bool failed = false;
-      const int code = wait_watched(&request, comm_, info_, &failed);
-      if (failed) throw_if_failed(comm_, "mlacp: wait of '" + info_.name + "'");
-      if (code != MPI_SUCCESS) {
-        if (first_error == MPI_SUCCESS) first_error = code;
-        request = MPI_REQUEST_NULL;  // a failed request is complete; MPI may have freed it already
-      }
-    }
+    for (auto& request : requests_) wait_request(request, comm_, info_, first_error);
     check_mpi(first_error, "MPI_Wait of '" + info_.name + "'");
   }
 
-  void progress() noexcept override {
-    for (auto& request : requests_) {
-      if (request == MPI_REQUEST_NULL) continue;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
-      int done = 0;
-      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    }
-  }
+  void progress() noexcept override { progress_requests(requests_); }
 
-  void complete_noexcept() noexcept override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    for (auto& request : requests_) {
-      if (request == MPI_REQUEST_NULL) continue;
-      if (!finalized && !parked_) {
-        bool failed = false;
-        const int code = wait_watched(&request, comm_, info_, &failed);
-        if (failed) {
-          // The mesh is broken: this operation may never complete. The requests are parked here; the handle keeps
-          // what they use alive for good (parked()).
-          parked_ = true;
-        } else if (code != MPI_SUCCESS) {
-          std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info_.name.c_str());
-        }
-      }
-      if (parked_ && request != MPI_REQUEST_NULL) park(request, nullptr);
-      request = MPI_REQUEST_NULL;
-    }
-  }
+  void complete_noexcept() noexcept override { complete_requests_noexcept(requests_, comm_, info_, parked_); }
 
   bool parked() const noexcept override { return parked_; }
 
@@ -87,6 +44,60 @@ class RequestTransport final : public detail::PendingTransport {
 };
 
 }  // namespace
+
+bool test_requests(std::vector<MPI_Request>& requests, const CollectiveInfo& info) {
+  bool all = true;
+  for (auto& request : requests) {
+    if (request == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test of '" + info.name + "'");
+    all = all && done != 0;
+  }
+  return all;
+}
+
+void progress_requests(std::vector<MPI_Request>& requests) noexcept {
+  for (auto& request : requests) {
+    if (request == MPI_REQUEST_NULL) continue;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
+    int done = 0;
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+  }
+}
+
+bool wait_request(MPI_Request& request, MPI_Comm comm, const CollectiveInfo& info, int& first_error) {
+  if (request == MPI_REQUEST_NULL) return false;
+  bool failed = false;
+  const int code = wait_watched(&request, comm, info, &failed);
+  if (failed) throw_if_failed(comm, "mlacp: wait of '" + info.name + "'");
+  if (code != MPI_SUCCESS) {
+    if (first_error == MPI_SUCCESS) first_error = code;
+    request = MPI_REQUEST_NULL;  // a failed request is complete; MPI may have freed it already
+    return false;
+  }
+  return true;
+}
+
+void complete_requests_noexcept(std::vector<MPI_Request>& requests, MPI_Comm comm, const CollectiveInfo& info,
+                                bool& parked) noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  for (auto& request : requests) {
+    if (request == MPI_REQUEST_NULL) continue;
+    if (!finalized && !parked) {
+      bool failed = false;
+      const int code = wait_watched(&request, comm, info, &failed);
+      if (failed) {
+        // The mesh is broken: this operation may never complete. The requests are parked here; the handle keeps
+        // what they use alive for good (parked()).
+        parked = true;
+      } else if (code != MPI_SUCCESS) {
+        std::fprintf(stderr, "mlacp: completing the unwaited collective '%s' failed\n", info.name.c_str());
+      }
+    }
+    if (parked && request != MPI_REQUEST_NULL) park(request, nullptr);
+    request = MPI_REQUEST_NULL;
+  }
+}
 
 int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info, bool* mesh_failed) noexcept {
   const double timeout = wait_timeout();

@@ -195,6 +195,12 @@ TEST(SendRecv, RefusesBadPeersTagsAndNonContiguousViewsBeforePostingAnything) {
   EXPECT_TRUE(contains(what, "launch_send_recv 'bad': source is -1" + range)) << what;
   what = invalid_argument_of([&] { mlacp::launch_send_recv(Space(), send, me, recv, me, mesh, "bad", -3); });
   EXPECT_TRUE(contains(what, "launch_send_recv 'bad': tag is -3; expected a tag in [0, ")) << what;
+  // MPI_TAG_UB tags the pairwise reduce-scatter's block messages on the mesh's communicator: a user's is refused.
+  const int reserved = mlacp::mpi::block_message_tag();
+  what = invalid_argument_of([&] { mlacp::launch_send_recv(Space(), send, me, recv, me, mesh, "bad", reserved); });
+  EXPECT_TRUE(contains(what, "tag is " + std::to_string(reserved) + "; expected a tag in [0, " +
+                                 std::to_string(reserved - 1) + "] (MPI_TAG_UB - 1"))
+      << what;
   Kokkos::View<float***> cube("cube", 2, 3, 4);
   auto strided = Kokkos::subview(cube, Kokkos::ALL, 1, Kokkos::ALL);
   Kokkos::View<float**> plane("plane", 2, 4);

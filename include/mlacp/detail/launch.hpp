@@ -224,6 +224,9 @@ struct CollectiveLaunch {
   /// Runs at wait() once the data arrived, on the launch's instance: the unpack or the block sum into `result`; may
   /// be empty (received in place).
   std::function<void()> finish;
+  /// exchange_blocks, optional: consumes peer i's block as soon as it has arrived (TransportRequest::block_arrived);
+  /// `finish` then consumes whatever it has not.
+  std::function<void(int)> block_arrived;
   /// What the transport reads or writes and nobody else owns: the input when sent in place, pooled buffers.
   std::vector<std::any> lifetimes;
 
@@ -245,7 +248,8 @@ AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
       detail::describe_for_watchdog(launch.call, launch.name,
                                     static_cast<std::int64_t>(launch.send.size() * sizeof(T))),
       std::move(launch.send_blocks),
-      std::move(launch.recv_blocks)};
+      std::move(launch.recv_blocks),
+      std::move(launch.block_arrived)};
   // What this launch hands to the wire (collective_bytes.hpp): the send buffer, in the collective's value type.
   detail::count_collective_bytes(launch.operation == detail::Operation::all_to_all   ? CountedCollective::all_to_all
                                  : launch.operation == detail::Operation::all_gather ? CountedCollective::all_gather

@@ -51,6 +51,12 @@ struct TransportRequest {
   PeerBlocks send_blocks;
   PeerBlocks recv_blocks;
   bool uneven() const noexcept { return !send_blocks.empty() || !recv_blocks.empty(); }
+  /// exchange_blocks, optional: called with a peer's rank once that peer's block has arrived in `recv`, on the thread
+  /// that launched the collective (from the handle's test() and wait(), and from mlacp::progress() on that thread), so
+  /// that the collective can consume the block while the others are in flight. A backend that cannot see blocks
+  /// arrive one by one (NCCL, MPI through host staging, a single MPI_Ialltoallv) never calls it: the collective's
+  /// finishing step then consumes every block.
+  std::function<void(int)> block_arrived;
   /// send_recv only: the peers (ranks of the mesh) and the MPI tag (NCCL matches in launch order instead).
   int dest = -1;
   int source = -1;

@@ -53,6 +53,22 @@ BlocksInUnits in_units(const detail::PeerBlocks& blocks, const std::string& what
 int start_all_to_all_v(const void* send, const BlocksInUnits& send_blocks, void* recv, const BlocksInUnits& recv_blocks,
                        MPI_Datatype type, MPI_Comm comm, MPI_Request* request);
 
+/// The tag of the block messages of start_block_messages on a mesh's communicator: the largest MPI allows
+/// (tag_upper_bound()), which launch_send_recv refuses, so that a user's exchange can never match them.
+int block_message_tag() noexcept;
+
+/// The exchange of a pairwise reduce-scatter as one message per peer, so that each block's arrival is seen on its own
+/// (the reduce-scatter sums a block as soon as it and the blocks of the ranks before it have arrived): MPI_Irecv of
+/// block i of `recv` (recv_blocks) from every rank i other than this one into recvs[i], then MPI_Isend of block j of
+/// `send` (send_blocks) to every rank j other than this one into sends[j], starting with the next rank, all with
+/// block_message_tag(). This rank's own entries are MPI_REQUEST_NULL; `sends` and `recvs` hold comm-size requests.
+/// Messages between two ranks match in the order the ranks post them, which is the order of their launches (the same
+/// on every rank, as for any collective). On an error no receive is left active (posted ones are cancelled and freed)
+/// and posted sends are freed (they complete on their own).
+int start_block_messages(const void* send, const BlocksInUnits& send_blocks, void* recv,
+                         const BlocksInUnits& recv_blocks, MPI_Datatype type, MPI_Comm comm, MPI_Request* sends,
+                         MPI_Request* recvs);
+
 /// MPI_Iallgatherv: this rank's block (recv_blocks.counts[rank] units at `send`) to every rank, block i of `recv` from
 /// rank i. `recv_blocks` must stay alive until the request completes.
 int start_all_gather_v(const void* send, void* recv, const BlocksInUnits& recv_blocks, MPI_Datatype type, MPI_Comm comm,

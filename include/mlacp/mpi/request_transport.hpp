@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mlacp::mpi {
 
@@ -34,6 +35,26 @@ int wait_watched(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info
 /// rank (broken_mesh_message) when the mesh is broken, after parking the request and `keep_alive` (communicator.hpp).
 void wait_or_throw(MPI_Request* request, MPI_Comm comm, const CollectiveInfo& info, const std::string& what,
                    std::shared_ptr<void> keep_alive);
+
+/// MPI_Test of every active request of `requests` (a completed one becomes MPI_REQUEST_NULL); CommunicationError
+/// naming `info` on an MPI error. Returns whether all have completed.
+bool test_requests(std::vector<MPI_Request>& requests, const CollectiveInfo& info);
+
+/// The same without raising, for progress(): MPI's errors are left for test() and wait() to report.
+void progress_requests(std::vector<MPI_Request>& requests) noexcept;
+
+/// Waits `request` (wait_watched) as a transport's wait() does: raises CommunicationError naming the failed rank when
+/// the mesh of `comm` broke (the request left active, for the handle's destructor to park); an MPI error is kept in
+/// `first_error` (when it holds none yet) and the request is set to MPI_REQUEST_NULL. Returns whether the request
+/// completed without error (false for MPI_REQUEST_NULL).
+bool wait_request(MPI_Request& request, MPI_Comm comm, const CollectiveInfo& info, int& first_error);
+
+/// Completes every request of `requests` without throwing (a handle destroyed unwaited), each in turn by wait_watched.
+/// When the mesh of `comm` is broken, sets `parked` and parks the requests still active (what they use must then stay
+/// alive for good); once `parked` is set, the remaining requests are parked without waiting. After MPI_Finalize
+/// nothing is waited. Every request is MPI_REQUEST_NULL afterwards.
+void complete_requests_noexcept(std::vector<MPI_Request>& requests, MPI_Comm comm, const CollectiveInfo& info,
+                                bool& parked) noexcept;
 
 /// MPI_Abort on `comm` (the watchdog's end): never returns.
 [[noreturn]] void abort_communicator(MPI_Comm comm) noexcept;

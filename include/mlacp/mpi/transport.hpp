@@ -8,6 +8,7 @@
 #include <mlacp/detail/transport.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mesh.hpp>
+#include <mlacp/mpi/block_exchange_transport.hpp>
 #include <mlacp/mpi/collectives.hpp>
 #include <mlacp/mpi/datatype.hpp>
 #include <mlacp/mpi/request_transport.hpp>
@@ -52,6 +53,10 @@ struct Transport {
     MPI_Request handles[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // a send_recv's send and receive; else [0]
     if (reads_directly<MemSpace>() && !mesh.host_staging()) {
       compat::fence(space, name + ": send buffer complete before MPI reads it");
+      if (request.operation == detail::Operation::exchange_blocks && request.block_arrived) {
+        started.transport = start_block_exchange(request, mesh);
+        return started;
+      }
       check_mpi(issue(request, request.send.data(), request.recv.data(), mesh, started, handles),
                 name + ": MPI launch");
       started.transport = transport_of(request, handles, mesh);
@@ -77,6 +82,32 @@ struct Transport {
   }
 
  private:
+  // The exchange of a pairwise reduce-scatter whose blocks are summed as they arrive: one message per peer
+  // (start_block_messages), each receive reported to request.block_arrived. Read and written in place (the blocks of
+  // a host staging copy would arrive only at wait(): staged exchanges take MPI_Ialltoallv).
+  template <class T, class MemSpace>
+  static std::unique_ptr<detail::PendingTransport> start_block_exchange(
+      const detail::TransportRequest<T, MemSpace>& request, const Mesh& mesh) {
+    const std::string& name = request.info.name;
+    const auto P = static_cast<std::size_t>(mesh.size());
+    detail::PeerBlocks even;  // an even exchange's blocks: `count` values each, in rank order
+    if (!request.uneven()) {
+      for (std::size_t i = 0; i < P; ++i) {
+        even.counts.push_back(request.count);
+        even.offsets.push_back(i * request.count);
+      }
+    }
+    // MPI reads the block arrays' values only while posting; the datatypes are freed once the messages complete.
+    const BlocksInUnits sent = in_units(request.uneven() ? request.send_blocks : even, name + " (send blocks)");
+    const BlocksInUnits received = in_units(request.uneven() ? request.recv_blocks : even, name + " (receive blocks)");
+    std::vector<MPI_Request> sends(P, MPI_REQUEST_NULL), recvs(P, MPI_REQUEST_NULL);
+    check_mpi(start_block_messages(request.send.data(), sent, request.recv.data(), received, datatype<T>(), mesh.comm(),
+                                   sends.data(), recvs.data()),
+              name + ": MPI launch");
+    return make_block_exchange_transport(std::move(sends), std::move(recvs), mesh.comm(), request.info,
+                                         request.block_arrived);
+  }
+
   template <class T, class MemSpace>
   static std::unique_ptr<detail::PendingTransport> transport_of(const detail::TransportRequest<T, MemSpace>& request,
                                                                 const MPI_Request* handles, const Mesh& mesh) {
