@@ -23,14 +23,7 @@ class BlockExchangeTransport final : public detail::PendingTransport {
   ~BlockExchangeTransport() override { complete_noexcept(); }
 
   bool test() override {
-    bool all = true;
-    for (std::size_t i = 0; i < recvs_.size(); ++i) {
-      if (recvs_[i] == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      check_mpi(MPI_Test(&recvs_[i], &done, MPI_STATUS_IGNORE), "MPI_Test of '" + info_.name + "'");
-      if (done != 0) arrived_[i] = 1;
-      all = all && done != 0;
-    }
+    const bool all = test_receives(/*raise=*/true);
     return test_requests(sends_, info_) && all;
   }
 
@@ -40,10 +33,10 @@ class BlockExchangeTransport final : public detail::PendingTransport {
     // collective's finish sums the rest in one pass. A broken mesh leaves the requests active: the handle's destructor
     // parks them.
     int first_error = MPI_SUCCESS;
-    if (!poll_receives()) report_arrivals();
+    if (!test_receives(/*raise=*/false)) report_arrivals();
     for (std::size_t i = 0; i < recvs_.size(); ++i) {
       if (wait_request(recvs_[i], comm_, info_, first_error)) arrived_[i] = 1;
-      if (first_error == MPI_SUCCESS && !poll_receives()) report_arrivals();
+      if (first_error == MPI_SUCCESS && !test_receives(/*raise=*/false)) report_arrivals();
     }
     for (auto& request : sends_) wait_request(request, comm_, info_, first_error);
     check_mpi(first_error, "MPI_Wait of '" + info_.name + "'");
@@ -53,7 +46,7 @@ class BlockExchangeTransport final : public detail::PendingTransport {
   // before the last block adds a memory pass, so that on a CPU whose one thread both computes and sums, summing during
   // compute only costs. The arrivals seen here are reported by wait().
   void progress() noexcept override {
-    poll_receives();
+    test_receives(/*raise=*/false);
     progress_requests(sends_);
   }
 
@@ -65,13 +58,19 @@ class BlockExchangeTransport final : public detail::PendingTransport {
   bool parked() const noexcept override { return parked_; }
 
  private:
-  // Tests the receives still in flight (errors are left to wait(), which waits for each); true when all are in.
-  bool poll_receives() noexcept {
+  // Tests the receives still in flight and marks those that completed; true when all are in. An error raises
+  // CommunicationError when `raise` (test()), else it ends the pass with false and is left to wait(), which waits for
+  // each receive (progress() must not throw).
+  bool test_receives(const bool raise) {
     bool all = true;
     for (std::size_t i = 0; i < recvs_.size(); ++i) {
       if (recvs_[i] == MPI_REQUEST_NULL) continue;  // MPI_Test sets a completed request to MPI_REQUEST_NULL
       int done = 0;
-      if (MPI_Test(&recvs_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      const int code = MPI_Test(&recvs_[i], &done, MPI_STATUS_IGNORE);
+      if (code != MPI_SUCCESS) {
+        if (raise) check_mpi(code, "MPI_Test of '" + info_.name + "'");
+        return false;
+      }
       if (done != 0) arrived_[i] = 1;
       all = all && done != 0;
     }

@@ -85,9 +85,6 @@ class RunningBlockSum {
     advance(1);
   }
 
-  /// The first block not added yet (parts once the sum is complete).
-  int next() const noexcept { return next_; }
-
  private:
   // Adds the run that starts at next_ if it has at least `at_least` blocks in; returns its length.
   int advance(const int at_least) {
