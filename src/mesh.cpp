@@ -121,6 +121,8 @@ Mesh::Mesh(MPI_Comm comm, Ownership ownership, std::int64_t ring) {
   try {
     agree_on_environment(ring);
     failure_ = std::make_unique<mpi::FailureChannel>(comm_);  // collective: after the agreement, on every rank
+    // Collective (all_on_one_node first, on every rank).
+    shared_memory_ = mpi::all_on_one_node(comm_) && mpi::shared_memory_transport_enabled();
   } catch (...) {
     release();
     throw;
@@ -314,6 +316,7 @@ Mesh::Mesh(Mesh&& other) noexcept
       checked_(other.checked_),
       host_staging_(other.host_staging_),
       check_finite_(other.check_finite_),
+      shared_memory_(other.shared_memory_),
       reduce_scatter_(other.reduce_scatter_),
       nccl_(std::move(other.nccl_)),
       failure_(std::move(other.failure_)),
@@ -331,6 +334,7 @@ Mesh& Mesh::operator=(Mesh&& other) noexcept {
     checked_ = other.checked_;
     host_staging_ = other.host_staging_;
     check_finite_ = other.check_finite_;
+    shared_memory_ = other.shared_memory_;
     reduce_scatter_ = other.reduce_scatter_;
     nccl_ = std::move(other.nccl_);
     failure_ = std::move(other.failure_);

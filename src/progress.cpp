@@ -14,6 +14,7 @@ struct Registry {
   std::mutex mutex;
   std::vector<detail::PendingTransport*> pending;
   std::atomic<std::size_t> count{0};
+  std::atomic<std::size_t> polled{0};  // of `pending`, those with PendingTransport::polled()
   std::atomic<std::size_t> calls{0};
   std::atomic<std::size_t> blocks_summed{0};
 };
@@ -32,13 +33,17 @@ void register_pending(PendingTransport* transport) {
   std::lock_guard<std::mutex> lock(r.mutex);
   r.pending.push_back(transport);
   r.count.store(r.pending.size(), std::memory_order_relaxed);
+  if (transport->polled()) r.polled.fetch_add(1, std::memory_order_relaxed);
 }
 
 void unregister_pending(PendingTransport* transport) noexcept {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.pending.erase(std::remove(r.pending.begin(), r.pending.end(), transport), r.pending.end());
+  const auto found = std::find(r.pending.begin(), r.pending.end(), transport);
+  if (found == r.pending.end()) return;
+  r.pending.erase(found);
   r.count.store(r.pending.size(), std::memory_order_relaxed);
+  if (transport->polled()) r.polled.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void count_blocks_summed_on_arrival(std::size_t blocks) noexcept {
@@ -63,6 +68,8 @@ void progress() {
 }
 
 std::size_t pending_collectives() noexcept { return registry().count.load(std::memory_order_relaxed); }
+
+std::size_t polled_collectives() noexcept { return registry().polled.load(std::memory_order_relaxed); }
 
 std::size_t progress_calls() noexcept { return registry().calls.load(std::memory_order_relaxed); }
 

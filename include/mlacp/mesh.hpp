@@ -156,6 +156,12 @@ class Mesh {
   ReduceScatterAlgorithm reduce_scatter_algorithm() const noexcept { return reduce_scatter_; }
   void set_reduce_scatter_algorithm(ReduceScatterAlgorithm algorithm);
 
+  /// Whether the mesh's collectives move through shared memory: its ranks are all on one node (MPI_COMM_TYPE_SHARED)
+  /// and the MPI library's shared-memory transport is not switched off (mpi::shared_memory_transport_enabled), found
+  /// at construction. The copies are then this node's own cores' work, which OverlapPolicy does not poll beside
+  /// compute (panelled_gemm.hpp).
+  bool shared_memory() const noexcept { return shared_memory_; }
+
   /// Whether an NCCL communicator is attached to this mesh (mlacp::nccl::enable(mesh), CUDA builds with NCCL).
   bool has_nccl() const noexcept { return nccl_ != nullptr; }
   /// The attached NCCL communicator (nccl/communicator.hpp); nullptr without one.
@@ -186,6 +192,7 @@ class Mesh {
   bool checked_ = true;
   bool host_staging_ = false;
   bool check_finite_ = false;
+  bool shared_memory_ = false;
   ReduceScatterAlgorithm reduce_scatter_ = ReduceScatterAlgorithm::pairwise;
   std::shared_ptr<nccl::Communicator> nccl_;
   std::unique_ptr<mpi::FailureChannel> failure_;

@@ -22,16 +22,44 @@
 namespace mlacp {
 
 /// How mlacp's GEMMs make pending collectives progress on host execution spaces (MPI implementations such as Open MPI
-/// move a nonblocking collective only inside MPI calls): while any collective is pending, a GEMM is split into at
-/// most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Only where the
+/// move a nonblocking collective only inside MPI calls): while a collective worth polling is pending, a GEMM is split
+/// into at most `panels` panels of at least `min_panel_rows` rows, with mlacp::progress() between them. Only where the
 /// execution space's Backend polls (backend.hpp: host spaces; NCCL progresses on its own).
+///
+/// Polling costs the compute beside it (the panels run below one call's rate, and each test takes MPI's time), so it
+/// is paid only where it hides something (detail::worth_polling, decided per collective at its launch):
+/// - a collective that moves through shared memory (Mesh::shared_memory(): its ranks on one node, MPI's shared-memory
+///   transport on) is not polled unless `poll_shared_memory`: its copies are work of this node's own cores, which
+///   polling moves into the compute instead of hiding (the latent layer at the DeepSeek-like shape on one node:
+///   1.03x its blocking time panelled, 1.00x unpanelled);
+/// - any other (across nodes, or over a network transport inside one) is polled when this rank sends at least
+///   `min_poll_bytes`: below that it is in flight for less than the panels cost.
+/// A GEMM beside only collectives not worth polling is one call, as in the blocking schedule; their wait completes
+/// them.
 struct OverlapPolicy {
   int panels = 32;
   std::int64_t min_panel_rows = 128;
+  /// Bytes a rank must send in a collective for it to be polled.
+  std::int64_t min_poll_bytes = 256 * 1024;
+  /// Poll collectives that move through shared memory as well (off: see above).
+  bool poll_shared_memory = false;
+  /// overlap_policy_for(machine)'s rule: a collective is worth polling once the model hides at least this much of it.
+  double min_hidden_s = 200e-6;
 };
 
 /// The process-wide policy (defaults above; MLACP_WGRAD_PANELS overrides `panels`, 1 disables panelling).
 OverlapPolicy& overlap_policy();
+
+namespace model {
+struct MachineParams;
+}
+
+/// `base` with `min_poll_bytes` from the performance model of `machine` (model/machine.hpp; mlacp-plan --calibrate
+/// measures one): the smallest message of which the model hides at least `base.min_hidden_s` on the network link, that
+/// is overlap_efficiency * (alpha_s + bytes * beta_s_per_byte) >= min_hidden_s with the machine's `inter` link where it
+/// has one (a per-byte cost), else its `intra` one (a calibration whose ranks were all on one node); never (no
+/// collective is polled) when the machine hides nothing (overlap_efficiency 0). The other fields are base's.
+OverlapPolicy overlap_policy_for(const model::MachineParams& machine, OverlapPolicy base = overlap_policy());
 
 namespace detail {
 
@@ -85,9 +113,10 @@ std::string gemm_region_name(const char* trans_a, const char* trans_b, const AMa
 
 /// C = beta*C + A op(B) (trans_a "N": A [M, K], panels are row blocks of A and C) or C = beta*C + A^T op(B)
 /// (trans_a "T": A [K, M], the reduction runs over A's rows, panels are row blocks of A and B accumulated into C).
-/// While collectives are pending on a host execution space, the GEMM runs in panels (overlap_policy()) with
-/// mlacp::progress() before each panel and at the end, so that MPI advances them during the compute. Otherwise (no
-/// collective pending, or a device execution space, where NCCL needs no host polling) it is one GEMM call. Views of
+/// While a collective worth polling is pending on a host execution space, the GEMM runs in panels (overlap_policy())
+/// with mlacp::progress() before each panel and at the end, so that MPI advances them during the compute. Otherwise
+/// (none such pending, or a device execution space, where NCCL needs no host polling) it is one GEMM call, with
+/// progress() before and after it on a host space. Views of
 /// bf16 (A and B; C of float or bf16) go through the installed bf16 plan (detail::gemm_values), accumulating in float.
 template <class ExecSpace, class AMat, class BMat, class CMat>
 void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char* trans_b,
@@ -103,7 +132,7 @@ void gemm_with_progress(const ExecSpace& space, const char* trans_a, const char*
   const auto rows = static_cast<std::int64_t>(a.extent(0));
   const OverlapPolicy policy = overlap_policy();
   std::int64_t panels = 1;
-  if (polls && pending_collectives() > 0 && policy.panels > 1)
+  if (polls && polled_collectives() > 0 && policy.panels > 1)
     panels = std::clamp<std::int64_t>(rows / std::max<std::int64_t>(1, policy.min_panel_rows), 1, policy.panels);
   if (panels == 1) {
     if (polls) progress();

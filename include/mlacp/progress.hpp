@@ -8,11 +8,18 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mlacp {
 
+class Mesh;
+
 namespace detail {
 class PendingTransport;
+/// Whether a collective on `mesh` of which this rank sends `bytes` is worth polling under overlap_policy()
+/// (panelled_gemm.hpp, OverlapPolicy): each launch sets it on its transport (PendingTransport::set_polled) before the
+/// handle registers it. A per-rank answer changes only how this rank's GEMMs are split, never what is computed.
+bool worth_polling(const Mesh& mesh, std::int64_t bytes);
 void register_pending(PendingTransport* transport);
 void unregister_pending(PendingTransport* transport) noexcept;
 /// transport->test() under the registry's lock, so that it never runs at the same time as progress() on the same
@@ -31,6 +38,10 @@ void progress();
 
 /// Number of launched, not yet waited collectives of this process.
 std::size_t pending_collectives() noexcept;
+
+/// Those of them worth polling (OverlapPolicy: their ranks span nodes and they move enough bytes): mlacp's GEMMs panel
+/// and poll only while at least one is pending; beside the others a GEMM is one call, as in a blocking schedule.
+std::size_t polled_collectives() noexcept;
 
 /// Number of progress() calls that tested at least one collective since the start (for tests and reports).
 std::size_t progress_calls() noexcept;

@@ -132,6 +132,7 @@ AsyncCollective<RecvView> launch_send_recv(const ExecSpace& space, const SendVie
   request.tag = tag;
   detail::count_collective_bytes(detail::CountedCollective::send_recv, static_cast<std::uint64_t>(bytes));
   detail::StartedTransport started = Backend<ExecSpace>::Transport::start(space, mesh, request);
+  started.transport->set_polled(detail::worth_polling(mesh, bytes));
   AsyncCollective<RecvView> handle(name, std::move(started.transport), recv, std::move(started.arrived));
   handle.extend_lifetime(send);  // read by the transport until it completes
   for (const auto& resource : started.resources) handle.extend_lifetime(resource);

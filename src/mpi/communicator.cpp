@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -85,6 +87,83 @@ int node_leader(MPI_Comm comm) {
   free_communicator(shared);
   if (leader == MPI_UNDEFINED) throw CommunicationError("mlacp::Mesh: MPI_Group_translate_ranks of the node failed");
   return leader;
+}
+
+namespace {
+
+// The value of the MPI_T control variable `name` when the library has one of type MPI_CHAR; nullopt otherwise.
+std::optional<std::string> read_string_cvar(const char* name) {
+  int count = 0;
+  if (MPI_T_cvar_get_num(&count) != MPI_SUCCESS) return std::nullopt;
+  for (int i = 0; i < count; ++i) {
+    char found[256] = {};
+    char description[16] = {};
+    int name_length = sizeof(found), description_length = sizeof(description);
+    int verbosity = 0, binding = 0, scope = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_T_enum enumtype = MPI_T_ENUM_NULL;
+    if (MPI_T_cvar_get_info(i, found, &name_length, &verbosity, &type, &enumtype, description, &description_length,
+                            &binding, &scope) != MPI_SUCCESS ||
+        std::strcmp(found, name) != 0 || type != MPI_CHAR)
+      continue;
+    MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
+    int elements = 0;
+    if (MPI_T_cvar_handle_alloc(i, nullptr, &handle, &elements) != MPI_SUCCESS) return std::nullopt;
+    std::vector<char> value(static_cast<std::size_t>(std::max(elements, 0)) + 1, '\0');
+    const bool read = MPI_T_cvar_read(handle, value.data()) == MPI_SUCCESS;
+    MPI_T_cvar_handle_free(&handle);
+    if (!read) return std::nullopt;
+    return std::string(value.data());
+  }
+  return std::nullopt;
+}
+
+// Whether an Open MPI component selection ("a,b" includes, "^a,b" excludes, "" = the default: all) keeps the
+// transport `components` name (one component under several names across versions): an inclusion list names one of
+// them, an exclusion list names none.
+bool selects_any(const std::string& selection, const std::vector<std::string>& components) {
+  const bool exclude = !selection.empty() && selection[0] == '^';
+  std::vector<std::string> listed;
+  std::string item;
+  for (const char ch : selection.substr(exclude ? 1 : 0) + ",") {
+    if (ch == ',') {
+      if (!item.empty()) listed.push_back(item);
+      item.clear();
+    } else if (ch != ' ') {
+      item += ch;
+    }
+  }
+  if (listed.empty()) return true;  // the default selection
+  const auto named = [&](const std::string& c) { return std::find(listed.begin(), listed.end(), c) != listed.end(); };
+  const bool any_named = std::any_of(components.begin(), components.end(), named);
+  return exclude ? !any_named : any_named;
+}
+
+}  // namespace
+
+bool shared_memory_transport_enabled() {
+  static const bool enabled = [] {
+    int provided = 0;
+    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return true;
+    const std::optional<std::string> btl = read_string_cvar("btl");
+    const std::optional<std::string> pml = read_string_cvar("pml");
+    MPI_T_finalize();
+    if (!btl) return true;  // not Open MPI (or no such variable): assume the library uses shared memory on a node
+    // Open MPI: the shared-memory BTL is "vader" (4.x) or "sm" (5.x); the UCX PML brings its own shared memory.
+    const bool ucx = pml && !pml->empty() && (*pml)[0] != '^' && selects_any(*pml, {"ucx"});
+    return ucx || selects_any(*btl, {"vader", "sm"});
+  }();
+  return enabled;
+}
+
+bool all_on_one_node(MPI_Comm comm) {
+  MPI_Comm shared = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank(comm), MPI_INFO_NULL, &shared) != MPI_SUCCESS)
+    throw CommunicationError("mlacp::Mesh: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  // A node's ranks are all of comm on one rank exactly when they are on every rank.
+  const bool all = size(shared) == size(comm);
+  free_communicator(shared);
+  return all;
 }
 
 std::string library_version() {

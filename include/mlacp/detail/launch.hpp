@@ -257,6 +257,7 @@ AsyncCollective<ResultView> start(const ExecSpace& space, const Mesh& mesh,
                                                                                     : CountedCollective::reduce_scatter,
                                  static_cast<std::uint64_t>(launch.send.size() * sizeof(T)));
   detail::StartedTransport started = Backend<ExecSpace>::Transport::start(space, mesh, request);
+  started.transport->set_polled(detail::worth_polling(mesh, request.info.bytes));
   std::function<void()> finish = [arrived = std::move(started.arrived), finish = std::move(launch.finish)]() {
     if (arrived) arrived();
     if (finish) finish();

@@ -40,6 +40,15 @@ MPI_Comm split(MPI_Comm comm, int color, int key);
 /// (MPI_COMM_TYPE_SHARED) puts together): an id of the node. Collective over `comm`; throws CommunicationError.
 int node_leader(MPI_Comm comm);
 
+/// Whether the MPI library moves bytes between ranks of one node through shared memory, as it does by default: false
+/// only where Open MPI's BTL selection (its MPI_T control variable "btl", e.g. OMPI_MCA_btl=tcp,self) leaves out its
+/// shared-memory BTL (vader; sm in 5.x) and its UCX PML, which has its own, is not selected. Read once per process.
+bool shared_memory_transport_enabled();
+
+/// Whether every rank of `comm` is on this rank's node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) keeps them all
+/// together); the same answer on every rank. Collective over `comm`; throws CommunicationError.
+bool all_on_one_node(MPI_Comm comm);
+
 /// The first line of MPI_Get_library_version.
 std::string library_version();
 

@@ -114,9 +114,10 @@ bool flash_range_visible(const Docs& docs, const FlashRange& rg) {
   return std::max(rg.k_pos, docs.start_of(rg.q_pos)) <= std::min(rg.k_pos + rg.n_k, rg.q_pos + rg.n_q) - 1;
 }
 
-/// Lets the collectives in flight progress between tiles (host spaces; progress.hpp says why).
+/// Lets the collectives in flight progress between tiles while one worth polling is pending (host spaces;
+/// progress.hpp says why, OverlapPolicy when).
 inline void flash_progress() {
-  if (mlacp::pending_collectives() > 0) mlacp::progress();
+  if (mlacp::polled_collectives() > 0) mlacp::progress();
 }
 
 /// The forward of the queries of `rg` against its keys. merge == false: o and lse of those rows are overwritten with
