@@ -94,7 +94,8 @@ int run(int argc, char** argv) {
                                          {"w_kvb dgrad", 'd', n, 192, 120},
                                          {"w_o dgrad", 'd', n, 512, 128}};
   const std::vector<int> panel_counts = o.quick ? std::vector<int>{8} : std::vector<int>{8, 16, 32};
-  // A small collective kept pending during the library's GEMM, so that it runs in panels and polls between them.
+  // A small collective kept pending during the library's GEMM, polled whatever its size and placement (OverlapPolicy
+  // would not poll it), so that the GEMM runs in panels and polls between them.
   Tensor4 token("token", 1, P, P, 1);
   Json gemm_docs = Json::array();
   std::vector<std::string> gemm_lines;
@@ -114,6 +115,8 @@ int run(int argc, char** argv) {
       };
       auto library = [&](int panels) {
         policy.panels = panels;
+        policy.poll_shared_memory = true;  // the token is small and may move through shared memory: polled all the
+        policy.min_poll_bytes = 0;         // same, since what is measured is the panelled GEMM itself
         auto pending = mlacp::launch_all_to_all(space, token, 1, 2, mesh, "pending token");
         if (g.kind == 'w')
           mlacp::detail::linear_wgrad(space, dy, x, dw);

@@ -210,6 +210,8 @@ PairMeasurement measure_sequential_and_overlapped(const PairRun& run, const Sett
   for (const int panels : panel_counts)
     bodies.push_back(timed(p, [&, panels]() {
       policy.panels = panels;
+      policy.poll_shared_memory = true;  // the sweep polls whatever the transport and size (OverlapPolicy might not),
+      policy.min_poll_bytes = 0;         // to show what panelling and polling do there
       overlapped();
       policy = settings.default_policy;
     }));

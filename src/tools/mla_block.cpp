@@ -30,6 +30,7 @@
 #include <mlacp/model/layer_model.hpp>
 #include <mlacp/model/mesh_plan.hpp>
 #include <mlacp/mpi/agreement.hpp>
+#include <mlacp/panelled_gemm.hpp>
 #include <mlacp/testing/synthetic.hpp>
 #include <mlacp/token_map.hpp>
 #include <mlacp/version.hpp>
@@ -47,6 +48,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -74,6 +76,23 @@ struct ModelReport {
   std::string why_not;  // no prediction: the model's reason
   std::string planned;  // --ring plan: the choice it ran
 };
+
+// Which of the run's collectives OverlapPolicy polls beside compute (panelled_gemm.hpp): those of a mesh level whose
+// bytes do not move through shared memory (or every level, with poll_shared_memory) from min_poll_bytes per rank on;
+// the others complete at their wait, beside unpanelled GEMMs.
+std::string describe_polling(const mlacp::Mesh& mesh) {
+  const mlacp::OverlapPolicy& p = mlacp::overlap_policy();
+  const std::string from = p.min_poll_bytes == std::numeric_limits<std::int64_t>::max()
+                               ? "never polled"
+                               : "polled from " + std::to_string(p.min_poll_bytes) + " bytes per rank";
+  auto level = [&](const mlacp::Mesh& m) {
+    if (!m.shared_memory()) return "over the network: " + from;
+    return p.poll_shared_memory ? "through shared memory: " + from : std::string("through shared memory: not polled");
+  };
+  const std::string panels = " (GEMMs in up to " + std::to_string(p.panels) + " panels while one is pending)";
+  if (mesh.ring_size() == 1) return "collectives " + level(mesh) + panels;
+  return "Ulysses collectives " + level(mesh.ulysses_group()) + ", ring " + level(mesh.ring_group()) + panels;
+}
 
 template <class T>
 int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
@@ -220,6 +239,7 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
     std::cout << "mlacp-mla-block: " << c.describe() << " dtype=" << o.dtype << " P=" << P
               << " (U=" << mesh.ulysses_size() << " x C=" << mesh.ring_size() << ") seed=" << o.seed
               << (c.overlap ? "" : " (blocking collectives)") << "\n";
+    if (c.overlap) std::cout << "  overlap: " << describe_polling(mesh) << "\n";
     std::cout << "  iteration time (max over ranks): median " << std::setprecision(4) << median * 1e3 << " ms, min "
               << times.front() * 1e3 << " ms over " << o.iters << " iteration(s) after " << o.warmup << " warm-up\n";
     std::cout << "  peak resident memory (max over ranks): " << std::setprecision(4) << peak_rss / (1 << 20)
@@ -368,6 +388,7 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
                      {"strategy", mlacp::to_string(c.strategy)},
                      {"wire_dtype", mlacp::to_string(c.wire_dtype)},
                      {"overlap", c.overlap},
+                     {"polling", describe_polling(mesh)},
                      {"warmup", o.warmup},
                      {"iters", o.iters},
                      {"ulysses_size", mesh.ulysses_size()},
@@ -447,6 +468,8 @@ int main(int argc, char** argv) {
         // Read on rank 0 and broadcast: the same parameters, or the same error, on every rank.
         machine = model::read_machine(MPI_COMM_WORLD, options.machine);
         report.machine = machine->name.empty() ? options.machine : machine->name;
+        // The machine's own rule for which collectives are polled beside compute (OverlapPolicy).
+        mlacp::overlap_policy() = mlacp::overlap_policy_for(*machine);
       }
       if (options.plan_ring) {
         // The same choice on every rank, or the same InvalidArgument (nothing fits the budget) on every rank.
