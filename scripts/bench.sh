@@ -44,6 +44,8 @@
 #   VALIDATE=1                          # the model's short validation on the simulated two-node cluster
 #                                       # (validate-model.sh with CASE_GROUPS=$RATE:block:float:same:0 ROUNDS=1;
 #                                       # about 1 minute)
+#   OVERLAP_COST=0 COST_ROUNDS=3        # the overlapped / blocking cells off / their alternated rounds (default on:
+#                                       # float on shm and the link; FULL adds bf16 and q-LoRA; about 2-5 minutes)
 #   PEER_MEM_GIB=10                     # per-rank address-space limit of the comparison runs (default: the smaller
 #                                       # of 10 GiB and 70% of the available memory / P)
 set -euo pipefail
@@ -355,6 +357,53 @@ print(int(bool(json.load(open(sys.argv[1]))["cpu"]["bf16_instructions"])))' "$ru
   fi
   /usr/bin/python3 "$root/perf_tests/peers/peer_report.py" "$runs" "$out"
 fi
+# ---- overlap that never costs: the layer overlapped against its blocking form on each transport (issue 36) --------
+# mlacp-mla-block, latent, the DeepSeek-like shape: the overlapped schedule (the default) and --blocking (every
+# collective waited right after its launch) back to back, the order alternating from round to round; each round's
+# ratio of the two medians. OverlapPolicy polls only collectives that do not move through shared memory, so on shared
+# memory the ratio is ~1 (nothing to hide, nothing paid) and on the link it is below 1 (what overlap hides). FULL
+# adds bf16 and q-LoRA.
+if [[ ${OVERLAP_COST:-1} != 0 ]]; then
+  echo
+  echo "==== overlapped / blocking: mlacp-mla-block latent, DeepSeek-like shape, P = $np, ${COST_ROUNDS:-3} rounds ===="
+  cost_shape=(--batch 1 --seq 1024 --hidden 1024 --heads 8 --nope 128 --rope 64 --vdim 128 --latent 512)
+  cost_transports=(shm)
+  if [[ -z ${SKIP_LINK:-} ]]; then cost_transports+=(tcp-lo); fi
+  cost_cells=("float")
+  if ((full)); then cost_cells+=("bf16" "float --q-lora 384" "bf16 --q-lora 384"); fi
+  mkdir -p "$out/overlap_cost"
+  cost_round=0
+  for transport in "${cost_transports[@]}"; do
+    for cell in "${cost_cells[@]}"; do
+      read -r -a cell_args <<<"$cell"
+      ratios=""
+      for ((round = 0; round < ${COST_ROUNDS:-3}; round++)); do
+        modes=(overlapped blocking)
+        if ((cost_round++ % 2)); then modes=(blocking overlapped); fi
+        declare -A median=()
+        for mode in "${modes[@]}"; do
+          log=$out/overlap_cost/${transport}_${cell// /_}_${mode}_r$round.log
+          wrap=()
+          if [[ $transport != shm ]]; then wrap=("$root/scripts/netns-link.sh"); fi
+          flag=()
+          if [[ $mode == blocking ]]; then flag=(--blocking); fi
+          "${wrap[@]}" "${mpirun_cmd[@]}" "$block_bin" --no-reference "${cost_shape[@]}" --strategy latent \
+            --dtype "${cell_args[@]}" --warmup 1 --iters "${PEER_ITERS:-7}" "${flag[@]}" >"$log" 2>&1 ||
+            echo "bench: mlacp-mla-block ($transport $cell $mode) failed (rc $?)"
+          median[$mode]=$(sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' "$log" | head -n 1)
+        done
+        if [[ -n ${median[overlapped]} && -n ${median[blocking]} ]]; then
+          ratios+=" $(awk -v o="${median[overlapped]}" -v b="${median[blocking]}" 'BEGIN { printf "%.3f", o / b }')"
+          ratios+=" (${median[overlapped]}/${median[blocking]} ms)"
+        fi
+        unset median
+      done
+      policy=$(sed -n 's/^  overlap: //p' "$out/overlap_cost/${transport}_${cell// /_}_overlapped_r0.log" | head -n 1)
+      printf '  %-7s %-20s overlapped/blocking:%s\n          %s\n' "$transport" "$cell" "$ratios" "$policy"
+    done
+  done
+fi
+
 # ---- the performance model against the simulated two-node cluster (short form of scripts/validate-model.sh) -------
 if [[ $validate != 0 && -z ${SKIP_LINK:-} ]]; then
   echo
