@@ -18,22 +18,37 @@ function(mlacp_add_mpi_test name)
   if(NOT arg_RANKS)
     set(arg_RANKS 1 2 4)
   endif()
-  if(NOT arg_TIMEOUT)
-    set(arg_TIMEOUT ${MLACP_TEST_TIMEOUT})
-  endif()
   add_executable(${name} ${arg_SOURCES})
   target_link_libraries(${name} PRIVATE mlacp_test_main mlacp::mlacp mlacp_warnings)
   foreach(nranks IN LISTS arg_RANKS)
-    add_test(NAME ${name}_np${nranks}
-             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${nranks} ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}>
-                     ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
-    set_tests_properties(
-      ${name}_np${nranks}
-      PROPERTIES TIMEOUT ${arg_TIMEOUT}
-                 PROCESSORS ${nranks}
-                 LABELS "mpi;np${nranks};${arg_LABELS}"
-                 ENVIRONMENT "${MLACP_TEST_ENVIRONMENT}")
+    set(timeout)
+    if(arg_TIMEOUT)
+      set(timeout TIMEOUT ${arg_TIMEOUT})
+    endif()
+    mlacp_add_mpi_test_run(${name}_np${nranks} TARGET ${name} RANKS ${nranks} LABELS ${arg_LABELS} ${timeout}
+                           ARGS ${arg_ARGS})
   endforeach()
+endfunction()
+
+# mlacp_add_mpi_test_run(<test name> TARGET <test binary target> RANKS <n> [LABELS <label>...] [TIMEOUT <s>]
+#                        [ARGS <arg>...] [ENVIRONMENT <VAR=value>...])
+#
+# One ctest run of a test binary (of mlacp_add_mpi_test) at <n> ranks, as mlacp_add_mpi_test registers each of its
+# rank counts, with ENVIRONMENT added to MLACP_TEST_ENVIRONMENT: the same tests again under another setting.
+function(mlacp_add_mpi_test_run test)
+  cmake_parse_arguments(arg "" "TARGET;RANKS;TIMEOUT" "LABELS;ARGS;ENVIRONMENT" ${ARGN})
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${MLACP_TEST_TIMEOUT})
+  endif()
+  set(environment ${MLACP_TEST_ENVIRONMENT} ${arg_ENVIRONMENT})
+  add_test(NAME ${test} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${arg_RANKS} ${MPIEXEC_PREFLAGS}
+                                $<TARGET_FILE:${arg_TARGET}> ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
+  set_tests_properties(
+    ${test}
+    PROPERTIES TIMEOUT ${arg_TIMEOUT}
+               PROCESSORS ${arg_RANKS}
+               LABELS "mpi;np${arg_RANKS};${arg_LABELS}"
+               ENVIRONMENT "${environment}")
 endfunction()
 
 # mlacp_add_expect_output_test(<name> RANKS <n> COMMAND <exe> <args>... EXPECT_EXIT zero|nonzero|<status>
@@ -53,6 +68,7 @@ function(mlacp_add_expect_output_test name)
   string(REPLACE ";" "|" command "${command}")
   string(REPLACE ";" "|" expect "${arg_EXPECT}")
   string(REPLACE ";" "|" reject "${arg_REJECT}")
+  set(environment ${MLACP_TEST_ENVIRONMENT} ${arg_ENVIRONMENT})
   add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${command}" -DEXPECT_EXIT=${arg_EXPECT_EXIT}
                                 "-DEXPECT=${expect}" "-DREJECT=${reject}" -P ${PROJECT_SOURCE_DIR}/cmake/MlacpExpectOutput.cmake)
   set_tests_properties(
@@ -60,5 +76,5 @@ function(mlacp_add_expect_output_test name)
     PROPERTIES TIMEOUT ${arg_TIMEOUT}
                PROCESSORS ${arg_RANKS}
                LABELS "mpi;np${arg_RANKS};${arg_LABELS}"
-               ENVIRONMENT "${MLACP_TEST_ENVIRONMENT};${arg_ENVIRONMENT}")
+               ENVIRONMENT "${environment}")
 endfunction()

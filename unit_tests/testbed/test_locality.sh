@@ -19,29 +19,12 @@ shift 2
 mpiexec=(mpirun)
 [[ $# -gt 0 ]] && mpiexec=("$@")
 mib=64
-skip() {
-  echo "skipped: needs root and network namespaces ($*)"
-  exit 77
-}
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-[[ $(id -u) -eq 0 ]] || skip "not root"
-for tool in ip tc unshare nsenter; do
-  command -v "$tool" >/dev/null 2>&1 || skip "$tool not installed"
-done
-probe_ns=mlacp-probe-$$
-ip netns add "$probe_ns" 2>/dev/null || skip "ip netns add is not permitted here"
-ip netns delete "$probe_ns"
-"${mpiexec[0]}" --version 2>/dev/null | grep -Eq "Open MPI|OpenRTE" || skip "the launcher ${mpiexec[0]} is not Open MPI's mpirun"
+# shellcheck source-path=SCRIPTDIR source=testbed_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/testbed_checks.sh"
+require_testbed "${mpiexec[0]}"
 [[ -x $probe ]] || fail "no probe at $probe"
 
-work=$(mktemp -d)
-trap '"$cluster" down >/dev/null 2>&1; rm -rf "$work"' EXIT
-"$cluster" up 2 || fail "netns-cluster.sh up 2 failed"
-"$cluster" hostfile 2 >"$work/hosts" || fail "netns-cluster.sh hostfile failed"
+start_cluster "$cluster" 2
 
 # bytes_of <file> <node> <tx|rx>
 bytes_of() {

@@ -14,24 +14,11 @@ cluster=${2:?usage: $0 <test binary> <netns-cluster.sh> [mpiexec [flags...]]}
 shift 2
 mpiexec=(mpirun)
 [[ $# -gt 0 ]] && mpiexec=("$@")
-skip() {
-  echo "skipped: needs root and network namespaces ($*)"
-  exit 77
-}
+# shellcheck source-path=SCRIPTDIR source=testbed_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/testbed_checks.sh"
+require_testbed "${mpiexec[0]}"
+[[ -x $binary ]] || fail "no test binary at $binary"
 
-[[ $(id -u) -eq 0 ]] || skip "not root"
-for tool in ip tc unshare nsenter; do
-  command -v "$tool" >/dev/null 2>&1 || skip "$tool not installed"
-done
-probe_ns=mlacp-probe-$$
-ip netns add "$probe_ns" 2>/dev/null || skip "ip netns add is not permitted here"
-ip netns delete "$probe_ns"
-"${mpiexec[0]}" --version 2>/dev/null | grep -Eq "Open MPI|OpenRTE" || skip "the launcher ${mpiexec[0]} is not Open MPI's mpirun"
-[[ -x $binary ]] || { echo "FAIL: no test binary at $binary" >&2; exit 1; }
-
-work=$(mktemp -d)
-trap '"$cluster" down >/dev/null 2>&1; rm -rf "$work"' EXIT
-"$cluster" up 2 || { echo "FAIL: netns-cluster.sh up 2 failed" >&2; exit 1; }
-"$cluster" hostfile 2 >"$work/hosts" || { echo "FAIL: netns-cluster.sh hostfile failed" >&2; exit 1; }
+start_cluster "$cluster" 2
 timeout 240 "$cluster" run -- "${mpiexec[@]}" -np 4 --hostfile "$work/hosts" --map-by ppr:2:node \
   -x MLACP_TESTBED_NODES=2 -x OPENBLAS_NUM_THREADS=1 "$binary"
