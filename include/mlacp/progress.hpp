@@ -39,8 +39,9 @@ void progress();
 /// Number of launched, not yet waited collectives of this process.
 std::size_t pending_collectives() noexcept;
 
-/// Those of them worth polling (OverlapPolicy: their ranks span nodes and they move enough bytes): mlacp's GEMMs panel
-/// and poll only while at least one is pending; beside the others a GEMM is one call, as in a blocking schedule.
+/// Those of them worth polling (OverlapPolicy: their bytes do not move through shared memory, and there are enough of
+/// them): mlacp's GEMMs panel and poll only while at least one is pending; beside the others a GEMM is one call, as in
+/// a blocking schedule.
 std::size_t polled_collectives() noexcept;
 
 /// Number of progress() calls that tested at least one collective since the start (for tests and reports).

@@ -22,9 +22,9 @@ class PendingTransport {
   /// left for test() / wait() to report.
   virtual void progress() noexcept = 0;
 
-  /// Whether mlacp's GEMMs panel and poll while this operation is pending (detail::worth_polling in
-  /// panelled_gemm.hpp decides it at the launch, before the handle registers the operation): false for one that
-  /// polling cannot speed up, so that it costs nothing beside the compute. Either way the wait completes it.
+  /// Whether mlacp's GEMMs panel and poll while this operation is pending (detail::worth_polling, progress.hpp, decides
+  /// it at the launch, before the handle registers the operation): false for one that polling cannot speed up, so that
+  /// it costs nothing beside the compute. Either way the wait completes it.
   bool polled() const noexcept { return polled_; }
   void set_polled(bool polled) noexcept { polled_ = polled; }
 
