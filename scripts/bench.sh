@@ -24,7 +24,8 @@
 #   SKIP_LINK=1 ./scripts/bench.sh      # shared memory only (no root needed for the run itself)
 #   SUITE=1                             # the whole overlap suite (efficiency, overlap, block + timeline PNG) on both
 #                                       # transports (default form: mlacp-perf-overlap on the link only)
-#   CORE=1                              # the attention core against the GEMM rate (CORE_SEQS=512,1024,2048)
+#   CORE=1                              # the attention core against the GEMM rate (CORE_SEQS=512,1024,2048), and
+#                                       # torch's math attention beside it (perf_tests/peers/attention_torch.py)
 #   GEMM_SHAPES=1                       # the layer's time split GEMM shape by shape against each shape alone
 #                                       # (mlacp-perf-gemm-shapes at P = 1 and P = NP; about 4 minutes)
 #   PEER=0                              # without the mlacp-vs-PyTorch-peer comparison (and sweep)
@@ -46,8 +47,9 @@
 #                                       # about 1 minute)
 #   OVERLAP_COST=0 COST_ROUNDS=3        # the overlapped / blocking cells off / their alternated rounds (default on:
 #                                       # float on shm and the link; FULL adds bf16 and q-LoRA; about 2-5 minutes)
-#   PEER_MEM_GIB=10                     # per-rank address-space limit of the comparison runs (default: the smaller
-#                                       # of 10 GiB and 70% of the available memory / P)
+#   PEER_MEM_GIB=10                     # per-rank address-space limit of the PyTorch runs (comparison, and torch's
+#                                       # attention beside the core; default: the smaller of 10 GiB and 70% of the
+#                                       # available memory / P)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -156,14 +158,41 @@ elif [[ $suite != 0 ]]; then
   fi
 fi
 
+# The per-rank address-space limit of the PyTorch runs (torch's attention beside the core, the peer comparison): they
+# materialise S x S scores, and at large S they must fail with "out of memory" instead of taking the machine down.
+if [[ -n ${PEER_MEM_GIB:-} ]]; then
+  limit_bytes=$((PEER_MEM_GIB * 1024 * 1024 * 1024))
+else
+  available_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+  limit_bytes=$((available_kib * 1024 / 10 * 7 / np))
+  if ((limit_bytes > 10 * 1024 * 1024 * 1024)); then limit_bytes=$((10 * 1024 * 1024 * 1024)); fi
+fi
+limit=()
+if command -v prlimit >/dev/null; then limit=(prlimit --as="$limit_bytes"); fi
+
 # ---- the attention core alone against the GEMM rate --------------------------------------------------------------
 # Every rank runs the same core work (P ranks load P cores, as in the layer); both dtypes, the perf_block head shape
 # (dqk = dv = 32) and a DeepSeek-like one (dqk = 192, dv = 128), and the reference core where it is quick to time.
+# Then torch's math attention on the same shapes under the same mpirun (perf_tests/peers/attention_torch.py, issue 36:
+# matmul, masked_fill, softmax, matmul, autograd; the same FLOP count) and attention_report.py's table of the two,
+# both against mlacp's GEMM rate too: attention_torch_np<P>.json, attention_vs_torch_np<P>.json.
 if [[ $core != 0 ]]; then
   echo
   echo "==== attention core, P = $np ===="
-  "${mpirun_cmd[@]}" "$bin/mlacp-perf-attention" --seq "${CORE_SEQS:-512,1024,2048}" --shapes small,deepseek \
-    --json "$out/attention_np$np.json"
+  core_args=(--seq "${CORE_SEQS:-512,1024,2048}" --shapes "small,deepseek")
+  "${mpirun_cmd[@]}" "$bin/mlacp-perf-attention" "${core_args[@]}" --json "$out/attention_np$np.json"
+  if /usr/bin/python3 -c 'import torch, mpi4py, numpy' 2>/dev/null; then
+    echo
+    echo "==== attention core against torch's math attention, P = $np ===="
+    rm -f "$out/attention_torch_np$np.json" "$out/attention_vs_torch_np$np.json"
+    "${mpirun_cmd[@]}" "${limit[@]}" /usr/bin/python3 "$root/perf_tests/peers/attention_torch.py" "${core_args[@]}" \
+      --json "$out/attention_torch_np$np.json" || echo "bench: attention_torch.py failed (rc $?)"
+    /usr/bin/python3 "$root/perf_tests/peers/attention_report.py" "$out/attention_np$np.json" \
+      "$out/attention_torch_np$np.json" "$out/attention_vs_torch_np$np.json" ||
+      echo "bench: attention_report.py failed (rc $?)"
+  else
+    echo "bench: /usr/bin/python3 lacks torch, mpi4py or numpy: torch's attention beside the core skipped"
+  fi
 fi
 
 # ---- the layer's GEMMs shape by shape against each shape alone (issue 23) -----------------------------------------
@@ -251,15 +280,6 @@ fi
 if [[ $peer != 0 ]]; then
   rm -rf "$runs"
   mkdir -p "$runs"
-  if [[ -n ${PEER_MEM_GIB:-} ]]; then
-    limit_bytes=$((PEER_MEM_GIB * 1024 * 1024 * 1024))
-  else
-    available_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
-    limit_bytes=$((available_kib * 1024 / 10 * 7 / np))
-    if ((limit_bytes > 10 * 1024 * 1024 * 1024)); then limit_bytes=$((10 * 1024 * 1024 * 1024)); fi
-  fi
-  limit=()
-  if command -v prlimit >/dev/null; then limit=(prlimit --as="$limit_bytes"); fi
   # gloo on the loopback interface: the only one inside netns-link.sh's namespace, and the same path on shm runs
   # (gloo has no shared-memory transport; the peer's "shm" runs use TCP over an unlimited loopback).
   export GLOO_SOCKET_IFNAME=lo
