@@ -3,7 +3,9 @@
 // The host path of the tiled causal attention core: for each (batch, head) the score tiles are GEMMs of Kokkos Kernels
 // (the BLAS TPL on host builds) on tiles of q, k, v read in place (a head's rows of a [B, S, h, d] View are a
 // row-major matrix with leading dimension h*d), and the softmax, masking and row statistics are Kokkos kernels on the
-// tile. Memory is O(tile) per call plus the row term D of the backward, never S x S.
+// tile. Memory is O(tile) per call plus the row term D of the backward, never S x S. The row loops of the softmax, the
+// probabilities and dS run host_row_kernels.hpp's copy for the CPU's widest vector instructions (the path is host-only:
+// those loops are plain host lambdas).
 //
 // Forward, per query tile Q_i and key tiles K_j, V_j up to the diagonal (online softmax, statistics in double):
 //   S = Q_i K_j^T;  m' = max(m, rowmax(scale*S));  P = exp(scale*S - m');  l = l*exp(m - m') + rowsum(P);
@@ -22,6 +24,7 @@
 #include <mlacp/error.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_rows.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_scratch.hpp>
+#include <mlacp/mla/kernels/detail/host_row_kernels.hpp>
 #include <mlacp/progress.hpp>
 #include <mlacp/view_types.hpp>
 
@@ -56,28 +59,51 @@ auto rows_cols(const Mat& m, std::int64_t row0, std::int64_t rows, std::int64_t 
                          std::make_pair<std::size_t, std::size_t>(0, static_cast<std::size_t>(cols)));
 }
 
-/// Rows per block where a score tile crosses the diagonal: such a tile is computed in row blocks whose key range ends
+/// Rows per block where a score tile crosses the diagonal: such rows are computed in row blocks whose key range ends
 /// at the block's last query, so that little of the masked half is computed (with 128 x 128 tiles at S = 1024, whole
 /// diagonal tiles are 12% of the computed scores, 32-row blocks 3%).
 inline constexpr std::int64_t flash_diagonal_block_rows = 32;
 
 /// The row blocks of a query tile [i0, i0 + nq) against a key tile starting at j0 with nk keys: `fn(a, na, ka, nka)`
 /// for rows [a, a + na) of the tile and keys [ka, ka + nka) of the key tile, the keys any of those rows can see (blocks
-/// that see none are skipped). A tile whose every query sees every key (below the diagonal, inside one document) is one
-/// block; other tiles (on the diagonal, or crossing a document boundary) are cut into blocks of
-/// flash_diagonal_block_rows rows, each computing only the key range [start_of(first row), last row] it can see.
+/// that see none are skipped). The rows that see every key of the tile (at or after its last key, and in a document
+/// that starts at or before its first: an interval, as start_of does not decrease) are one block, the whole tile where
+/// that is every row, and where they are at least flash_diagonal_block_rows; the other rows (on the diagonal, or across
+/// a document boundary) are cut into blocks of flash_diagonal_block_rows rows, each computing only the key range
+/// [start_of(first row), last row] it can see. So a tall tile that crosses the diagonal (a query tile longer than the
+/// key tile) keeps one large product for its visible part, and a square tile on the diagonal is cut as it always was.
 template <class Docs, class Fn>
 void for_each_row_block(const Docs& docs, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk, Fn&& fn) {
   if (tile_fully_visible(i0, docs.start_of(i0 + nq - 1), j0, nk)) {
     fn(std::int64_t(0), nq, std::int64_t(0), nk);
     return;
   }
-  for (std::int64_t a = 0; a < nq; a += flash_diagonal_block_rows) {
-    const std::int64_t na = std::min(flash_diagonal_block_rows, nq - a);
-    const std::int64_t ka = std::max(std::int64_t(0), docs.start_of(i0 + a) - j0);
-    const std::int64_t kend = std::min(nk, i0 + a + na - j0);
-    if (kend > ka) fn(a, na, ka, kend - ka);
+  // Rows [full_begin, full_end) see every key: at or after the last key, and their document starts at or before j0.
+  const std::int64_t full_begin = std::min(nq, std::max(std::int64_t(0), j0 + nk - 1 - i0));
+  std::int64_t full_end = full_begin;
+  for (std::int64_t lo = full_begin, hi = nq; lo < hi;) {  // the first row from full_begin whose document starts later
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (docs.start_of(i0 + mid) <= j0)
+      lo = full_end = mid + 1;
+    else
+      hi = mid;
   }
+  auto partial = [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t a = begin; a < end; a += flash_diagonal_block_rows) {
+      const std::int64_t na = std::min(flash_diagonal_block_rows, end - a);
+      const std::int64_t ka = std::max(std::int64_t(0), docs.start_of(i0 + a) - j0);
+      const std::int64_t kend = std::min(nk, i0 + a + na - j0);
+      if (kend > ka) fn(a, na, ka, kend - ka);
+    }
+  };
+  // Fewer full rows than one block (a square tile on the diagonal has one): no gain from a call of their own.
+  if (full_end - full_begin < flash_diagonal_block_rows) {
+    partial(0, nq);
+    return;
+  }
+  partial(0, full_begin);
+  fn(full_begin, full_end - full_begin, std::int64_t(0), nk);
+  partial(full_end, nq);
 }
 
 /// Whether the core's inputs are stored in a narrower type than it accumulates in (bf16): then the tile products take
@@ -145,7 +171,8 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
   using lse_type = typename Lse::non_const_value_type;
   const double neg_inf = -std::numeric_limits<double>::infinity();
   const auto m = ws.row_max, l = ws.row_sum;
-  const std::int64_t k_shift = rg.k_row - rg.k_pos;  // key row of a key position
+  const HostRowKernels<T> rows = host_row_kernels<T>();  // host-only: the row loops below are plain host lambdas
+  const std::int64_t k_shift = rg.k_row - rg.k_pos;      // key row of a key position
   for (std::int64_t b = 0; b < n_b; ++b) {
     for (std::int64_t hd = 0; hd < n_h; ++hd) {
       for (std::int64_t i0 = 0; i0 < rg.n_q; i0 += tile_q) {
@@ -183,24 +210,23 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
                   gemm_values(space, "N", "T", T(1), head_rows(q, b, hd, r0 + a, na), k_b, T(0), s);
                   // Some key of the block lies after some query, or before some query's document start.
                   const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
-                  Kokkos::parallel_for(
-                      "mlacp::flash_forward_softmax", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
-                        const std::int64_t start = docs.start_of(row0 + r);
-                        // No earlier key tile held a key of this row: its statistics and output start here.
-                        const bool row_first = l(a + r) == 0.0;
-                        const std::int64_t first = masked ? first_visible(start, jb, nk) : 0;
-                        const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
-                        const double alpha =
-                            online_softmax_row(&s(r, 0), nk, first, last, scale, row_first, m(a + r), l(a + r));
-                        acc_type* out = &acc_a(r, 0);
-                        if (row_first) {
-                          if (!tile_first)
-                            for (std::int64_t c = 0; c < d_v; ++c) out[c] = acc_type(0);
-                        } else if (alpha != 1.0) {
-                          const auto factor = static_cast<acc_type>(alpha);
-                          for (std::int64_t c = 0; c < d_v; ++c) out[c] *= factor;
-                        }
-                      });
+                  Kokkos::parallel_for("mlacp::flash_forward_softmax", policy(space, 0, na), [=](const std::int64_t r) {
+                    const std::int64_t start = docs.start_of(row0 + r);
+                    // No earlier key tile held a key of this row: its statistics and output start here.
+                    const bool row_first = l(a + r) == 0.0;
+                    const std::int64_t first = masked ? first_visible(start, jb, nk) : 0;
+                    const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
+                    const double alpha =
+                        rows.online_softmax(&s(r, 0), nk, first, last, scale, row_first, m(a + r), l(a + r));
+                    acc_type* out = &acc_a(r, 0);
+                    if (row_first) {
+                      if (!tile_first)
+                        for (std::int64_t c = 0; c < d_v; ++c) out[c] = acc_type(0);
+                    } else if (alpha != 1.0) {
+                      const auto factor = static_cast<acc_type>(alpha);
+                      for (std::int64_t c = 0; c < d_v; ++c) out[c] *= factor;
+                    }
+                  });
                   if constexpr (mixed) {
                     const auto p = rows_cols(ws.scores_bf16, 0, na, nk);
                     flash_round_tile(space, s, p, na, nk);
@@ -313,6 +339,7 @@ void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, c
     throw InvalidArgument("mlacp::FlashAttentionCore: accumulated gradients must be in the accumulation type");
   ws.reserve_tiles(tile_q, tile_k);
   if constexpr (mixed) ws.reserve_mixed(tile_q, tile_k, d_qk, d_v, round_dq ? rg.n_q : 0);
+  const HostRowKernels<T> rows = host_row_kernels<T>();  // host-only: the row loops below are plain host lambdas
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   // One document: every query sees key 0, so the first key tile initialises dQ. Several: a query's first key lies in
   // the tile of its document start, so dQ is zeroed first and only accumulated. Accumulating: never initialised.
@@ -390,10 +417,10 @@ void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, c
                 gemm_values(space, "N", "T", T(1), q_a, k_j, T(0), p);
                 const bool masked = !tile_fully_visible(row0, docs.start_of(row0 + na - 1), jb, nk);
                 Kokkos::parallel_for(
-                    "mlacp::flash_backward_probabilities", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
+                    "mlacp::flash_backward_probabilities", policy(space, 0, na), [=](const std::int64_t r) {
                       const std::int64_t first = masked ? first_visible(docs.start_of(row0 + r), jb, nk) : 0;
                       const std::int64_t last = masked ? last_visible(row0 + r, jb, nk) : nk - 1;
-                      probabilities_row(&p(r, 0), nk, first, last, scale, static_cast<double>(lse(b, hd, qr + r)));
+                      rows.probabilities(&p(r, 0), nk, first, last, scale, static_cast<double>(lse(b, hd, qr + r)));
                     });
                 // P and dS as the GEMMs that consume them take them: rounded to bf16 (mixed), else themselves.
                 auto operand = [&](const auto& tile, const auto& rounded) {
@@ -412,10 +439,9 @@ void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, c
                 const auto ds = rows_cols(ws.grads, 0, na, nk);
                 gemm_values(space, "N", "T", T(1), do_a, head_rows(v, b, hd, jb + k_shift, nk), T(0), ds);
                 const std::int64_t d0 = lse_row * n_rows + qr;
-                Kokkos::parallel_for(
-                    "mlacp::flash_backward_ds", policy(space, 0, na), KOKKOS_LAMBDA(const std::int64_t r) {
-                      score_grad_row(&ds(r, 0), &p(r, 0), nk, scale, row_term(d0 + r));
-                    });
+                Kokkos::parallel_for("mlacp::flash_backward_ds", policy(space, 0, na), [=](const std::int64_t r) {
+                  rows.score_grad(&ds(r, 0), &p(r, 0), nk, scale, row_term(d0 + r));
+                });
                 const auto ds_op = operand(ds, ws.grads_bf16);
                 if (do_dk) gemm_values(space, "T", "N", T(1), ds_op, q_a, T(1), dk_rows(b, hd, j0, jb, nk));
                 if (do_dq)

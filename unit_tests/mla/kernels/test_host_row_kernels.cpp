@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
+// Tests of the attention core's host row kernels (host_row_kernels.hpp): every instruction set's copy gives the generic
+// function's results (the baseline copy its bits, the copies with FMA to within rounding), the choice is one the CPU
+// runs, and an instruction set it does not run is refused by name. And of the BLAS path's row blocks
+// (for_each_row_block): every visible (query, key) pair of a tile is computed exactly once, and the rows that see the
+// whole key tile stay one block.
+#include <gtest/gtest.h>
+#include <Kokkos_Core.hpp>
+#include <mlacp/error.hpp>
+#include <mlacp/mla/document_layout.hpp>
+#include <mlacp/mla/kernels/detail/flash_attention_blas.hpp>
+#include <mlacp/mla/kernels/detail/flash_attention_rows.hpp>
+#include <mlacp/mla/kernels/detail/host_row_kernels.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+using mlacp::detail::HostIsa;
+
+template <class T>
+class HostRowKernels : public ::testing::Test {};
+using RowTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(HostRowKernels, RowTypes);
+
+template <class T>
+std::vector<T> random_row(std::int64_t n, unsigned seed, double spread) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-spread, spread);
+  std::vector<T> row(static_cast<std::size_t>(n));
+  for (auto& x : row) x = static_cast<T>(dist(gen));
+  return row;
+}
+
+/// Whether a and b agree bit for bit (exact), or else to within a few units in the last place of T (a fused
+/// multiply-add's rounding against a multiply and an add, through the exp polynomial and the row sums).
+/// Row values of type T, or double statistics of a row of T (Row = T).
+template <class Row, class T>
+bool close(T a, T b, bool exact) {
+  if (exact) return std::memcmp(&a, &b, sizeof a) == 0;
+  const double eps = std::is_same_v<Row, float> ? 1e-6 : 1e-14;
+  return std::abs(static_cast<double>(a) - static_cast<double>(b)) <=
+         eps * std::max({1.0, std::abs(static_cast<double>(a)), std::abs(static_cast<double>(b))});
+}
+
+template <class T>
+bool close(const std::vector<T>& a, const std::vector<T>& b, bool exact) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!close<T>(a[i], b[i], exact)) return false;
+  return true;
+}
+
+// Row lengths around the vector widths (4, 8, 16 lanes) and the eight partial sums, visible ranges masked at either
+// end or empty, scores of small and large magnitude (large ones cancel against the row maximum).
+struct RowCase {
+  std::int64_t nk, first, last;
+  double spread;
+  bool start;
+};
+const RowCase row_cases[] = {{1, 0, 0, 1.0, true},       {7, 0, 6, 3.0, false},       {16, 0, 15, 1.0, true},
+                             {17, 2, 16, 40.0, false},   {33, 5, 20, 1.0, true},      {128, 0, 127, 8.0, false},
+                             {128, 0, 63, 1.0, true},    {131, 64, 130, 300.0, true}, {256, 10, 9, 1.0, false},
+                             {255, 100, 254, 2.0, false}};
+
+template <class T>
+void expect_same_as_generic(HostIsa isa, bool exact) {
+  const auto& kernels = mlacp::detail::host_row_kernels<T>(isa);
+  const double scale = 0.0721687836;  // 1/sqrt(192)
+  unsigned seed = 1;
+  for (const RowCase& rc : row_cases) {
+    SCOPED_TRACE(::testing::Message() << mlacp::detail::host_isa_name(isa) << (exact ? " (bits)" : " (rounding)")
+                                      << " nk " << rc.nk << " visible [" << rc.first << ", " << rc.last << "]");
+    const std::vector<T> s = random_row<T>(rc.nk, ++seed, rc.spread);
+    // The forward's online softmax, from a running state (m, l) or starting.
+    std::vector<T> got = s, want = s;
+    double m_got = 0.5, l_got = 3.0, m_want = 0.5, l_want = 3.0;
+    const double f_got = kernels.online_softmax(got.data(), rc.nk, rc.first, rc.last, scale, rc.start, m_got, l_got);
+    const double f_want =
+        mlacp::detail::online_softmax_row(want.data(), rc.nk, rc.first, rc.last, scale, rc.start, m_want, l_want);
+    EXPECT_TRUE(close(got, want, exact));
+    EXPECT_TRUE(close<T>(f_got, f_want, exact) && close<T>(m_got, m_want, exact) && close<T>(l_got, l_want, exact))
+        << f_got << " " << f_want << " " << m_got << " " << m_want << " " << l_got << " " << l_want;
+    // Outside the visible range a row is zero, whatever the copy.
+    for (std::int64_t c = 0; c < rc.nk; ++c) {
+      if (c < rc.first || c > rc.last) {
+        EXPECT_EQ(got[static_cast<std::size_t>(c)], T(0)) << "column " << c;
+      }
+    }
+    // The backward's probabilities and dS (dS from the same P on both sides).
+    got = s;
+    want = s;
+    kernels.probabilities(got.data(), rc.nk, rc.first, rc.last, scale, 1.25);
+    mlacp::detail::probabilities_row(want.data(), rc.nk, rc.first, rc.last, scale, 1.25);
+    EXPECT_TRUE(close(got, want, exact));
+    std::vector<T> ds_got = random_row<T>(rc.nk, ++seed, 1.0), ds_want = ds_got;
+    kernels.score_grad(ds_got.data(), want.data(), rc.nk, scale, -0.375);
+    mlacp::detail::score_grad_row(ds_want.data(), want.data(), rc.nk, scale, -0.375);
+    EXPECT_TRUE(close(ds_got, ds_want, exact));
+  }
+}
+
+// Every copy the CPU runs against the generic functions compiled here. The baseline copy, built without FMA, gives
+// their bits where this test is built without FMA too (no -march with FMA); the others agree to within rounding.
+TYPED_TEST(HostRowKernels, EveryInstructionSetGivesTheGenericResults) {
+  using T = TypeParam;
+#if defined(__FMA__)
+  const bool baseline_exact = false;
+#else
+  const bool baseline_exact = true;
+#endif
+  for (const HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512})
+    if (mlacp::detail::host_isa_supported(isa))
+      expect_same_as_generic<T>(isa, isa == HostIsa::baseline && baseline_exact);
+}
+
+TEST(HostIsa, TheChoiceIsOneTheCpuRunsAndOthersAreRefusedByName) {
+  const HostIsa best = mlacp::detail::host_isa_best();
+  EXPECT_TRUE(mlacp::detail::host_isa_supported(best));
+  EXPECT_TRUE(mlacp::detail::host_isa_supported(HostIsa::baseline));
+  EXPECT_EQ(&mlacp::detail::host_row_kernels<float>(), &mlacp::detail::host_row_kernels<float>(best));
+  bool refused_any = false;
+  for (const HostIsa isa : {HostIsa::avx2, HostIsa::avx512}) {
+    if (mlacp::detail::host_isa_supported(isa)) continue;
+    refused_any = true;
+    try {
+      mlacp::detail::host_row_kernels<double>(isa);
+      ADD_FAILURE() << "expected InvalidArgument for " << mlacp::detail::host_isa_name(isa);
+    } catch (const mlacp::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("instruction set ") + mlacp::detail::host_isa_name(isa)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  std::cout << "host row kernels: " << mlacp::detail::host_isa_name(best)
+            << (refused_any ? " (a wider set was refused by name)" : " (every set runs here)") << "\n";
+}
+
+// The row blocks of every (query tile, key tile) pair of a packed sequence: each visible pair exactly once, each masked
+// one at most once, and in one document the rows at or after the key tile's
+// last key are one block.
+TEST(FlashRowBlocks, EachVisiblePairOnceAndFullRowsInOneBlock) {
+  const std::int64_t n_s = 300;
+  for (const std::vector<std::int64_t>& cu :
+       {std::vector<std::int64_t>{0, n_s}, std::vector<std::int64_t>{0, 7, 40, 41, 150, 230, n_s}}) {
+    const mlacp::DocumentLayout layout(cu, n_s);
+    const auto docs = layout.host(n_s);
+    for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{64, 64}, {256, 64}, {48, 200}, {300, 300}}) {
+      for (std::int64_t i0 = 0; i0 < n_s; i0 += tq) {
+        const std::int64_t nq = std::min(tq, n_s - i0);
+        for (std::int64_t j0 = 0; j0 < n_s; j0 += tk) {
+          const std::int64_t nk = std::min(tk, n_s - j0);
+          std::vector<int> covered(static_cast<std::size_t>(nq * nk), 0);
+          std::int64_t full_blocks = 0, rows_done = 0;
+          mlacp::detail::for_each_row_block(docs, i0, nq, j0, nk,
+                                            [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nka) {
+                                              EXPECT_GE(a, rows_done) << "row blocks in order, disjoint";
+                                              rows_done = a + na;
+                                              if (ka == 0 && nka == nk && na > mlacp::detail::flash_diagonal_block_rows)
+                                                ++full_blocks;
+                                              for (std::int64_t r = a; r < a + na; ++r)
+                                                for (std::int64_t c = ka; c < ka + nka; ++c)
+                                                  ++covered[static_cast<std::size_t>(r * nk + c)];
+                                            });
+          for (std::int64_t r = 0; r < nq; ++r)
+            for (std::int64_t c = 0; c < nk; ++c) {
+              const std::int64_t query = i0 + r, key = j0 + c;
+              const bool visible = key <= query && key >= docs.start_of(query);
+              const int n = covered[static_cast<std::size_t>(r * nk + c)];
+              // Once where visible; a masked entry inside a block's key range at most once.
+              ASSERT_TRUE(visible ? n == 1 : n <= 1)
+                  << "query " << query << " key " << key << " tiles " << tq << "x" << tk << ": computed " << n;
+            }
+          // One document, a tall tile crossing the diagonal: its rows after the key tile form one block.
+          if (cu.size() == 2 && j0 >= i0 && i0 + nq - (j0 + nk - 1) > mlacp::detail::flash_diagonal_block_rows) {
+            EXPECT_EQ(full_blocks, 1) << "tile " << i0 << "+" << nq << " x " << j0 << "+" << nk;
+          }
+          // A square tile on the diagonal: 32-row blocks only, as the core always cut it.
+          if (cu.size() == 2 && j0 == i0 && nq == nk) {
+            EXPECT_EQ(full_blocks, 0) << "tile " << i0 << "+" << nq;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
