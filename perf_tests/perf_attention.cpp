@@ -2,11 +2,13 @@
 //
 // mlacp-perf-attention: the attention core alone (forward + backward on head-local q, k, v), against the machine's
 // GEMM rate measured in the same run, for each tiling of the flash core (the measurement its default tiles come from),
-// and the reference core (one thread per row) where it is fast enough to time.
+// and the reference core (one thread per row) where it is fast enough to time. "gemms-only" is the BLAS path's ceiling:
+// the same tile GEMM calls at its default tiles, on the same Views, with nothing else (time_gemms_only).
 //
 // FLOPs per (batch, head): E = S(S+1)/2 causal score elements; forward 2E(dqk+dv), backward 2E(3dqk+2dv) (score
 // recompute, dP, dV, dQ, dK). GEMM rate: a square 512 x 512 x 512 GEMM of the same value type through Kokkos
-// Kernels (the BLAS TPL on host builds; perf_common.hpp's measure_gemm_rate), median of the repeats. "fraction" =
+// Kernels (the BLAS TPL on host builds; perf_common.hpp's measure_gemm_rate), median of the repeats; bf16 (--dtype bf16
+// or all) through the Bf16GemmPlan the core's tiles use, which the run installs as the layer does. "fraction" =
 // (FLOPs / GEMM rate) / measured time. Every rank runs the same work (P ranks load P cores, as the layer does); times
 // are the max over ranks.
 //
@@ -14,16 +16,20 @@
 // against the same S as one document (default tiles, first head shape): forward and backward times, the tile pairs
 // visited (FlashAttentionCore::tile_pairs) and the causal score elements left (sum L(L+1)/2 over S(S+1)/2).
 //
-//   mpirun -n 2 mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--dtype float|double|both]
+//   mpirun -n 2 mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--dtype float|double|bf16|both|all]
 //                                    [--seq S[,S...]] [--heads h] [--tiles QxK[,QxK...]] [--shapes small,deepseek]
 //                                    [--path blas|team]
 #include <mpi.h>
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/kernels/attention_core.hpp>
+#include <mlacp/mla/kernels/detail/flash_attention_blas.hpp>
 #include <mlacp/mla/kernels/flash_attention.hpp>
+
+#include <mlacp/bf16_gemm.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -38,7 +44,8 @@ using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
 
 const char* usage =
-    "usage: mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--warmup N] [--dtype float|double|both]\n"
+    "usage: mlacp-perf-attention [--quick] [--json FILE] [--repeats N] [--warmup N] [--dtype "
+    "float|double|bf16|both|all]\n"
     "                            [--seq S[,S...]] [--heads h] [--tiles QxK[,QxK...]] [--shapes small,deepseek]\n"
     "                            [--path blas|team] [--reference-max-seq S]\n";
 
@@ -55,10 +62,19 @@ struct HeadShape {
   int dqk, dv;
 };
 
+using bf16 = mlacp::compat::bf16;
+
+template <class T>
+const char* dtype_name() {
+  if constexpr (std::is_same_v<T, double>) return "double";
+  if constexpr (std::is_same_v<T, float>) return "float";
+  return "bf16";
+}
+
 template <class T>
 struct Problem {
   Kokkos::View<T****, Kokkos::LayoutRight, Mem> q, k, v, o, d_o, dq, dk, dv;
-  Kokkos::View<T***, Kokkos::LayoutRight, Mem> lse;
+  Kokkos::View<mlacp::compat::accumulation_t<T>***, Kokkos::LayoutRight, Mem> lse;
   Problem(int s, int h, const HeadShape& hs)
       : q("q", 1, s, h, hs.dqk),
         k("k", 1, s, h, hs.dqk),
@@ -73,7 +89,7 @@ struct Problem {
     std::uniform_real_distribution<double> dist(-1.0, 1.0);
     for (const auto& view : {q, k, v, d_o}) {
       auto host = Kokkos::create_mirror_view(view);
-      for (std::size_t i = 0; i < host.span(); ++i) host.data()[i] = static_cast<T>(dist(gen));
+      for (std::size_t i = 0; i < host.span(); ++i) host.data()[i] = static_cast<T>(static_cast<float>(dist(gen)));
       Kokkos::deep_copy(view, host);
     }
   }
@@ -97,9 +113,83 @@ Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, 
   const Samples f = measure(comm, warmup, repeats, fwd);
   const Samples b = measure(comm, warmup, repeats, bwd);
   const double e = static_cast<double>(h) * s * (s + 1.0) / 2.0;
-  return {std::is_same_v<T, double> ? "double" : "float",
+  return {dtype_name<T>(),
           hs.name,
           name,
+          s,
+          h,
+          tq,
+          tk,
+          f.median(),
+          b.median(),
+          2.0 * e * (hs.dqk + hs.dv) + 2.0 * e * (3.0 * hs.dqk + 2.0 * hs.dv),
+          rate};
+}
+
+/// The ceiling of the BLAS path: the very GEMM calls its forward and backward make at tiles tq x tk (one document:
+/// the tile pairs up to the diagonal, cut into row blocks by for_each_row_block as the core cuts them), on the same
+/// Views and strides, without the softmax, the probabilities, dS or any other pass. Its fraction is what the core
+/// would reach if everything but its tile products cost nothing.
+template <class T>
+Row time_gemms_only(MPI_Comm comm, int tq, int tk, int s, int h, const HeadShape& hs, int warmup, int repeats,
+                    double rate) {
+  Problem<T> p(s, h, hs);
+  const Space space;
+  // Scores in the accumulation type; bf16: P and dS as the bf16 operands the core rounds them to.
+  using A = mlacp::compat::accumulation_t<T>;
+  Kokkos::View<A**, Kokkos::LayoutRight, Mem> scores("scores", tq, tk), grads("grads", tq, tk);
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> scores_t("scores operand", tq, tk), grads_t("grads operand", tq, tk);
+  auto operand = [](const auto& acc, const auto& narrow) {
+    if constexpr (std::is_same_v<A, T>) {
+      (void)narrow;
+      return acc;
+    } else {
+      (void)acc;
+      return narrow;
+    }
+  };
+  const mlacp::DocumentLayout one;
+  const auto docs = one.host(s);
+  using mlacp::detail::head_rows;
+  using mlacp::detail::rows_cols;
+  auto tiles = [&](auto&& block) {
+    for (int hd = 0; hd < h; ++hd)
+      for (std::int64_t i0 = 0; i0 < s; i0 += tq)
+        for (std::int64_t j0 = 0; j0 <= std::min<std::int64_t>(i0 + tq, s) - 1; j0 += tk) {
+          const std::int64_t nq = std::min<std::int64_t>(tq, s - i0), nk = std::min<std::int64_t>(tk, s - j0);
+          mlacp::detail::for_each_row_block(docs, i0, nq, j0, nk,
+                                            [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t n) {
+                                              block(hd, i0 + a, na, j0 + ka, n);
+                                            });
+        }
+  };
+  using mlacp::detail::gemm_values;
+  const auto fwd = [&] {
+    tiles([&](int hd, std::int64_t r0, std::int64_t na, std::int64_t k0, std::int64_t nk) {
+      const auto sc = rows_cols(scores, 0, na, nk), p_op = operand(sc, rows_cols(scores_t, 0, na, nk));
+      gemm_values(space, "N", "T", A(1), head_rows(p.q, 0, hd, r0, na), head_rows(p.k, 0, hd, k0, nk), A(0), sc);
+      gemm_values(space, "N", "N", A(1), p_op, head_rows(p.v, 0, hd, k0, nk), A(1), head_rows(p.o, 0, hd, r0, na));
+    });
+  };
+  const auto bwd = [&] {
+    tiles([&](int hd, std::int64_t r0, std::int64_t na, std::int64_t k0, std::int64_t nk) {
+      const auto sc = rows_cols(scores, 0, na, nk), ds = rows_cols(grads, 0, na, nk);
+      const auto p_op = operand(sc, rows_cols(scores_t, 0, na, nk)), ds_op = operand(ds, rows_cols(grads_t, 0, na, nk));
+      const auto q_a = head_rows(p.q, 0, hd, r0, na), do_a = head_rows(p.d_o, 0, hd, r0, na);
+      const auto k_j = head_rows(p.k, 0, hd, k0, nk);
+      gemm_values(space, "N", "T", A(1), q_a, k_j, A(0), sc);
+      gemm_values(space, "T", "N", A(1), p_op, do_a, A(1), head_rows(p.dv, 0, hd, k0, nk));
+      gemm_values(space, "N", "T", A(1), do_a, head_rows(p.v, 0, hd, k0, nk), A(0), ds);
+      gemm_values(space, "T", "N", A(1), ds_op, q_a, A(1), head_rows(p.dk, 0, hd, k0, nk));
+      gemm_values(space, "N", "N", A(1), ds_op, k_j, A(1), head_rows(p.dq, 0, hd, r0, na));
+    });
+  };
+  const Samples f = measure(comm, warmup, repeats, fwd);
+  const Samples b = measure(comm, warmup, repeats, bwd);
+  const double e = static_cast<double>(h) * s * (s + 1.0) / 2.0;
+  return {dtype_name<T>(),
+          hs.name,
+          "gemms-only",
           s,
           h,
           tq,
@@ -153,7 +243,7 @@ PackedRow time_packed(MPI_Comm comm, const mlacp::FlashAttentionOptions& fo, con
     const double len = static_cast<double>(cu[d + 1] - cu[d]);
     elements += len * (len + 1.0) / 2.0;
   }
-  return {std::is_same_v<T, double> ? "double" : "float",
+  return {dtype_name<T>(),
           hs.name,
           "flash-" + path,
           s,
@@ -170,10 +260,35 @@ PackedRow time_packed(MPI_Comm comm, const mlacp::FlashAttentionOptions& fo, con
           causal};
 }
 
+/// The square 512 x 512 x 512 GEMM rate of T: perf_common.hpp's for float and double; bf16 the core's way, bf16
+/// operands through the installed plan (gemm_values), accumulated in float and rounded to bf16 (C of bf16).
+template <class T>
+double gemm_rate(MPI_Comm comm, int repeats) {
+  if constexpr (!std::is_same_v<T, bf16>) {
+    return measure_gemm_rate<T>(comm, 512, 512, 512, repeats).flops_per_s;
+  } else {
+    using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+    Matrix a("gemm a", 512, 512), b("gemm b", 512, 512), c("gemm c", 512, 512);
+    Kokkos::deep_copy(a, T(0.5f));
+    Kokkos::deep_copy(b, T(0.25f));
+    const Space space;
+    const Samples t =
+        measure(comm, 1, repeats, [&] { mlacp::detail::gemm_values(space, "N", "T", 1.0f, a, b, 0.0f, c); });
+    return 2.0 * 512 * 512 * 512 / t.median();
+  }
+}
+
 template <class T>
 void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows, std::vector<PackedRow>& packed_rows) {
   const int repeats = o.repeats_or(2, 5), warmup = o.quick ? 1 : o.warmup;
-  const double rate = measure_gemm_rate<T>(comm, 512, 512, 512, std::max(repeats, 5)).flops_per_s;
+  // bf16: one plan for the whole dtype, as the layer holds one (its backend chosen on the first, untimed calls).
+  std::optional<mlacp::Bf16GemmPlan<Space>> plan;
+  std::optional<mlacp::ScopedBf16GemmPlan<Space>> installed;
+  if constexpr (std::is_same_v<T, bf16>) {
+    plan.emplace();
+    installed.emplace(*plan);
+  }
+  const double rate = gemm_rate<T>(comm, std::max(repeats, 5));
   const int h = o.get_int("heads", 4);
   const std::vector<std::string> seqs = split(o.get("seq", o.quick ? "256" : "512,2048"), ',');
   const std::vector<std::string> tiles = split(o.get("tiles", o.quick ? "0x0,32x64" : "0x0"), ',');
@@ -202,7 +317,11 @@ void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows, std::vec
         rows.push_back(time_core<T>(comm, mlacp::FlashAttentionCore(fo), "flash-" + path, tq, tk, s, h, hs, warmup,
                                     repeats, rate));
       }
-      if (s <= reference_max)
+      if (path != "team") {  // the BLAS path's own tile products alone, at its default tiles
+        const auto [tq, tk] = mlacp::detail::flash_tiles(mlacp::FlashAttentionOptions{}, true);
+        rows.push_back(time_gemms_only<T>(comm, std::min(tq, s), std::min(tk, s), s, h, hs, warmup, repeats, rate));
+      }
+      if (s <= reference_max && !std::is_same_v<T, bf16>)
         rows.push_back(time_core<T>(comm, mlacp::CausalAttentionCore{}, "reference", 0, 0, s, h, hs, warmup,
                                     std::min(repeats, 3), rate));
     }
@@ -224,10 +343,13 @@ int run(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const std::string dtype = o.get("dtype", "both");
+  if (dtype != "double" && dtype != "float" && dtype != "bf16" && dtype != "both" && dtype != "all")
+    throw std::invalid_argument("--dtype " + dtype + ": expected float, double, bf16, both (double and float) or all");
   std::vector<Row> rows;
   std::vector<PackedRow> packed_rows;
-  if (dtype == "double" || dtype == "both") run_dtype<double>(MPI_COMM_WORLD, o, rows, packed_rows);
-  if (dtype == "float" || dtype == "both") run_dtype<float>(MPI_COMM_WORLD, o, rows, packed_rows);
+  if (dtype == "double" || dtype == "both" || dtype == "all") run_dtype<double>(MPI_COMM_WORLD, o, rows, packed_rows);
+  if (dtype == "float" || dtype == "both" || dtype == "all") run_dtype<float>(MPI_COMM_WORLD, o, rows, packed_rows);
+  if (dtype == "bf16" || dtype == "all") run_dtype<bf16>(MPI_COMM_WORLD, o, rows, packed_rows);
   if (rank != 0) return 0;
   std::cout << "mlacp-perf-attention: attention core forward + backward, B=1, per rank (P = " << size
             << " ranks run the same work), median of max over ranks\n";
