@@ -83,7 +83,8 @@ bf16=${BF16:-$([[ $full == 1 ]] && echo 1 || echo auto)} # auto: only on a CPU w
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # The release preset: Release, compiled for this machine's instruction set (-march=native), as an HPC build for a
-# known cluster is (Kokkos_ARCH_*); the softmax rows of the attention core vectorise with AVX2 and up.
+# known cluster is (Kokkos_ARCH_*); the attention core's row kernels choose their instruction set at run time in
+# any build (src/host_row_kernels.cpp).
 # The Python package is built too (PYTHONPATH=$build_dir/python), so that a PyTorch script runs on the same release
 # build as the benchmarks.
 # shellcheck disable=SC2086
