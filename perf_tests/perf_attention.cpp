@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -101,15 +102,10 @@ struct Row {
   double forward_s, backward_s, flops, rate;
 };
 
-template <class T, class Core>
-Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, int tk, int s, int h,
-              const HeadShape& hs, int warmup, int repeats, double rate) {
-  Problem<T> p(s, h, hs);
-  const Space space;
-  const auto fwd = [&] { core.forward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse)); };
-  const auto bwd = [&] {
-    core.backward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv));
-  };
+/// A row of the table: `fwd` and `bwd` timed (median of max over ranks) and the core's FLOPs (the file's head).
+template <class T>
+Row timed_row(MPI_Comm comm, const std::string& name, int tq, int tk, int s, int h, const HeadShape& hs, int warmup,
+              int repeats, double rate, const std::function<void()>& fwd, const std::function<void()>& bwd) {
   const Samples f = measure(comm, warmup, repeats, fwd);
   const Samples b = measure(comm, warmup, repeats, bwd);
   const double e = static_cast<double>(h) * s * (s + 1.0) / 2.0;
@@ -124,6 +120,18 @@ Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, 
           b.median(),
           2.0 * e * (hs.dqk + hs.dv) + 2.0 * e * (3.0 * hs.dqk + 2.0 * hs.dv),
           rate};
+}
+
+template <class T, class Core>
+Row time_core(MPI_Comm comm, const Core& core, const std::string& name, int tq, int tk, int s, int h,
+              const HeadShape& hs, int warmup, int repeats, double rate) {
+  Problem<T> p(s, h, hs);
+  const Space space;
+  const auto fwd = [&] { core.forward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse)); };
+  const auto bwd = [&] {
+    core.backward(space, mlacp::attention_problem(p.q, p.k, p.v, p.o, p.lse, p.d_o, p.dq, p.dk, p.dv));
+  };
+  return timed_row<T>(comm, name, tq, tk, s, h, hs, warmup, repeats, rate, fwd, bwd);
 }
 
 /// The ceiling of the BLAS path: the very GEMM calls its forward and backward make at tiles tq x tk (one document:
@@ -184,20 +192,7 @@ Row time_gemms_only(MPI_Comm comm, int tq, int tk, int s, int h, const HeadShape
       gemm_values(space, "N", "N", A(1), ds_op, k_j, A(1), head_rows(p.dq, 0, hd, r0, na));
     });
   };
-  const Samples f = measure(comm, warmup, repeats, fwd);
-  const Samples b = measure(comm, warmup, repeats, bwd);
-  const double e = static_cast<double>(h) * s * (s + 1.0) / 2.0;
-  return {dtype_name<T>(),
-          hs.name,
-          "gemms-only",
-          s,
-          h,
-          tq,
-          tk,
-          f.median(),
-          b.median(),
-          2.0 * e * (hs.dqk + hs.dv) + 2.0 * e * (3.0 * hs.dqk + 2.0 * hs.dv),
-          rate};
+  return timed_row<T>(comm, "gemms-only", tq, tk, s, h, hs, warmup, repeats, rate, fwd, bwd);
 }
 
 struct PackedRow {
