@@ -83,6 +83,9 @@ const char* host_isa_name(HostIsa isa) {
 }
 
 bool host_isa_supported(HostIsa isa) {
+#if MLACP_HOST_ISA_VARIANTS
+  __builtin_cpu_init();  // needed where this runs before the constructors (a static initialiser of a user's)
+#endif
   switch (isa) {
     case HostIsa::baseline:
       return true;
