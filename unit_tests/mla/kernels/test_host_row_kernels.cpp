@@ -37,9 +37,9 @@ std::vector<T> random_row(std::int64_t n, unsigned seed, double spread) {
   return row;
 }
 
-/// Whether a and b agree bit for bit (exact), or else to within a few units in the last place of T (a fused
-/// multiply-add's rounding against a multiply and an add, through the exp polynomial and the row sums).
-/// Row values of type T, or double statistics of a row of T (Row = T).
+/// Whether a and b agree bit for bit (exact), or else to within a few units in the last place of Row, the row's value
+/// type (a fused multiply-add's rounding against a multiply and an add, through the exp polynomial and the row sums).
+/// T is Row for a row's values, double for its statistics.
 template <class Row, class T>
 bool close(T a, T b, bool exact) {
   if (exact) return std::memcmp(&a, &b, sizeof a) == 0;
