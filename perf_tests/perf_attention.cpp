@@ -231,8 +231,9 @@ PackedRow time_packed(MPI_Comm comm, const mlacp::FlashAttentionOptions& fo, con
   };
   const auto [one_f, one_b] = time(one);
   const auto [packed_f, packed_b] = time(packed);
-  const auto [tq, tk] = mlacp::detail::flash_tiles(fo, path != "team");
-  const auto [visited, causal] = core.tile_pairs<Space>(s, packed);
+  constexpr bool narrow = std::is_same_v<T, bf16>;
+  const auto [tq, tk] = core.tiles_for<Space>(s, hs.dqk, narrow);
+  const auto [visited, causal] = core.tile_pairs<Space>(s, packed, hs.dqk, narrow);
   double elements = 0;
   for (std::size_t d = 0; d + 1 < cu.size(); ++d) {
     const double len = static_cast<double>(cu[d + 1] - cu[d]);
@@ -308,12 +309,12 @@ void run_dtype(MPI_Comm comm, const Options& o, std::vector<Row>& rows, std::vec
         fo.query_tile = std::stoi(t.substr(0, x));
         fo.key_tile = std::stoi(t.substr(x + 1));
         fo.path = path == "team" ? mlacp::FlashAttentionPath::team : mlacp::FlashAttentionPath::blas;
-        const auto [tq, tk] = mlacp::detail::flash_tiles(fo, path != "team");
-        rows.push_back(time_core<T>(comm, mlacp::FlashAttentionCore(fo), "flash-" + path, tq, tk, s, h, hs, warmup,
-                                    repeats, rate));
+        const mlacp::FlashAttentionCore core(fo);
+        const auto [tq, tk] = core.tiles_for<Space>(s, hs.dqk, std::is_same_v<T, bf16>);
+        rows.push_back(time_core<T>(comm, core, "flash-" + path, tq, tk, s, h, hs, warmup, repeats, rate));
       }
-      if (path != "team") {  // the BLAS path's own tile products alone, at its default tiles
-        const auto [tq, tk] = mlacp::detail::flash_tiles(mlacp::FlashAttentionOptions{}, true);
+      if (path != "team") {  // the BLAS path's own tile products alone, at its default tiles (by shape)
+        const auto [tq, tk] = mlacp::FlashAttentionCore{}.tiles_for<Space>(s, hs.dqk, std::is_same_v<T, bf16>);
         rows.push_back(time_gemms_only<T>(comm, std::min(tq, s), std::min(tk, s), s, h, hs, warmup, repeats, rate));
       }
       if (s <= reference_max && !std::is_same_v<T, bf16>)

@@ -141,7 +141,7 @@ PairSpec pair_ring(const mlacp::Mesh& mesh, bool backward, bool expanded, int he
         p.sizes = [=]() {
           std::string list;
           for (const RingStream& s : streams) list += (list.empty() ? "" : ", ") + std::string(s.name);
-          const auto [tq, tk] = mlacp::detail::flash_tiles(mlacp::FlashAttentionOptions(), true);
+          const auto [tq, tk] = st->core.tiles_for<Space>(2 * static_cast<std::int64_t>(n), dqk, false);
           const double pairs = static_cast<double>(n) * n * h;
           return JsonObject()
               .num("P", P)

@@ -21,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -115,6 +116,34 @@ template <class T>
 class FlashAttention : public ::testing::Test {};
 using ValueTypes = ::testing::Types<double, float>;
 TYPED_TEST_SUITE(FlashAttention, ValueTypes);
+
+/// The default core on a shape that takes the large tiles on the BLAS path (S past flash_large_tile_min_seq, not a
+/// multiple of the tile; dqk = 128): against the reference core, and bit for bit the core with those tiles set.
+TYPED_TEST(FlashAttention, DefaultTilesByShapeMatchReferenceCore) {
+  using T = TypeParam;
+  const Shape sh{1, 1061, 2, 128, 8};
+  const mlacp::FlashAttentionCore by_default;
+  const auto tiles = by_default.tiles_for<ExecSpace>(sh.s, sh.dqk, false);
+  if (mlacp::FlashAttentionCore::runs_blas<ExecSpace>(FlashAttentionPath::automatic)) {
+    EXPECT_EQ(tiles, std::make_pair(mlacp::flash_large_tile_blas, mlacp::flash_large_tile_blas));
+  }
+  const int n_tiles = (sh.s + tiles.first - 1) / tiles.first;
+  if (tiles.first == tiles.second) {
+    EXPECT_EQ(by_default.tile_pairs<ExecSpace>(sh.s, mlacp::DocumentLayout(), sh.dqk).first,
+              n_tiles * (n_tiles + 1) / 2);
+  }
+  Problem<T> ref(sh, 1.0, false), got(sh, 1.0, false), set(sh, 1.0, false);
+  ref.run(mlacp::CausalAttentionCore{});
+  got.run(by_default);
+  set.run(flash(FlashAttentionPath::automatic, tiles.first, tiles.second));
+  for (const auto& [a, r, s, name] :
+       {std::make_tuple(got.o, ref.o, set.o, "o"), std::make_tuple(got.dq, ref.dq, set.dq, "dq"),
+        std::make_tuple(got.dk, ref.dk, set.dk, "dk"), std::make_tuple(got.dv, ref.dv, set.dv, "dv")}) {
+    EXPECT_LT(error(to_vec(a), to_vec(r)), tol<T>()) << name;
+    EXPECT_EQ(to_vec(a), to_vec(s)) << name << ": the default is the large tiles set";
+  }
+  EXPECT_LT(error(to_vec(got.lse), to_vec(ref.lse)), tol<T>());
+}
 
 /// Every (path, tiles) against the reference core, forward (o, lse) and backward (dq, dk, dv).
 TYPED_TEST(FlashAttention, MatchesReferenceCoreForEveryPathAndTiling) {
@@ -542,10 +571,11 @@ TEST(FlashAttentionOptions, ResolveFixesTheTilesOnceAndReportsABadSetting) {
   ::setenv("MLACP_ATTENTION_TILES", "8x16", 1);
   EXPECT_EQ(core.resolve<ExecSpace>(), "");
   const auto settings = core.settings();
-  ASSERT_EQ(settings.size(), 3u);
+  ASSERT_EQ(settings.size(), 4u);
   EXPECT_EQ(settings[0].second, 8);
   EXPECT_EQ(settings[1].second, 16);
-  EXPECT_EQ(settings[2].second, blas ? 1 : 0);
+  EXPECT_EQ(settings[2].second, 0) << "tiles set: no choice by shape";
+  EXPECT_EQ(settings[3].second, blas ? 1 : 0);
   // A bad value set after resolve() is not read: the tile walk is still that of 8 x 16 (S = 40: query tiles ending
   // at 8, 16, 24, 32, 40 see 1, 1, 2, 2, 3 key tiles of 16).
   ::setenv("MLACP_ATTENTION_TILES", "128X128", 1);
@@ -557,6 +587,37 @@ TEST(FlashAttentionOptions, ResolveFixesTheTilesOnceAndReportsABadSetting) {
   mlacp::FlashAttentionCore fresh;
   EXPECT_NE(fresh.resolve<ExecSpace>().find("MLACP_ATTENTION_TILES='128X128'; expected QxK"), std::string::npos);
   EXPECT_EQ(fresh.settings()[0].second, 0);
+  ::unsetenv("MLACP_ATTENTION_TILES");
+  // None set: the BLAS path chooses by shape, and says so.
+  mlacp::FlashAttentionCore by_shape;
+  EXPECT_EQ(by_shape.resolve<ExecSpace>(), "");
+  EXPECT_EQ(by_shape.settings()[2].second, blas ? 1 : 0);
+}
+
+// Where no tile is set, the BLAS path's tiles follow the problem: the large tiles for sequences of at least
+// flash_large_tile_min_seq tokens with wide query/key heads or bf16 inputs, the defaults otherwise; the team path and
+// any tile set (options, either side, or MLACP_ATTENTION_TILES) keep their tiles at every shape.
+TEST(FlashAttentionOptions, DefaultTilesFollowTheShapeOnTheBlasPath) {
+  using Tiles = std::pair<int, int>;
+  const Tiles small{mlacp::flash_default_query_tile_blas, mlacp::flash_default_key_tile_blas};
+  const Tiles large{mlacp::flash_large_tile_blas, mlacp::flash_large_tile_blas};
+  const auto blas = mlacp::detail::flash_tile_choice({}, true);
+  EXPECT_TRUE(blas.by_shape);
+  EXPECT_EQ(blas.for_problem(1024, 128, false), large);
+  EXPECT_EQ(blas.for_problem(4096, 192, false), large);
+  EXPECT_EQ(blas.for_problem(1023, 192, false), small);
+  EXPECT_EQ(blas.for_problem(4096, 127, false), small);
+  EXPECT_EQ(blas.for_problem(1024, 32, true), large);
+  EXPECT_EQ(blas.for_problem(512, 32, true), small);
+  const auto team = mlacp::detail::flash_tile_choice({}, false);
+  EXPECT_FALSE(team.by_shape);
+  EXPECT_EQ(team.for_problem(4096, 192, true),
+            Tiles(mlacp::flash_default_query_tile_team, mlacp::flash_default_key_tile_team));
+  mlacp::FlashAttentionOptions o;
+  o.key_tile = 64;
+  EXPECT_EQ(mlacp::detail::flash_tile_choice(o, true).for_problem(4096, 192, false), Tiles(128, 64));
+  ::setenv("MLACP_ATTENTION_TILES", "48x96", 1);
+  EXPECT_EQ(mlacp::detail::flash_tile_choice({}, true).for_problem(4096, 192, true), Tiles(48, 96));
   ::unsetenv("MLACP_ATTENTION_TILES");
 }
 

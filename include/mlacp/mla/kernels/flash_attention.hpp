@@ -79,26 +79,36 @@ class FlashAttentionCore {
     resolved_ = Resolved{};
     try {
       const bool blas = use_blas<ExecSpace>();
-      const auto [tq, tk] = detail::flash_tiles(options_, blas);
-      resolved_ = Resolved{tq, tk, blas};
+      resolved_ = Resolved{detail::flash_tile_choice(options_, blas), blas};
     } catch (const InvalidArgument& e) {
       return e.what();
     }
     return "";
   }
-  /// The settings resolve() fixed, by name (each rank of a layer must run the same): the query and key tiles and
+  /// The settings resolve() fixed, by name (each rank of a layer must run the same): the query and key tiles, whether
+  /// a problem's shape may choose the large tiles instead (none set on the BLAS path: flash_large_tile_blas) and
   /// whether the BLAS path runs; the tiles are 0 before resolve() (or after a failed one). Always the same fields.
   std::vector<std::pair<std::string, std::int64_t>> settings() const {
-    return {{"FlashAttentionCore query tile (options or MLACP_ATTENTION_TILES)", resolved_.query_tile},
-            {"FlashAttentionCore key tile (options or MLACP_ATTENTION_TILES)", resolved_.key_tile},
+    return {{"FlashAttentionCore query tile (options or MLACP_ATTENTION_TILES)", resolved_.tiles.query},
+            {"FlashAttentionCore key tile (options or MLACP_ATTENTION_TILES)", resolved_.tiles.key},
+            {"FlashAttentionCore tiles by shape (none set)", resolved_.tiles.by_shape ? 1 : 0},
             {"FlashAttentionCore BLAS path", resolved_.blas ? 1 : 0}};
   }
 
-  /// The (query tile, key tile) pairs the forward visits on ExecSpace for a sequence of n_s tokens packed as
-  /// `documents`, and those it visits for the same n_s as one document (the backward visits the same pairs).
+  /// The (query tile, key tile) the core runs with on ExecSpace for a sequence of n_s tokens with query/key head dim
+  /// d_qk, whose inputs are stored in bf16 (`bf16_inputs`) or not: the tiles set, or those the shape chooses.
   template <class ExecSpace>
-  std::pair<std::int64_t, std::int64_t> tile_pairs(std::int64_t n_s, const DocumentLayout& documents) const {
-    const auto [tq, tk] = tiles(use_blas<ExecSpace>());
+  std::pair<int, int> tiles_for(std::int64_t n_s, std::int64_t d_qk, bool bf16_inputs) const {
+    return tile_choice(use_blas<ExecSpace>()).for_problem(n_s, d_qk, bf16_inputs);
+  }
+
+  /// The (query tile, key tile) pairs the forward visits on ExecSpace for a sequence of n_s tokens packed as
+  /// `documents`, and those it visits for the same n_s as one document (the backward visits the same pairs), at the
+  /// tiles of tiles_for(n_s, d_qk, bf16_inputs).
+  template <class ExecSpace>
+  std::pair<std::int64_t, std::int64_t> tile_pairs(std::int64_t n_s, const DocumentLayout& documents,
+                                                   std::int64_t d_qk = 0, bool bf16_inputs = false) const {
+    const auto [tq, tk] = tiles_for<ExecSpace>(n_s, d_qk, bf16_inputs);
     documents.check_total(n_s, "FlashAttentionCore::tile_pairs");
     if (n_s == 0) return {0, 0};
     return detail::flash_tile_pairs(documents.host(n_s), n_s, tq, tk);
@@ -137,7 +147,8 @@ class FlashAttentionCore {
       if (!blas) throw InvalidArgument(no_bf16_team);
     }
     if (q.extent(0) * q.extent(2) * pb.q_rows.rows() == 0) return;
-    const std::pair<int, int> tile_sizes = tiles(blas);
+    const std::pair<int, int> tile_sizes =
+        tile_choice(blas).for_problem(pb.seq, static_cast<std::int64_t>(q.extent(3)), stored_narrower<Q>);
     const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
@@ -209,7 +220,8 @@ class FlashAttentionCore {
       if (do_dk) detail::zero_view(space, pb.dk);
       if (do_dv) detail::zero_view(space, pb.dv);
     }
-    const std::pair<int, int> tile_sizes = tiles(blas);
+    const std::pair<int, int> tile_sizes =
+        tile_choice(blas).for_problem(pb.seq, static_cast<std::int64_t>(q.extent(3)), stored_narrower<Q>);
     const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
@@ -257,7 +269,7 @@ class FlashAttentionCore {
   /// MLA layer widens bf16 into float around it (ScheduleContext::core_forward).
   template <class ExecSpace>
   bool computes_bf16() const {
-    return resolved_.query_tile > 0 ? resolved_.blas : use_blas<ExecSpace>();
+    return resolved_.tiles.query > 0 ? resolved_.blas : use_blas<ExecSpace>();
   }
 
  private:
@@ -297,9 +309,9 @@ class FlashAttentionCore {
   }
 
   // The resolved tiles when resolve() ran for this path, else read now (a core used on its own).
-  std::pair<int, int> tiles(bool blas) const {
-    if (resolved_.query_tile > 0 && resolved_.blas == blas) return {resolved_.query_tile, resolved_.key_tile};
-    return detail::flash_tiles(options_, blas);
+  detail::FlashTileChoice tile_choice(bool blas) const {
+    if (resolved_.tiles.query > 0 && resolved_.blas == blas) return resolved_.tiles;
+    return detail::flash_tile_choice(options_, blas);
   }
 
   template <class ExecSpace>
@@ -329,7 +341,7 @@ class FlashAttentionCore {
   }
 
   struct Resolved {
-    int query_tile = 0, key_tile = 0;  // 0: not resolved
+    detail::FlashTileChoice tiles;  // query 0: not resolved
     bool blas = false;
   };
 
