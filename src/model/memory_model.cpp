@@ -4,10 +4,12 @@
 #include "layer_shape.hpp"
 
 #include <mlacp/error.hpp>
+#include <mlacp/mla/kernels/flash_attention_options.hpp>
 #include <mlacp/model/layer_model.hpp>
 #include <mlacp/token_map.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 namespace mlacp::model {
@@ -122,7 +124,11 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   }
   // The attention core's tiles (flash_attention_scratch.hpp): scores and dS in the accumulation type, the row
   // statistics and D in double; bf16 adds P and dS in bf16 and the float accumulators of O, dK, dV and dQ (one head).
-  const double tq = std::min(128.0, Sa), tk = std::min(128.0, Sa);
+  // The tiles are the BLAS path's default ones for the shape (flash_attention_options.hpp: chosen by S, dqk, bf16).
+  const auto tiles =
+      mlacp::detail::FlashTileChoice{mlacp::flash_default_query_tile_blas, mlacp::flash_default_key_tile_blas, true}
+          .for_problem(static_cast<std::int64_t>(x.S), static_cast<std::int64_t>(dqk), bf16);
+  const double tq = std::min<double>(tiles.first, Sa), tk = std::min<double>(tiles.second, Sa);
   scratch += 2 * tq * tk * acc + 2 * tq * 8 + B * h * Sa * 8;
   if (bf16)
     scratch += 2 * tq * tk * 2 + (tq * dv + tk * (dqk + dv) + Sa * dqk) * acc;
