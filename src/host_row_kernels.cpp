@@ -38,7 +38,12 @@ namespace {
     score_grad_row(ds, p, nk, scale, d);                                                                             \
   }                                                                                                                  \
   template <class T>                                                                                                 \
-  const HostRowKernels<T> kernels_##isa = {&online_softmax_##isa<T>, &probabilities_##isa<T>, &score_grad_##isa<T>};
+  attributes void round_bf16_##isa(const T* src, bfloat16* dst, std::int64_t n) {                                    \
+    round_bf16_row(src, dst, n);                                                                                     \
+  }                                                                                                                  \
+  template <class T>                                                                                                 \
+  const HostRowKernels<T> kernels_##isa = {&online_softmax_##isa<T>, &probabilities_##isa<T>, &score_grad_##isa<T>,  \
+                                           &round_bf16_##isa<T>};
 
 #if MLACP_HOST_ISA_VARIANTS
 MLACP_HOST_ROW_KERNELS(baseline, __attribute__((flatten)))

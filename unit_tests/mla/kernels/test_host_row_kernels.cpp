@@ -6,6 +6,7 @@
 // whole key tile stay one block.
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
+#include <mlacp/bfloat16.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/kernels/detail/flash_attention_blas.hpp>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -117,6 +119,41 @@ TYPED_TEST(HostRowKernels, EveryInstructionSetGivesTheGenericResults) {
   for (const HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512})
     if (mlacp::detail::host_isa_supported(isa))
       expect_same_as_generic<T>(isa, isa == HostIsa::baseline && baseline_exact);
+}
+
+// The bf16 rounding of every copy gives mlacp::bfloat16's bits exactly (it feeds GEMMs whose results the tests pin):
+// ties both ways, values that round up into the next binade and past the largest bf16 to Inf, subnormals, +-0,
+// +-Inf, NaNs with payloads (quieted, sign kept), and random values, at lengths that leave vector remainders.
+TYPED_TEST(HostRowKernels, Bf16RoundingIsTheConversionsBitForBit) {
+  using T = TypeParam;
+  std::vector<T> src;
+  auto from_bits = [](std::uint32_t u) {
+    float f = 0;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  for (const std::uint32_t u :
+       {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f7fffffu, 0x7f7fffffu, 0x7f7f8000u, 0xff7fffffu,
+        0x00000001u, 0x00008000u, 0x00018000u, 0x807fffffu, 0x00000000u, 0x80000000u, 0x7f800000u,
+        0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xff810000u, 0x7fbfffffu})
+    src.push_back(static_cast<T>(from_bits(u)));
+  if constexpr (std::is_same_v<T, double>) {
+    src.push_back(1.0 + 0x1.01p-8);    // above a bf16 tie that float rounding would land on
+    src.push_back(-(1.0 + 0x1.8p-8));  // a tie in double itself
+    src.push_back(1e300);
+  }
+  const std::vector<T> random = random_row<T>(1000, 7, 1e3);
+  src.insert(src.end(), random.begin(), random.end());
+  for (const HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512}) {
+    if (!mlacp::detail::host_isa_supported(isa)) continue;
+    for (const std::size_t n : {src.size(), std::size_t(1), std::size_t(17), std::size_t(33)}) {
+      std::vector<mlacp::bfloat16> got(n, mlacp::bfloat16::from_bits(0x1234));
+      mlacp::detail::host_row_kernels<T>(isa).round_bf16(src.data(), got.data(), static_cast<std::int64_t>(n));
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[i].bits(), mlacp::bfloat16(src[i]).bits())
+            << mlacp::detail::host_isa_name(isa) << " value " << i << " of " << n << ": " << src[i];
+    }
+  }
 }
 
 TEST(HostIsa, TheChoiceIsOneTheCpuRunsAndOthersAreRefusedByName) {

@@ -8,11 +8,13 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <mlacp/bfloat16.hpp>
 #include <mlacp/compat.hpp>
 #include <mlacp/mla/kernels/detail/softmax_exp.hpp>
 
 #include <cfloat>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace mlacp::detail {
@@ -158,6 +160,22 @@ template <class T>
 KOKKOS_INLINE_FUNCTION void score_grad_row(T* ds, const T* p, std::int64_t nk, double scale, double d) {
   const T scale_t = static_cast<T>(scale), d_t = static_cast<T>(d);
   for (std::int64_t c = 0; c < nk; ++c) ds[c] = scale_t * p[c] * (ds[c] - d_t);
+}
+
+/// One row rounded to bf16: dst[c] = mlacp::bfloat16(src[c]) for c in [0, n), bit for bit. For float the rounding is
+/// written without a branch (bfloat16::round_to_bits' NaN test as a select), so that the loop vectorises.
+KOKKOS_INLINE_FUNCTION void round_bf16_row(const float* src, mlacp::bfloat16* dst, std::int64_t n) {
+  for (std::int64_t c = 0; c < n; ++c) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, &src[c], sizeof u);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    dst[c] =
+        mlacp::bfloat16::from_bits(static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded));
+  }
+}
+KOKKOS_INLINE_FUNCTION void round_bf16_row(const double* src, mlacp::bfloat16* dst, std::int64_t n) {
+  for (std::int64_t c = 0; c < n; ++c) dst[c] = mlacp::bfloat16(src[c]);
 }
 
 }  // namespace mlacp::detail

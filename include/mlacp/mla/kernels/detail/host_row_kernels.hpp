@@ -17,6 +17,10 @@
 #include <cstdint>
 #include <string>
 
+namespace mlacp {
+class bfloat16;
+}
+
 namespace mlacp::detail {
 
 /// The instruction sets the row kernels are compiled for, narrowest first.
@@ -41,6 +45,8 @@ struct HostRowKernels {
   void (*probabilities)(T* p, std::int64_t nk, std::int64_t first, std::int64_t last, double scale, double lse);
   /// score_grad_row: dS = scale * P o (dP - D) of one row, dP in ds on entry.
   void (*score_grad)(T* ds, const T* p, std::int64_t nk, double scale, double d);
+  /// round_bf16_row: dst = src rounded to bf16 (mlacp::bfloat16's rounding, bit for bit), n values.
+  void (*round_bf16)(const T* src, bfloat16* dst, std::int64_t n);
 };
 
 /// The kernels compiled for `isa` (which the CPU must run: host_isa_supported; InvalidArgument otherwise). Defined
