@@ -125,9 +125,8 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   // The attention core's tiles (flash_attention_scratch.hpp): scores and dS in the accumulation type, the row
   // statistics and D in double; bf16 adds P and dS in bf16 and the float accumulators of O, dK, dV and dQ (one head).
   // The tiles are the BLAS path's default ones for the shape (flash_attention_options.hpp: chosen by S, dqk, bf16).
-  const auto tiles =
-      mlacp::detail::FlashTileChoice{mlacp::flash_default_query_tile_blas, mlacp::flash_default_key_tile_blas, true}
-          .for_problem(static_cast<std::int64_t>(x.S), static_cast<std::int64_t>(dqk), bf16);
+  const auto tiles = mlacp::detail::flash_default_tile_choice(true).for_problem(static_cast<std::int64_t>(x.S),
+                                                                                static_cast<std::int64_t>(dqk), bf16);
   const double tq = std::min<double>(tiles.first, Sa), tk = std::min<double>(tiles.second, Sa);
   scratch += 2 * tq * tk * acc + 2 * tq * 8 + B * h * Sa * 8;
   if (bf16)

@@ -147,8 +147,7 @@ class FlashAttentionCore {
       if (!blas) throw InvalidArgument(no_bf16_team);
     }
     if (q.extent(0) * q.extent(2) * pb.q_rows.rows() == 0) return;
-    const std::pair<int, int> tile_sizes =
-        tile_choice(blas).for_problem(pb.seq, static_cast<std::int64_t>(q.extent(3)), stored_narrower<Q>);
+    const std::pair<int, int> tile_sizes = problem_tiles(blas, pb);
     const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
@@ -220,8 +219,7 @@ class FlashAttentionCore {
       if (do_dk) detail::zero_view(space, pb.dk);
       if (do_dv) detail::zero_view(space, pb.dv);
     }
-    const std::pair<int, int> tile_sizes =
-        tile_choice(blas).for_problem(pb.seq, static_cast<std::int64_t>(q.extent(3)), stored_narrower<Q>);
+    const std::pair<int, int> tile_sizes = problem_tiles(blas, pb);
     const int tq = tile_sizes.first, tk = tile_sizes.second;  // captured below: C++17 captures no structured binding
     const bool square = pb.square();
     using Mem = typename ExecSpace::memory_space;
@@ -312,6 +310,13 @@ class FlashAttentionCore {
   detail::FlashTileChoice tile_choice(bool blas) const {
     if (resolved_.tiles.query > 0 && resolved_.blas == blas) return resolved_.tiles;
     return detail::flash_tile_choice(options_, blas);
+  }
+  // The tiles a problem runs with on the path: those set, or those its global sequence, query/key head dim and stored
+  // type choose (the forward and the backward of a problem run the same).
+  template <class Problem>
+  std::pair<int, int> problem_tiles(bool blas, const Problem& pb) const {
+    return tile_choice(blas).for_problem(pb.seq, static_cast<std::int64_t>(pb.q.extent(3)),
+                                         stored_narrower<std::decay_t<decltype(pb.q)>>);
   }
 
   template <class ExecSpace>

@@ -68,14 +68,17 @@ struct FlashTileChoice {
   }
 };
 
+/// A path's tiles where none is set: its defaults, chosen by shape on the BLAS path.
+inline FlashTileChoice flash_default_tile_choice(bool blas_path) {
+  if (blas_path) return {flash_default_query_tile_blas, flash_default_key_tile_blas, true};
+  return {flash_default_query_tile_team, flash_default_key_tile_team, false};
+}
+
 /// The tiles a path runs with before the shape (FlashTileChoice): explicit options first, then
-/// MLACP_ATTENTION_TILES=QxK, then the path's defaults, chosen by shape on the BLAS path. A malformed or non-positive
-/// setting is an InvalidArgument naming it.
+/// MLACP_ATTENTION_TILES=QxK, then the path's defaults (flash_default_tile_choice). A malformed or non-positive setting
+/// is an InvalidArgument naming it.
 inline FlashTileChoice flash_tile_choice(const FlashAttentionOptions& o, bool blas_path) {
-  FlashTileChoice c;
-  c.query = blas_path ? flash_default_query_tile_blas : flash_default_query_tile_team;
-  c.key = blas_path ? flash_default_key_tile_blas : flash_default_key_tile_team;
-  c.by_shape = blas_path;
+  FlashTileChoice c = flash_default_tile_choice(blas_path);
   if (const auto tiles = Settings::from_environment().attention_tiles(); tiles[0] > 0) {
     c.query = tiles[0];
     c.key = tiles[1];
