@@ -252,6 +252,44 @@ TYPED_TEST(FlashAttention, PackedMatchesReferenceCoreForEveryPathAndTiling) {
   }
 }
 
+/// The forward in blocks of query rows (attention_rows_problem: the rows [first, first + count) against their causal
+/// prefix, on subviews; the layer's flat forward runs one per Ulysses rank so that each block of O leaves as it is
+/// computed): computed block by block in a scrambled order over o and lse filled with garbage, every row is
+/// overwritten and agrees with the square problem of the same core, with and without packed documents, B = 2 (strided
+/// subviews) and blocks that do not align with the tiles. The reference core computes each row alone: bit for bit.
+TYPED_TEST(FlashAttention, RowBlocksEqualTheSquareProblem) {
+  using T = TypeParam;
+  const Shape sh{2, 37, 3, 6, 5};
+  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks = {{19, 18}, {0, 10}, {10, 9}};
+  const std::vector<std::vector<std::int64_t>> packings = {{0, 37}, {0, 8, 16, 24, 32, 37}, {0, 13, 37}};
+  ExecSpace space;
+  const auto check = [&](const auto& core, const std::string& name) {
+    for (const auto& cu : packings) {
+      const mlacp::DocumentLayout documents(cu, sh.s);
+      Problem<T> whole(sh, 1.0, false), rows(sh, 1.0, false);
+      whole.run(core, documents);
+      Kokkos::deep_copy(rows.o, T(42));
+      Kokkos::deep_copy(rows.lse, T(42));
+      for (const auto& [first, count] : blocks)
+        core.forward(space,
+                     mlacp::attention_rows_problem(rows.q, rows.k, rows.v, rows.o, rows.lse, first, count, &documents));
+      space.fence();
+      const std::string where = name + " cu_seqlens " + packing_string(cu);
+      EXPECT_LT(error(to_vec(rows.o), to_vec(whole.o)), tol<T>()) << where;
+      EXPECT_LT(error(to_vec(rows.lse), to_vec(whole.lse)), tol<T>()) << where;
+      if (name == "reference") {
+        EXPECT_EQ(to_vec(rows.o), to_vec(whole.o)) << where;
+        EXPECT_EQ(to_vec(rows.lse), to_vec(whole.lse)) << where;
+      }
+    }
+  };
+  check(mlacp::CausalAttentionCore{}, "reference");
+  for (const auto path : {FlashAttentionPath::blas, FlashAttentionPath::team})
+    for (const auto& [tq, tk] : std::vector<std::pair<int, int>>{{4, 4}, {8, 16}, {0, 0}})
+      check(flash(path, tq, tk), std::string(path == FlashAttentionPath::blas ? "blas" : "team") + " tiles " +
+                                     std::to_string(tq) + "x" + std::to_string(tk));
+}
+
 /// Copies tokens [t0, t0 + n) of every (b, head) of a [B, S, h, d] View into a [B, n, h, d] View, or back.
 template <class T>
 void copy_tokens(const View4<T>& from, std::int64_t from_t0, const View4<T>& to, std::int64_t to_t0, std::int64_t n) {

@@ -188,6 +188,22 @@ AttentionProblem<Q, K, V, O, Lse, DO, DQ, DK, DV> attention_problem(const Q& q, 
   return attention_problem(q, k, v, o, lse, d_o, dq, dk, dv, &documents);
 }
 
+/// The forward problem of the query rows [first, first + count) of q [B, S, h, dqk] against the keys of their causal
+/// prefix [0, first + count) of k, v, overwriting those rows of o [B, S, h, dv] and lse [B, h, S]: a positioned
+/// problem on subviews (the rows that one Ulysses rank owns, computed on their own so that they can leave before the
+/// rest; MlaAttention's flat forward). Its attention equals that of the same rows in the square problem.
+template <class Q, class K, class V, class O, class Lse>
+auto attention_rows_problem(const Q& q, const K& k, const V& v, const O& o, const Lse& lse, std::int64_t first,
+                            std::int64_t count, const DocumentLayout* documents = nullptr) {
+  const auto rows = std::make_pair(first, first + count), prefix = std::make_pair(std::int64_t(0), first + count);
+  const auto all = Kokkos::ALL();
+  return attention_problem(Kokkos::subview(q, all, rows, all, all), Kokkos::subview(k, all, prefix, all, all),
+                           Kokkos::subview(v, all, prefix, all, all), Kokkos::subview(o, all, rows, all, all),
+                           Kokkos::subview(lse, all, all, rows), documents)
+      .positioned(TokenSegments::contiguous(first, count), TokenSegments::contiguous(0, first + count),
+                  static_cast<std::int64_t>(q.extent(1)), true);
+}
+
 namespace detail {
 
 template <class Core, class = void>
