@@ -235,6 +235,9 @@ void kv_a_backward(Simulation& sim, const Shape& x) {
 struct RingSteps {
   std::vector<double> pairs;  // per step t: the most visible pairs of any rank's queries against chunk (g - t)
   double flat_pairs = 0;      // flat: the visible pairs of the whole sequence
+  // flat, per peer offset i (the timeline's attention_block): rank 0's block, the visible pairs of rank i's query rows
+  // against their causal prefix (they sum to flat_pairs)
+  std::vector<double> block_pairs;
 };
 
 RingSteps ring_steps(const MlaConfig& c, const TokenMap& map) {
@@ -242,6 +245,10 @@ RingSteps ring_steps(const MlaConfig& c, const TokenMap& map) {
   const int C = map.ring_size();
   if (C == 1) {
     r.flat_pairs = visible_pairs({TokenRange{0, c.seq}}, {TokenRange{0, c.seq}}, c.cu_seqlens, c.seq);
+    const Partition tokens(c.seq, map.ulysses_size());
+    for (int i = 0; i < tokens.parts(); ++i)
+      r.block_pairs.push_back(visible_pairs({TokenRange{tokens.offset(i), tokens.count(i)}},
+                                            {TokenRange{0, tokens.offset(i) + tokens.count(i)}}, c.cu_seqlens, c.seq));
     return r;
   }
   r.pairs.assign(static_cast<std::size_t>(C), 0.0);
@@ -323,6 +330,8 @@ class TimelineCost {
         return q_projection(sim_, x);
       case tl::Step::attention:
         return attention(names::attention_fprop, steps_.flat_pairs, true);
+      case tl::Step::attention_block:
+        return attention(names::attention_fprop, steps_.block_pairs.at(static_cast<std::size_t>(i)), true);
       case tl::Step::ring_expand:
         sim_.gemm(names::ring_expand, x.B * Sa, x.h * (x.dn + x.dv), x.R);
         return sim_.move(names::ring_expand, 2 * x.B * Sa * x.h * (x.dqk + x.dv) * x.e);

@@ -103,6 +103,18 @@ void expect_output_projection_per_source(const Recorded& r, int P, bool overlap)
   ASSERT_EQ(launches.size(), static_cast<std::size_t>(P - 1)) << r.dump();
   ASSERT_EQ(waits.size(), static_cast<std::size_t>(P - 1)) << r.dump();
   EXPECT_LT(launches.back(), gemms.front()) << "every block is on its way before the first GEMM\n" << r.dump();
+  // O leaves as it is computed: the attention runs per owner's query rows, peer (rank + k)'s block right before its
+  // send leaves and the next block while it travels; the own rows last, before the first GEMM.
+  const auto attention_begins = r.all(EventKind::compute_begin, mlacp::names::attention_fprop);
+  const auto attention_ends = r.all(EventKind::compute_end, mlacp::names::attention_fprop);
+  ASSERT_EQ(attention_begins.size(), static_cast<std::size_t>(P)) << "one attention block per owner\n" << r.dump();
+  ASSERT_EQ(attention_ends.size(), static_cast<std::size_t>(P)) << r.dump();
+  for (std::size_t k = 0; k + 1 < static_cast<std::size_t>(P); ++k) {
+    EXPECT_LT(attention_ends[k], launches[k]) << "block " << k + 1 << " is sent once computed\n" << r.dump();
+    EXPECT_LT(launches[k], attention_begins[k + 1]) << "block " << k + 1 << " travels while the next is computed\n"
+                                                    << r.dump();
+  }
+  EXPECT_LT(attention_ends.back(), gemms.front()) << "the own rows are computed before their GEMM\n" << r.dump();
   if (!overlap) {
     EXPECT_LT(waits.back(), gemms.front()) << "blocking: every exchange waited before the GEMMs\n" << r.dump();
     return;

@@ -177,7 +177,7 @@ TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
   EXPECT_NEAR(p.bytes.intra, moved / 4, 1e-6);
   EXPECT_NEAR(p.bytes.inter, moved / 2, 1e-6);
   // Each forward collective runs beside the compute the layer puts beside it: the gather beside the query projection
-  // (its launch before w_q fprop, its wait after), Q beside w_kvb fprop, O beside the own block's w_o.
+  // (its launch before w_q fprop, its wait after), Q beside w_kvb fprop, O beside the attention and the own w_o.
   auto at = [&](ScheduleEvent::Kind kind, const char* name) {
     for (std::size_t i = 0; i < p.events.size(); ++i)
       if (p.events[i].kind == kind && p.events[i].name == name) return static_cast<std::ptrdiff_t>(i);
@@ -189,7 +189,25 @@ TEST(LayerModel, LatentScheduleOrderAndBytesPerLevel) {
   EXPECT_LT(at(K::collective, n::q_a2a), at(K::compute, n::w_kvb_fprop));
   EXPECT_GT(at(K::wait, n::q_a2a), at(K::compute, n::w_kvb_fprop));
   EXPECT_LT(at(K::collective, n::o_a2a), at(K::compute, n::w_o_fprop));
-  EXPECT_GT(at(K::wait, n::o_a2a), at(K::compute, n::w_o_fprop));
+  // The O sends run beside the attention blocks after them and the own block's w_o: a wait (recorded only where time
+  // is left to wait) comes after that GEMM.
+  const auto o_wait = at(K::wait, n::o_a2a);
+  if (o_wait >= 0) {
+    EXPECT_GT(o_wait, at(K::compute, n::w_o_fprop));
+  }
+  // O leaves as it is computed: the forward's attention is one block per owner (4), and the first O send leaves when
+  // the first block ends, while the second is computed.
+  std::vector<const ScheduleEvent*> blocks;
+  const ScheduleEvent* first_send = nullptr;
+  for (const auto& e : p.events) {
+    if (e.backward) continue;
+    if (e.kind == K::compute && e.name == std::string(n::attention_fprop)) blocks.push_back(&e);
+    if (e.kind == K::collective && e.name == std::string(n::o_a2a) && first_send == nullptr) first_send = &e;
+  }
+  ASSERT_EQ(blocks.size(), 4u);
+  ASSERT_NE(first_send, nullptr);
+  EXPECT_GE(first_send->start_s, blocks[0]->end_s);
+  EXPECT_LT(first_send->start_s, blocks[1]->end_s);
   EXPECT_LT(p.hidden_fraction, 1);
   EXPECT_GT(p.exposed_s, 0);
 }

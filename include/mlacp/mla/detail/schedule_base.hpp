@@ -53,7 +53,8 @@ class ScheduleBase {
  protected:
   /// The timeline's facts of this rank for a pass with `flags`.
   timeline::Facts facts(const MlaRequiresGrad& flags) const {
-    return timeline::facts_of(ctx_->config(), ctx_->mesh().size(), ctx_->ring_size(), ctx_->local_heads() > 0, flags);
+    return timeline::facts_of(ctx_->config(), ctx_->mesh().size(), ctx_->ring_size(), ctx_->local_heads() > 0, flags,
+                              ctx_->core_attends_blocks());
   }
 
   /// What keep_memory_of_parked_requests() keeps.

@@ -263,6 +263,27 @@ class ScheduleContext {
       call_core_backward(space, p, q, k, v, o, lse, d_o, dq, dk, dv);
     }
   }
+  /// Whether the forward's attention runs as one block per owner rank's query rows (timeline.hpp, Facts::o_blocks):
+  /// flat, a Ulysses group of more than one rank, and a core that computes positioned problems on the layer's own
+  /// Views (for bf16: one that computes on bf16 itself; the float copies of the other cores are of whole tensors).
+  bool core_attends_blocks() const {
+    if (ring() || mesh_->size() == 1 || !core_computes_blocks<Core, ExecSpace>(*core_)) return false;
+    if constexpr (widens_for_core) return core_computes_bf16<Core, ExecSpace>(*core_);
+    return true;
+  }
+  /// The core's forward of the query rows [first, first + count) of q [B, S, h, dqk] against the keys of their causal
+  /// prefix [0, first + count) of k, v: a positioned problem (attention_problem.hpp) that overwrites those rows of o
+  /// [B, S, h, dv] and lse [B, h, S]. Only where core_attends_blocks().
+  template <class Q, class K, class V, class O, class Lse>
+  void core_forward_rows(const ExecSpace& space, const pass_type& p, const Q& q, const K& k, const V& v, const O& o,
+                         const Lse& lse, std::int64_t first, std::int64_t count) const {
+    if constexpr (core_capabilities_v<Core>.blocks) {
+      core_->forward(space, attention_rows_problem(q, k, v, o, lse, first, count, core_documents(p)));
+    } else {
+      (void)space, (void)p, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)first, (void)count;
+      throw UsageError("mlacp: the attention in blocks with a core that computes no positioned problems");
+    }
+  }
   /// Bytes of the float scratch the bf16 core call holds (0 for float and double).
   std::size_t core_scratch_bytes() const {
     const auto& m = core_scratch_;

@@ -107,8 +107,20 @@ void attention_forward(const Context& ctx, const typename Context::execution_spa
   ctx.core_forward(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o.view(), p.w.lse.view());
 }
 
+/// The attention core on the query rows of rank `owner`'s tokens (the Ulysses group's token partition) against their
+/// causal prefix (flat, ScheduleContext::core_attends_blocks): those rows of o and lse.
+template <class Context>
+void attention_rows_forward(const Context& ctx, const typename Context::execution_space& space,
+                            const typename Context::pass_type& p, int owner) {
+  ComputePhase<typename Context::execution_space> phase(space, names::attention_fprop);
+  const Partition& seq = ctx.seq_partition();
+  ctx.core_forward_rows(space, p, p.w.q_saved, p.w.k_saved, p.w.v_saved, p.w.o.view(), p.w.lse.view(),
+                        seq.offset(owner), seq.count(owner));
+}
+
 /// The output projection (OutputProjection: its exchange, in the forward's wire codec, and w_o, in the timeline's
-/// output_forward order): y.
+/// output_forward order): y. Where the core attends in blocks (the timeline's o_blocks), the attention runs here too,
+/// one owner's query rows at a time, each block leaving as soon as it is computed (forward_as_computed).
 template <class Context, class Scratch>
 typename Context::tensor3 project_output(const Context& ctx, Scratch& scratch,
                                          const typename Context::execution_space& space,
@@ -116,10 +128,18 @@ typename Context::tensor3 project_output(const Context& ctx, Scratch& scratch,
   const MlaConfig& c = ctx.config();
   const int B = c.batch, s = ctx.local_seq();
   auto& w = p.w;
+  const auto y = ensure_exact(w.y, "mlacp::y", B, s, c.hidden);
+  const auto o_tokens = ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim);
+  if (ctx.core_attends_blocks()) {
+    attention_output(ctx, p);
+    return w.out_proj.forward_as_computed(
+        space, [&](int owner) { attention_rows_forward(ctx, space, p, owner); }, w.o.view(), ctx.weights().w_o,
+        ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(), ctx.head_partition(), y, o_tokens,
+        ctx.codec(WireExchange::forward), &scratch.o_exchange, c.overlap);
+  }
   return w.out_proj.forward(space, w.o.view(), ctx.weights().w_o, ctx.weights().b_o, ctx.mesh(), ctx.seq_partition(),
-                            ctx.head_partition(), ensure_exact(w.y, "mlacp::y", B, s, c.hidden),
-                            ctx.into(w.o_tokens, "mlacp::o tokens", B, s, c.heads, c.vdim),
-                            ctx.codec(WireExchange::forward), &scratch.o_exchange, c.overlap);
+                            ctx.head_partition(), y, o_tokens, ctx.codec(WireExchange::forward), &scratch.o_exchange,
+                            c.overlap);
 }
 
 // ---- backward ----

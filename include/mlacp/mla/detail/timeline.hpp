@@ -44,6 +44,10 @@ struct Facts {
   int group = 1;        ///< the Ulysses group's size (the all-to-alls', all-gather's and reduce-scatter's P)
   int ring = 1;         ///< C, the ring's chunks (1: flat Ulysses)
   bool heads = true;    ///< this rank's Ulysses position holds heads (false: the ring has nothing to do)
+  /// Flat, group > 1: the attention runs as one block per owner rank's query rows (the core computes positioned
+  /// problems), each block's O leaving for its owner while the next is computed (output_forward). False: the
+  /// attention runs whole (Step::attention) before any of O is sent.
+  bool o_blocks = false;
   // What the backward computes (MlaRequiresGrad, schedule_context.hpp's needs_*):
   bool attention = true;  ///< anything upstream of the attention (the dO exchange and the attention backward)
   bool q = true;          ///< the Q branch (dQ's inverse all-to-all)
@@ -55,14 +59,17 @@ struct Facts {
 };
 
 /// The facts of a rank of a Ulysses group of `group` ranks on a ring of `ring` chunks whose position holds heads (or
-/// not), for a pass with `flags`.
-inline Facts facts_of(const MlaConfig& c, int group, int ring, bool heads, const MlaRequiresGrad& flags) {
+/// not), for a pass with `flags`; `core_blocks`: the layer's attention core computes positioned problems on the
+/// layer's own Views (ScheduleContext::core_attends_blocks; the model assumes the library's core, which does).
+inline Facts facts_of(const MlaConfig& c, int group, int ring, bool heads, const MlaRequiresGrad& flags,
+                      bool core_blocks = true) {
   Facts f;
   f.strategy = c.strategy;
   f.overlap = c.overlap;
   f.group = group;
   f.ring = ring;
   f.heads = heads;
+  f.o_blocks = core_blocks && group > 1 && ring == 1;
   f.attention = needs_attention(flags);
   f.q = needs_q(flags);
   f.kv = needs_kv(flags);
@@ -77,7 +84,8 @@ enum class Step {
   kv_expansion,     ///< latent: the rank's w_kvb rows on the gathered payload; expanded: all heads on its own tokens
   assemble_kv,      ///< k = [k_nope, k_pe], v, per head (latent, flat: from the gathered payload)
   q_projection,     ///< q (dense or q-LoRA), its RoPE and scale
-  attention,        ///< the core on the whole sequence (flat)
+  attention,        ///< the core on the whole sequence (flat, not o_blocks)
+  attention_block,  ///< flat, o_blocks: the core on the query rows of peer (rank + i)'s tokens (i = 0: the own)
   ring_expand,      ///< ring step i (latent): the chunk held's expansion for the rank's heads
   ring_attention,   ///< ring step i: the core on the chunk held, merged into the running output
   o_block,          ///< the output projection: the block of source (rank - i) through its w_o columns (i = 0: own)
@@ -179,14 +187,15 @@ Steps<Compute, Launch, Wait> steps(Compute compute, Launch launch, Wait wait) {
   return {std::move(compute), std::move(launch), std::move(wait)};
 }
 
-/// The facts a piece's part needs: its group, whether it overlaps, and (backward) whether the attention's and the
-/// payload's gradients are needed.
-inline Facts part_facts(int group, bool overlap, bool attention = true, bool payload = true) {
+/// The facts a piece's part needs: its group, whether it overlaps, (backward) whether the attention's and the
+/// payload's gradients are needed, and (forward) whether O is computed block by block (Facts::o_blocks).
+inline Facts part_facts(int group, bool overlap, bool attention = true, bool payload = true, bool o_blocks = false) {
   Facts f;
   f.group = group;
   f.overlap = overlap;
   f.attention = attention;
   f.payload = payload;
+  f.o_blocks = o_blocks && group > 1;
   return f;
 }
 
@@ -194,6 +203,8 @@ inline Facts part_facts(int group, bool overlap, bool attention = true, bool pay
 
 /// The output projection's forward (OutputProjection): at P > 1 one send/receive per peer offset i (to rank + i, from
 /// rank - i), all launched first; the own block's GEMM runs while they are in flight, then each arriving block's.
+/// o_blocks: the attention of peer (rank + i)'s query rows is computed right before its send leaves, so that each
+/// block travels while the next is computed; the own rows last, before their GEMM.
 template <class Ex>
 void output_forward(Ex& ex, const Facts& f) {
   if (f.group == 1) {
@@ -204,9 +215,11 @@ void output_forward(Ex& ex, const Facts& f) {
     return;
   }
   for (int i = 1; i < f.group; ++i) {
+    if (f.o_blocks) ex.compute(Step::attention_block, i);
     ex.launch(Comm::o_exchange, i);
     if (!f.overlap) ex.wait(Comm::o_exchange, i);
   }
+  if (f.o_blocks) ex.compute(Step::attention_block, 0);
   ex.compute(Step::o_block, 0);
   for (int i = 1; i < f.group; ++i) {
     if (f.overlap) ex.wait(Comm::o_exchange, i);
@@ -327,7 +340,7 @@ void latent_forward(Ex& ex, const Facts& f) {
     ex.compute(Step::kv_expansion, 0);
     if (f.overlap) ex.wait(Comm::q_a2a, 0);
     ex.compute(Step::assemble_kv, 0);
-    ex.compute(Step::attention, 0);
+    if (!f.o_blocks) ex.compute(Step::attention, 0);
   }
   ex.part(Part::output_forward);
 }
@@ -351,7 +364,7 @@ void expanded_forward(Ex& ex, const Facts& f) {
   ex.wait(Comm::q_a2a, 0);
   if (f.on_ring())
     ex.part(Part::ring_forward);
-  else
+  else if (!f.o_blocks)
     ex.compute(Step::attention, 0);
   ex.part(Part::output_forward);
 }

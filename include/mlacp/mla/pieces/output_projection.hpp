@@ -16,6 +16,7 @@
 #include <mlacp/view_types.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -59,19 +60,24 @@ struct HeadBlockRows {
   }
 };
 
-/// o [B, S, h, dv] encoded by Codec into `packed` by destination: destination r's tokens [B, seq.count(r), h, dv] at
-/// row B * seq.offset(r) * h (each row Codec::wire_width(dv) wire values).
+/// Destination r's tokens of o [B, S, h, dv], encoded by Codec into `packed` at row B * seq.offset(r) * h: the block
+/// [B, seq.count(r), h, dv] (each row Codec::wire_width(dv) wire values).
+template <class Codec, class ExecSpace, class Tensor4View, class W>
+void pack_token_block(const ExecSpace& space, const Tensor4View& o, const Partition& seq, int r, W* packed) {
+  using T = typename Tensor4View::non_const_value_type;
+  const auto S = static_cast<std::int64_t>(o.extent(1));
+  const auto B = static_cast<std::int64_t>(o.extent(0));
+  const auto h = static_cast<std::int64_t>(o.extent(2)), dv = static_cast<std::int64_t>(o.extent(3));
+  const std::int64_t first = seq.offset(r), count = seq.count(r);
+  encode_rows<Codec, T>(space, "mlacp::pack O blocks", B * count * h, dv,
+                        TokenBlockRows<T>{o.data(), S, h, dv, first, count},
+                        packed + B * first * h * Codec::wire_width(dv));
+}
+
+/// o [B, S, h, dv] encoded by Codec into `packed` by destination (pack_token_block for every destination).
 template <class Codec, class ExecSpace, class Tensor4View, class W>
 void pack_token_blocks(const ExecSpace& space, const Tensor4View& o, const Partition& seq, W* packed) {
-  using T = typename Tensor4View::non_const_value_type;
-  const auto B = static_cast<std::int64_t>(o.extent(0)), S = static_cast<std::int64_t>(o.extent(1));
-  const auto h = static_cast<std::int64_t>(o.extent(2)), dv = static_cast<std::int64_t>(o.extent(3));
-  for (int r = 0; r < seq.parts(); ++r) {
-    const std::int64_t first = seq.offset(r), count = seq.count(r);
-    encode_rows<Codec, T>(space, "mlacp::pack O blocks", B * count * h, dv,
-                          TokenBlockRows<T>{o.data(), S, h, dv, first, count},
-                          packed + B * first * h * Codec::wire_width(dv));
-  }
+  for (int r = 0; r < seq.parts(); ++r) pack_token_block<Codec>(space, o, seq, r, packed);
 }
 
 /// A received head block [B, s, count, dv] (encoded by Codec) decoded into heads [first, first + count) of `local`
@@ -137,14 +143,27 @@ class OutputProjection {
                   const tensor4& local_out = {}, WireCodec codec = WireCodec::same, buffers_type* buffers = nullptr,
                   bool overlap = true) {
     return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out, codec,
-                        buffers, overlap);
+                        buffers, overlap, {});
+  }
+  /// forward() with the attention output produced block by block as it leaves (timeline.hpp, output_forward with
+  /// o_blocks): `produce(r)` writes the rows of `attention_output` that are rank r's tokens (seq's part r). At P > 1
+  /// it is called for each peer right before that peer's block is sent, so that the block travels while the next is
+  /// produced, and for this rank last, before its own block's GEMM; at P == 1 once, before the exchange. The sums are
+  /// those of forward() on the finished attention output.
+  tensor3 forward_as_computed(const ExecSpace& space, const std::function<void(int)>& produce,
+                              const tensor4& attention_output, const matrix& w_o, const vector& b_o, const Mesh& mesh,
+                              const Partition& seq, const Partition& heads, tensor3 y_out = {},
+                              const tensor4& local_out = {}, WireCodec codec = WireCodec::same,
+                              buffers_type* buffers = nullptr, bool overlap = true) {
+    return forward_impl(space, attention_output, w_o, b_o, mesh, &seq, &heads, std::move(y_out), local_out, codec,
+                        buffers, overlap, produce);
   }
   /// The even split (S and H divisible by the group size).
   tensor3 forward(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                   const Mesh& mesh, tensor3 y_out = {}, const tensor4& local_out = {},
                   WireCodec codec = WireCodec::same, buffers_type* buffers = nullptr, bool overlap = true) {
     return forward_impl(space, attention_output, w_o, b_o, mesh, nullptr, nullptr, std::move(y_out), local_out, codec,
-                        buffers, overlap);
+                        buffers, overlap, {});
   }
 
  private:
@@ -154,12 +173,14 @@ class OutputProjection {
 
   tensor3 forward_impl(const ExecSpace& space, const tensor4& attention_output, const matrix& w_o, const vector& b_o,
                        const Mesh& mesh, const Partition* seq, const Partition* heads, tensor3 y_out,
-                       const tensor4& local_out, WireCodec codec, buffers_type* buffers, bool overlap) {
+                       const tensor4& local_out, WireCodec codec, buffers_type* buffers, bool overlap,
+                       const std::function<void(int)>& produce) {
     if (forwarded_) throw UsageError("mlacp::OutputProjection: forward called twice on the same invocation");
     tensor3 y;
     tensor4 local;
     if (mesh.size() == 1) {
       // Nothing to exchange: the collective's local copy (or the input itself), then one GEMM.
+      if (produce) produce(0);
       AsyncCollective<tensor4> exchange;
       auto steps = detail::timeline::steps(
           [&](detail::timeline::Step step, int) {
@@ -212,7 +233,7 @@ class OutputProjection {
           return std::pair<tensor3, tensor4>();
         } else {
           return exchange_and_project<Codec>(space, attention_output, w_o, b_o, mesh, token_part, head_part,
-                                             std::move(y_out), local_out, b, overlap);
+                                             std::move(y_out), local_out, b, overlap, produce);
         }
       });
     }
@@ -233,12 +254,14 @@ class OutputProjection {
   // The per-peer exchange of the head blocks (each row of dv values encoded by Codec: T itself, or bf16 or fp8 for a
   // float layer's wire) and the output projection summed block by block. Codec same: through `buffers`, the caller's
   // (see OutputExchangeBuffers); another codec: through pooled staging buffers (the codec's, kept until the
-  // exchanges are waited). Returns y and the gathered heads [B, s, H, dv].
+  // exchanges are waited). `produce` (when set): o's rows of a destination are written by it right before that
+  // destination's block is packed and sent (forward_as_computed). Returns y and the gathered heads [B, s, H, dv].
   template <class Codec>
   std::pair<tensor3, tensor4> exchange_and_project(const ExecSpace& space, const tensor4& o, const matrix& w_o,
                                                    const vector& b_o, const Mesh& mesh, const Partition& seq,
                                                    const Partition& heads, tensor3 y_out, const tensor4& local_out,
-                                                   buffers_type& buffers, bool overlap) {
+                                                   buffers_type& buffers, bool overlap,
+                                                   const std::function<void(int)>& produce) {
     using U = typename Codec::template wire_t<T>;
     constexpr bool same = std::is_same_v<Codec, detail::SameCodec>;
     using unmanaged = detail::Vector<U, memory_space, detail::Unmanaged>;
@@ -254,26 +277,28 @@ class OutputProjection {
     tensor3 y = allocated_y(std::move(y_out), B, s, w_o);
     // The send blocks, by destination: destination r's [B, s_r, h, dv] at row B * seq.offset(r) * h. With B == 1 and
     // T on the wire that is the attention output itself (no pack).
+    // Packed: the blocks are packed (all before the first send, or each after it is produced) into `packed`.
     const U* send = nullptr;
     U* recv = nullptr;
+    U* packed = nullptr;
     detail::PooledBuffer<U, memory_space> send_staging, recv_staging;  // another codec's (released on return)
     if constexpr (same) {
       if (B == 1) send = o.data();
       if (send == nullptr) {
-        U* packed = detail::ensure(buffers.send, "mlacp::O a2a send", B, S, h, dv).data();
-        detail::pack_token_blocks<Codec>(space, o, seq, packed);
+        packed = detail::ensure(buffers.send, "mlacp::O a2a send", B, S, h, dv).data();
         send = packed;
       }
       recv = detail::ensure(buffers.recv, "mlacp::O a2a recv", B, s, H, dv).data();
     } else {
       send_staging = detail::allocate_buffer<U, memory_space>(space, std::string(names::o_a2a) + " wire send",
                                                               static_cast<std::size_t>(B * S * h * wide));
-      detail::pack_token_blocks<Codec>(space, o, seq, send_staging.view.data());
-      send = send_staging.view.data();
+      packed = send_staging.view.data();
+      send = packed;
       recv_staging = detail::allocate_buffer<U, memory_space>(space, std::string(names::o_a2a) + " wire recv",
                                                               static_cast<std::size_t>(B * s * H * wide));
       recv = recv_staging.view.data();
     }
+    if (packed != nullptr && !produce) detail::pack_token_blocks<Codec>(space, o, seq, packed);
     // The received blocks, by source: source r's [B, s, h_r, dv] at row B * s * heads.offset(r).
     const auto send_block = [&](int r) {
       return detail::Vector<const U, memory_space, detail::Unmanaged>(
@@ -312,6 +337,12 @@ class OutputProjection {
     // send buffer already), then each arriving block's.
     auto steps = detail::timeline::steps(
         [&](detail::timeline::Step step, int k) {
+          if (step == detail::timeline::Step::attention_block) {
+            const int dest = (me + k) % P;
+            produce(dest);
+            if (packed != nullptr) detail::pack_token_block<Codec>(space, o, seq, dest, packed);
+            return;
+          }
           if (step != detail::timeline::Step::o_block) return;
           const int source = (me + P - k) % P;
           consume(source, k == 0 ? send + B * seq.offset(me) * h * wide : recv + B * s * heads.offset(source) * wide);
@@ -325,7 +356,7 @@ class OutputProjection {
                                source, mesh, names::o_a2a, exchange_tag);
         },
         [&](detail::timeline::Comm, int k) { arriving[static_cast<std::size_t>(k - 1)].wait(); });
-    detail::timeline::output_forward(steps, detail::timeline::part_facts(P, overlap));
+    detail::timeline::output_forward(steps, detail::timeline::part_facts(P, overlap, true, true, bool(produce)));
     if constexpr (widened) {
       if (!first) {
         detail::round_sum_into(space, y_sum, b_o, y2);
