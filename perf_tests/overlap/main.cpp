@@ -10,7 +10,9 @@
 //       untimed before, q_branch() and payload() (the reduce-scatter's wait, the payload backward) untimed after;
 //   (3) the latent reduce-scatter with the w_kvb weight gradient: LatentKVLinear::backward.
 // and one of the forward: the O exchange (per peer) with the w_o GEMMs that consume its blocks as they arrive:
-// OutputProjection::forward (pair_o; even split only, beside the same bytes as a raw MPI_Ialltoall).
+// OutputProjection::forward (pair_o; even split only, beside the same bytes as a raw MPI_Ialltoall), and the same with
+// the attention that produces O, each owner's block sent as soon as it is computed: OutputProjection::
+// forward_as_computed with FlashAttentionCore (pair_o_attention; free dimension: the tokens per rank).
 // For each, in one run: the compute alone (the piece without its collective), the collective alone (the library call
 // the piece launches, same arguments), the piece overlapped (overlap on: launch, compute through the library's
 // panelled GEMM, which calls mlacp::progress() between panels, wait) and the piece blocking (overlap off: the wait
@@ -33,9 +35,9 @@
 //                                  [--rows N] [--progress-thread] [--no-sweep] [--no-uneven] [--no-ring]
 //                                  [--only-ring] [--ring-expanded] [--ring-heads N] [--ring-chunk N]
 //
-// The files: overlap/pair.hpp (what a pair is), one file per pair (pair_do.cpp, pair_o.cpp, pair_dq.cpp, pair_rs.cpp,
-// pair_ring.cpp), overlap/harness.cpp (calibration, measurement, sweeps, JSON) and this one (the command line, the
-// order of the pairs, the printed report).
+// The files: overlap/pair.hpp (what a pair is), one file per pair (pair_do.cpp, pair_o.cpp, pair_o_attention.cpp,
+// pair_dq.cpp, pair_rs.cpp, pair_ring.cpp), overlap/harness.cpp (calibration, measurement, sweeps, JSON) and this one
+// (the command line, the order of the pairs, the printed report).
 #include <mpi.h>
 #include <mlacp/mesh.hpp>
 
@@ -154,8 +156,9 @@ int run(int argc, char** argv) {
   std::vector<double> even_e;  // the library pairs' E (mode 0)
   const int modes = settings.only_ring ? 0 : settings.modes;
   for (int mode = 0; mode < modes; ++mode)
-    for (const PairSpec& spec : {pair_do(mesh, settings.rows, false), pair_dq(mesh, settings.rows, false),
-                                 pair_rs(mesh, settings.rows, false), pair_o(mesh, settings.rows)}) {
+    for (const PairSpec& spec :
+         {pair_do(mesh, settings.rows, false), pair_dq(mesh, settings.rows, false), pair_rs(mesh, settings.rows, false),
+          pair_o(mesh, settings.rows), pair_o_attention(mesh, settings.quick)}) {
       const double e = benchmark_pair(spec, mode == 1, settings, mesh.comm(), report);
       if (mode == 0) even_e.push_back(e);
     }

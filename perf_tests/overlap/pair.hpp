@@ -3,7 +3,8 @@
 // mlacp-perf-overlap: what every pair is made of (perf_tests/overlap/). A pair (Pair) is one overlap pair of the MLA
 // pass at one size of its compute, as callables on the library piece the layer runs it with; a PairSpec makes one at
 // any size of its free dimension (the harness calibrates it). Each pair's factory lives in its own file: pair_do.cpp,
-// pair_o.cpp, pair_dq.cpp, pair_rs.cpp, pair_ring.cpp; the harness that measures any of them in harness.cpp.
+// pair_o.cpp, pair_o_attention.cpp, pair_dq.cpp, pair_rs.cpp, pair_ring.cpp; the harness that measures any of them in
+// harness.cpp.
 #pragma once
 
 #include <mpi.h>
@@ -158,6 +159,13 @@ struct PairSpec {
 PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven);
 // pair_o.cpp: the forward's O exchange with the w_o GEMMs that consume its blocks.
 PairSpec pair_o(const mlacp::Mesh& mesh, int rows);
+// pair_o_attention.cpp: the same exchange with the attention that produces O, block by block, and the w_o GEMMs.
+PairSpec pair_o_attention(const mlacp::Mesh& mesh, bool quick);
+// The O exchange as OutputProjection::forward launches it at B == 1 (pair_o.cpp): o [1, S, h, dv] head-local, each
+// destination's tokens sent where they lie; source r's heads received into `received` [1, s, H, dv] at column block
+// r. Returns its wait.
+Waiter launch_o_exchange(const Space& space, const mlacp::Mesh& mesh, const Split& split, const T* o, T* received,
+                         int h, int dv);
 // pair_dq.cpp: (2) the dQ inverse all-to-all with the KV backward (the latent schedule's steps).
 PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven);
 // pair_rs.cpp: (3) the latent reduce-scatter with the w_kvb weight gradient.

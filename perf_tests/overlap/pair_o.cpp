@@ -15,6 +15,26 @@ namespace mlacp::perf::overlap {
 
 using OutputProjection = mlacp::OutputProjection<T, Space>;
 
+Waiter launch_o_exchange(const Space& space, const mlacp::Mesh& mesh, const Split& split, const T* o, T* received,
+                         int h, int dv) {
+  using Flat = Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using ConstFlat = Kokkos::View<const T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  auto arriving = std::make_shared<std::vector<mlacp::AsyncCollective<Flat>>>();
+  const int P = mesh.size(), me = mesh.rank(), s = split.s();
+  const auto& seq = split.seq;
+  const auto& heads = split.heads;
+  for (int k = 1; k < P; ++k) {
+    const int dest = (me + k) % P, source = (me + P - k) % P;
+    arriving->push_back(mlacp::launch_send_recv(
+        space, ConstFlat(o + seq.offset(dest) * h * dv, static_cast<std::size_t>(seq.count(dest) * h * dv)), dest,
+        Flat(received + s * heads.offset(source) * dv, static_cast<std::size_t>(s * heads.count(source) * dv)), source,
+        mesh, mlacp::names::o_a2a, 41));
+  }
+  return [arriving]() {
+    for (auto& a : *arriving) a.wait();
+  };
+}
+
 // The forward's O exchange (head-local -> token-local, point-to-point per peer: OutputProjection::forward) with
 // the w_o GEMMs that consume its blocks as they arrive: the own block's first, each received one after its wait. The
 // compute alone is the same y = o_tokens w_o^T as one GEMM; the collective alone the same per-peer sends and receives
@@ -57,26 +77,8 @@ PairSpec pair_o(const mlacp::Mesh& mesh, int rows) {
               mlacp::detail::linear_forward(space, mlacp::detail::as_matrix(st->tokens, s, H * dv), st->w_o, Vector(),
                                             mlacp::detail::as_matrix(st->y, s, D));
             };
-            p.collective = [space, st, &mesh, P, s, h, dv]() {
-              // As OutputProjection::forward launches it (B == 1: each destination's tokens sent where they lie).
-              using Flat = Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-              using ConstFlat = Kokkos::View<const T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-              std::vector<mlacp::AsyncCollective<Flat>> arriving;
-              const int me = mesh.rank();
-              for (int k = 1; k < P; ++k) {
-                const int dest = (me + k) % P, source = (me + P - k) % P;
-                const auto& seq = st->split.seq;
-                const auto& heads = st->split.heads;
-                arriving.push_back(
-                    mlacp::launch_send_recv(space,
-                                            ConstFlat(st->attention_output.data() + seq.offset(dest) * h * dv,
-                                                      static_cast<std::size_t>(seq.count(dest) * h * dv)),
-                                            dest,
-                                            Flat(st->received.data() + s * heads.offset(source) * dv,
-                                                 static_cast<std::size_t>(s * heads.count(source) * dv)),
-                                            source, mesh, mlacp::names::o_a2a, 41));
-              }
-              for (auto& a : arriving) a.wait();
+            p.collective = [space, st, &mesh, h, dv]() {
+              launch_o_exchange(space, mesh, st->split, st->attention_output.data(), st->received.data(), h, dv)();
             };
             p.piece = [space, st, &mesh](bool overlap) {
               st->invocation->forward(space, st->attention_output, st->w_o, Vector(), mesh, st->split.seq,
