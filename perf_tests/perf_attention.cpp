@@ -165,7 +165,7 @@ Row time_gemms_only(MPI_Comm comm, int tq, int tk, int s, int h, const HeadShape
       for (std::int64_t i0 = 0; i0 < s; i0 += tq)
         for (std::int64_t j0 = 0; j0 <= std::min<std::int64_t>(i0 + tq, s) - 1; j0 += tk) {
           const std::int64_t nq = std::min<std::int64_t>(tq, s - i0), nk = std::min<std::int64_t>(tk, s - j0);
-          mlacp::detail::for_each_row_block(docs, i0, nq, j0, nk,
+          mlacp::detail::for_each_row_block(docs, i0, nq, j0, nk, mlacp::detail::flash_diagonal_rows<T>,
                                             [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t n) {
                                               block(hd, i0 + a, na, j0 + ka, n);
                                             });

@@ -178,53 +178,54 @@ TEST(HostIsa, TheChoiceIsOneTheCpuRunsAndOthersAreRefusedByName) {
             << (refused_any ? " (a wider set was refused by name)" : " (every set runs here)") << "\n";
 }
 
-// The row blocks of every (query tile, key tile) pair of a packed sequence: each visible pair exactly once, each masked
-// one at most once, and in one document the rows at or after the key tile's
-// last key are one block.
+// The row blocks of every (query tile, key tile) pair of a packed sequence, at both block heights (float and double's,
+// bf16's): each visible pair exactly once, each masked one at most once, and in one document the rows at or after the
+// key tile's last key are one block.
 TEST(FlashRowBlocks, EachVisiblePairOnceAndFullRowsInOneBlock) {
   const std::int64_t n_s = 300;
-  for (const std::vector<std::int64_t>& cu :
-       {std::vector<std::int64_t>{0, n_s}, std::vector<std::int64_t>{0, 7, 40, 41, 150, 230, n_s}}) {
-    const mlacp::DocumentLayout layout(cu, n_s);
-    const auto docs = layout.host(n_s);
-    for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{64, 64}, {256, 64}, {48, 200}, {300, 300}}) {
-      for (std::int64_t i0 = 0; i0 < n_s; i0 += tq) {
-        const std::int64_t nq = std::min(tq, n_s - i0);
-        for (std::int64_t j0 = 0; j0 < n_s; j0 += tk) {
-          const std::int64_t nk = std::min(tk, n_s - j0);
-          std::vector<int> covered(static_cast<std::size_t>(nq * nk), 0);
-          std::int64_t full_blocks = 0, rows_done = 0;
-          mlacp::detail::for_each_row_block(docs, i0, nq, j0, nk,
-                                            [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nka) {
-                                              EXPECT_GE(a, rows_done) << "row blocks in order, disjoint";
-                                              rows_done = a + na;
-                                              if (ka == 0 && nka == nk && na > mlacp::detail::flash_diagonal_block_rows)
-                                                ++full_blocks;
-                                              for (std::int64_t r = a; r < a + na; ++r)
-                                                for (std::int64_t c = ka; c < ka + nka; ++c)
-                                                  ++covered[static_cast<std::size_t>(r * nk + c)];
-                                            });
-          for (std::int64_t r = 0; r < nq; ++r)
-            for (std::int64_t c = 0; c < nk; ++c) {
-              const std::int64_t query = i0 + r, key = j0 + c;
-              const bool visible = key <= query && key >= docs.start_of(query);
-              const int n = covered[static_cast<std::size_t>(r * nk + c)];
-              // Once where visible; a masked entry inside a block's key range at most once.
-              ASSERT_TRUE(visible ? n == 1 : n <= 1)
-                  << "query " << query << " key " << key << " tiles " << tq << "x" << tk << ": computed " << n;
+  for (const std::int64_t height :
+       {mlacp::detail::flash_diagonal_block_rows, mlacp::detail::flash_diagonal_block_rows_bf16})
+    for (const std::vector<std::int64_t>& cu :
+         {std::vector<std::int64_t>{0, n_s}, std::vector<std::int64_t>{0, 7, 40, 41, 150, 230, n_s}}) {
+      const mlacp::DocumentLayout layout(cu, n_s);
+      const auto docs = layout.host(n_s);
+      for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{64, 64}, {256, 64}, {48, 200}, {300, 300}}) {
+        for (std::int64_t i0 = 0; i0 < n_s; i0 += tq) {
+          const std::int64_t nq = std::min(tq, n_s - i0);
+          for (std::int64_t j0 = 0; j0 < n_s; j0 += tk) {
+            const std::int64_t nk = std::min(tk, n_s - j0);
+            std::vector<int> covered(static_cast<std::size_t>(nq * nk), 0);
+            std::int64_t full_blocks = 0, rows_done = 0;
+            mlacp::detail::for_each_row_block(docs, i0, nq, j0, nk, height,
+                                              [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nka) {
+                                                EXPECT_GE(a, rows_done) << "row blocks in order, disjoint";
+                                                rows_done = a + na;
+                                                if (ka == 0 && nka == nk && na > height) ++full_blocks;
+                                                for (std::int64_t r = a; r < a + na; ++r)
+                                                  for (std::int64_t c = ka; c < ka + nka; ++c)
+                                                    ++covered[static_cast<std::size_t>(r * nk + c)];
+                                              });
+            for (std::int64_t r = 0; r < nq; ++r)
+              for (std::int64_t c = 0; c < nk; ++c) {
+                const std::int64_t query = i0 + r, key = j0 + c;
+                const bool visible = key <= query && key >= docs.start_of(query);
+                const int n = covered[static_cast<std::size_t>(r * nk + c)];
+                // Once where visible; a masked entry inside a block's key range at most once.
+                ASSERT_TRUE(visible ? n == 1 : n <= 1)
+                    << "query " << query << " key " << key << " tiles " << tq << "x" << tk << ": computed " << n;
+              }
+            // One document, a tall tile crossing the diagonal: its rows after the key tile form one block.
+            if (cu.size() == 2 && j0 >= i0 && i0 + nq - (j0 + nk - 1) > height) {
+              EXPECT_EQ(full_blocks, 1) << "tile " << i0 << "+" << nq << " x " << j0 << "+" << nk;
             }
-          // One document, a tall tile crossing the diagonal: its rows after the key tile form one block.
-          if (cu.size() == 2 && j0 >= i0 && i0 + nq - (j0 + nk - 1) > mlacp::detail::flash_diagonal_block_rows) {
-            EXPECT_EQ(full_blocks, 1) << "tile " << i0 << "+" << nq << " x " << j0 << "+" << nk;
-          }
-          // A square tile on the diagonal: 32-row blocks only, as the core always cut it.
-          if (cu.size() == 2 && j0 == i0 && nq == nk) {
-            EXPECT_EQ(full_blocks, 0) << "tile " << i0 << "+" << nq;
+            // A square tile on the diagonal: blocks of the height only, as the core always cut it.
+            if (cu.size() == 2 && j0 == i0 && nq == nk) {
+              EXPECT_EQ(full_blocks, 0) << "tile " << i0 << "+" << nq;
+            }
           }
         }
       }
     }
-  }
 }
 
 }  // namespace

@@ -63,17 +63,22 @@ auto rows_cols(const Mat& m, std::int64_t row0, std::int64_t rows, std::int64_t 
 /// at the block's last query, so that little of the masked half is computed (with 128 x 128 tiles at S = 1024, whole
 /// diagonal tiles are 12% of the computed scores, 32-row blocks 3%).
 inline constexpr std::int64_t flash_diagonal_block_rows = 32;
+/// The same for bf16 inputs, whose tile products are bf16 matmuls (oneDNN on the host): a call costs more there, so
+/// taller blocks that compute a little more of the masked half pay (measured in docs/performance.md, issue 36).
+inline constexpr std::int64_t flash_diagonal_block_rows_bf16 = 64;
 
 /// The row blocks of a query tile [i0, i0 + nq) against a key tile starting at j0 with nk keys: `fn(a, na, ka, nka)`
 /// for rows [a, a + na) of the tile and keys [ka, ka + nka) of the key tile, the keys any of those rows can see (blocks
 /// that see none are skipped). The rows that see every key of the tile (at or after its last key, and in a document
 /// that starts at or before its first: an interval, as start_of does not decrease) are one block, the whole tile where
-/// that is every row, and where they are at least flash_diagonal_block_rows; the other rows (on the diagonal, or across
-/// a document boundary) are cut into blocks of flash_diagonal_block_rows rows, each computing only the key range
+/// that is every row, and where they are at least block_rows; the other rows (on the diagonal, or across a document
+/// boundary) are cut into blocks of block_rows rows, each computing only the key range
 /// [start_of(first row), last row] it can see. So a tall tile that crosses the diagonal (a query tile longer than the
 /// key tile) keeps one large product for its visible part, and a square tile on the diagonal is cut as it always was.
+/// `block_rows`: the height of the partial blocks (flash_diagonal_rows below for the core's stored type).
 template <class Docs, class Fn>
-void for_each_row_block(const Docs& docs, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk, Fn&& fn) {
+void for_each_row_block(const Docs& docs, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk,
+                        std::int64_t block_rows, Fn&& fn) {
   if (tile_fully_visible(i0, docs.start_of(i0 + nq - 1), j0, nk)) {
     fn(std::int64_t(0), nq, std::int64_t(0), nk);
     return;
@@ -89,15 +94,15 @@ void for_each_row_block(const Docs& docs, std::int64_t i0, std::int64_t nq, std:
       hi = mid;
   }
   auto partial = [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t a = begin; a < end; a += flash_diagonal_block_rows) {
-      const std::int64_t na = std::min(flash_diagonal_block_rows, end - a);
+    for (std::int64_t a = begin; a < end; a += block_rows) {
+      const std::int64_t na = std::min(block_rows, end - a);
       const std::int64_t ka = std::max(std::int64_t(0), docs.start_of(i0 + a) - j0);
       const std::int64_t kend = std::min(nk, i0 + a + na - j0);
       if (kend > ka) fn(a, na, ka, kend - ka);
     }
   };
   // Fewer full rows than one block (a square tile on the diagonal has one): no gain from a call of their own.
-  if (full_end - full_begin < flash_diagonal_block_rows) {
+  if (full_end - full_begin < block_rows) {
     partial(0, nq);
     return;
   }
@@ -112,6 +117,11 @@ void for_each_row_block(const Docs& docs, std::int64_t i0, std::int64_t nq, std:
 /// into the outputs once.
 template <class Stored>
 inline constexpr bool flash_mixed_precision = !std::is_same_v<Stored, compat::accumulation_t<Stored>>;
+
+/// The diagonal row blocks' height for inputs stored in Stored (for_each_row_block).
+template <class Stored>
+inline constexpr std::int64_t flash_diagonal_rows =
+    flash_mixed_precision<Stored> ? flash_diagonal_block_rows_bf16 : flash_diagonal_block_rows;
 
 /// `dst` (a bf16 tile) = `src` (a float tile), rows [0, rows) and columns [0, cols).
 /// Host rows of mlacp::bfloat16 (the BLAS path's, host-only) are rounded by the row kernel of the CPU's widest
@@ -214,7 +224,7 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
             const bool tile_first = j0 == j_begin;
             const std::int64_t kp0 = rg.k_pos + j0;  // position of the key tile's first key
             for_each_row_block(
-                docs, p0, nq, kp0, std::min(tile_k, k_end - j0),
+                docs, p0, nq, kp0, std::min(tile_k, k_end - j0), flash_diagonal_rows<typename Q::non_const_value_type>,
                 [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
                   const std::int64_t row0 = p0 + a, jb = kp0 + ka;  // positions
                   const auto s = rows_cols(ws.scores, 0, na, nk);
@@ -414,6 +424,7 @@ void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, c
           const std::int64_t i0 = rg.q_pos + it;  // position of the query tile's first query
           for_each_row_block(
               docs, i0, std::min(tile_q, rg.n_q - it), j0, nk_tile,
+              flash_diagonal_rows<typename Q::non_const_value_type>,
               [&](std::int64_t a, std::int64_t na, std::int64_t ka, std::int64_t nk) {
                 const std::int64_t row0 = i0 + a, jb = j0 + ka;  // positions
                 const std::int64_t qr = row0 + q_shift;          // row of the block's first query
