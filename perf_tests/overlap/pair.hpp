@@ -161,11 +161,6 @@ PairSpec pair_do(const mlacp::Mesh& mesh, int rows, bool uneven);
 PairSpec pair_o(const mlacp::Mesh& mesh, int rows);
 // pair_o_attention.cpp: the same exchange with the attention that produces O, block by block, and the w_o GEMMs.
 PairSpec pair_o_attention(const mlacp::Mesh& mesh, bool quick);
-// The O exchange as OutputProjection::forward launches it at B == 1 (pair_o.cpp): o [1, S, h, dv] head-local, each
-// destination's tokens sent where they lie; source r's heads received into `received` [1, s, H, dv] at column block
-// r. Returns its wait.
-Waiter launch_o_exchange(const Space& space, const mlacp::Mesh& mesh, const Split& split, const T* o, T* received,
-                         int h, int dv);
 // pair_dq.cpp: (2) the dQ inverse all-to-all with the KV backward (the latent schedule's steps).
 PairSpec pair_dq(const mlacp::Mesh& mesh, int rows, bool uneven);
 // pair_rs.cpp: (3) the latent reduce-scatter with the w_kvb weight gradient.

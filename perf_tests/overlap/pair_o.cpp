@@ -9,30 +9,55 @@
 
 #include <optional>
 
-#include "pair.hpp"
+#include "o_exchange_state.hpp"
 
 namespace mlacp::perf::overlap {
 
-using OutputProjection = mlacp::OutputProjection<T, Space>;
+OutputExchangeState::OutputExchangeState(const mlacp::Mesh& mesh, std::int64_t S, int H, int dv_, int D)
+    : split(S, H, mesh), dv(dv_) {
+  const int s = split.s(), h = split.h();
+  attention_output = Tensor4("attention output", 1, S, h, dv);
+  local_output = destination<Tensor4>(mesh, "local output", 1, s, H, dv);
+  tokens = Tensor4("o tokens", 1, s, H, dv);
+  received = Tensor4("received", 1, s, H, dv);
+  y = Tensor3("y", 1, s, D);
+  w_o = Matrix("w_o", D, H * dv);
+  mlacp::testing::synthetic::fill(attention_output, 21, 1.0);
+  mlacp::testing::synthetic::fill(tokens, 22, 1.0);
+  mlacp::testing::synthetic::fill(w_o, 23, 0.1);
+}
 
-Waiter launch_o_exchange(const Space& space, const mlacp::Mesh& mesh, const Split& split, const T* o, T* received,
-                         int h, int dv) {
-  using Flat = Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using ConstFlat = Kokkos::View<const T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  auto arriving = std::make_shared<std::vector<mlacp::AsyncCollective<Flat>>>();
-  const int P = mesh.size(), me = mesh.rank(), s = split.s();
-  const auto& seq = split.seq;
-  const auto& heads = split.heads;
-  for (int k = 1; k < P; ++k) {
-    const int dest = (me + k) % P, source = (me + P - k) % P;
-    arriving->push_back(mlacp::launch_send_recv(
-        space, ConstFlat(o + seq.offset(dest) * h * dv, static_cast<std::size_t>(seq.count(dest) * h * dv)), dest,
-        Flat(received + s * heads.offset(source) * dv, static_cast<std::size_t>(s * heads.count(source) * dv)), source,
-        mesh, mlacp::names::o_a2a, 41));
-  }
-  return [arriving]() {
-    for (auto& a : *arriving) a.wait();
+void OutputExchangeState::w_o_gemm(const Space& space) const {
+  const auto s = static_cast<std::int64_t>(tokens.extent(1)), width = static_cast<std::int64_t>(w_o.extent(1));
+  mlacp::detail::linear_forward(space, mlacp::detail::as_matrix(tokens, s, width), w_o, Vector(),
+                                mlacp::detail::as_matrix(y, s, static_cast<std::int64_t>(w_o.extent(0))));
+}
+
+void set_output_exchange(Pair& p, const std::shared_ptr<OutputExchangeState>& st, const mlacp::Mesh& mesh) {
+  const Space space;
+  p.comm_name = mlacp::names::o_a2a;
+  p.panel_rows = st->split.s();
+  p.prepare = [st]() { st->invocation.emplace(); };
+  p.collective = [space, st, &mesh]() {
+    using Flat = Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    using ConstFlat = Kokkos::View<const T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    std::vector<mlacp::AsyncCollective<Flat>> arriving;
+    const int P = mesh.size(), me = mesh.rank(), s = st->split.s(), h = st->split.h(), dv = st->dv;
+    const auto& seq = st->split.seq;
+    const auto& heads = st->split.heads;
+    for (int k = 1; k < P; ++k) {
+      const int dest = (me + k) % P, source = (me + P - k) % P;
+      arriving.push_back(mlacp::launch_send_recv(space,
+                                                 ConstFlat(st->attention_output.data() + seq.offset(dest) * h * dv,
+                                                           static_cast<std::size_t>(seq.count(dest) * h * dv)),
+                                                 dest,
+                                                 Flat(st->received.data() + s * heads.offset(source) * dv,
+                                                      static_cast<std::size_t>(s * heads.count(source) * dv)),
+                                                 source, mesh, mlacp::names::o_a2a, 41));
+    }
+    for (auto& a : arriving) a.wait();
   };
+  p.launch_raw = raw_launcher(st->attention_output.size(), mesh.comm(), mesh.size());
 }
 
 // The forward's O exchange (head-local -> token-local, point-to-point per peer: OutputProjection::forward) with
@@ -43,49 +68,19 @@ PairSpec pair_o(const mlacp::Mesh& mesh, int rows) {
   const int P = mesh.size();
   const std::int64_t S = static_cast<std::int64_t>(rows) * P;
   const int H = 8 * P, dv = std::max(1, 128 / H);
-  return {spec_name("O exchange + w_o fprop", false, S, H), 128, [&mesh, S, H, dv, P](int D) {
+  return {spec_name("O exchange + w_o fprop", false, S, H), 128, [&mesh, S, H, dv](int D) {
             const Space space;
-            struct State {
-              explicit State(Split sp) : split(std::move(sp)) {}
-              Split split;
-              Tensor4 attention_output;  // [1, S, h, dv], head-local: the forward's input
-              Tensor4 local_output;      // [1, s, H, dv]: the exchange's result (empty at P == 1)
-              Tensor4 tokens;            // [1, s, H, dv]: the compute alone's operand
-              Tensor4 received;          // [1, s, H, dv]: the collective alone's destination
-              Tensor3 y;                 // [1, s, D]
-              Matrix w_o;                // [D, H*dv]
-              OutputProjection::buffers_type buffers;
-              std::optional<OutputProjection> invocation;
-            };
-            auto st = std::make_shared<State>(Split(S, H, mesh));
+            auto st = std::make_shared<OutputExchangeState>(mesh, S, H, dv, D);
             const int s = st->split.s(), h = st->split.h();
-            st->attention_output = Tensor4("attention output", 1, S, h, dv);
-            st->local_output = destination<Tensor4>(mesh, "local output", 1, s, H, dv);
-            st->tokens = Tensor4("o tokens", 1, s, H, dv);
-            st->received = Tensor4("received", 1, s, H, dv);
-            st->y = Tensor3("y", 1, s, D);
-            st->w_o = Matrix("w_o", D, H * dv);
-            mlacp::testing::synthetic::fill(st->attention_output, 21, 1.0);
-            mlacp::testing::synthetic::fill(st->tokens, 22, 1.0);
-            mlacp::testing::synthetic::fill(st->w_o, 23, 0.1);
             Pair p;
             p.compute_name = mlacp::names::w_o_fprop;
-            p.comm_name = mlacp::names::o_a2a;
-            p.panel_rows = s;
-            p.prepare = [st]() { st->invocation.emplace(); };
-            p.compute = [space, st, s, D, H, dv]() {
-              mlacp::detail::linear_forward(space, mlacp::detail::as_matrix(st->tokens, s, H * dv), st->w_o, Vector(),
-                                            mlacp::detail::as_matrix(st->y, s, D));
-            };
-            p.collective = [space, st, &mesh, h, dv]() {
-              launch_o_exchange(space, mesh, st->split, st->attention_output.data(), st->received.data(), h, dv)();
-            };
+            set_output_exchange(p, st, mesh);
+            p.compute = [space, st]() { st->w_o_gemm(space); };
             p.piece = [space, st, &mesh](bool overlap) {
               st->invocation->forward(space, st->attention_output, st->w_o, Vector(), mesh, st->split.seq,
                                       st->split.heads, st->y, st->local_output, mlacp::WireCodec::same, &st->buffers,
                                       overlap);
             };
-            p.launch_raw = raw_launcher(st->attention_output.size(), mesh.comm(), P);
             p.sizes = [=]() {
               return st->split.counts_json()
                   .num("dv", dv)

@@ -9,13 +9,9 @@
 #include <mlacp/mla/pieces/output_projection.hpp>
 #include <mlacp/testing/synthetic.hpp>
 
-#include <optional>
-
-#include "pair.hpp"
+#include "o_exchange_state.hpp"
 
 namespace mlacp::perf::overlap {
-
-using OutputProjection = mlacp::OutputProjection<T, Space>;
 
 // The attention output O leaves block by block as it is computed: for each peer, FlashAttentionCore::forward of the
 // peer's query rows against their causal prefix (attention_rows_problem), then that block's send; this rank's rows
@@ -33,66 +29,45 @@ PairSpec pair_o_attention(const mlacp::Mesh& mesh, bool quick) {
   return {"attention + O exchange + w_o fprop", quick ? 128 : 256, [&mesh, P, H, dqk, dv, D](int s_rank) {
             const Space space;
             const std::int64_t S = static_cast<std::int64_t>(s_rank) * P;
+            // The O exchange's state, and the attention's operands: q, k, v [1, S, h, *] head-local, lse [1, h, S].
             struct State {
-              explicit State(Split sp) : split(std::move(sp)) {}
-              Split split;
+              State(const mlacp::Mesh& m, std::int64_t S_, int H_, int dv_, int D_) : o(m, S_, H_, dv_, D_) {}
+              OutputExchangeState o;
               mlacp::FlashAttentionCore core;
-              Tensor4 q, k, v;              // [1, S, h, *], head-local: the attention's operands
-              Tensor4 attention_output;     // [1, S, h, dv]
-              Kokkos::View<T***, Mem> lse;  // [1, h, S]
-              Tensor4 local_output;         // [1, s, H, dv]: the exchange's result (empty at P == 1)
-              Tensor4 tokens;               // [1, s, H, dv]: the compute alone's GEMM operand
-              Tensor4 received;             // [1, s, H, dv]: the collective alone's destination
-              Tensor3 y;                    // [1, s, D]
-              Matrix w_o;                   // [D, H*dv]
-              OutputProjection::buffers_type buffers;
-              std::optional<OutputProjection> invocation;
+              Tensor4 q, k, v;
+              Kokkos::View<T***, Mem> lse;
             };
-            auto st = std::make_shared<State>(Split(S, H, mesh));
-            const int s = st->split.s(), h = st->split.h();
+            auto st = std::make_shared<State>(mesh, S, H, dv, D);
+            auto ex = std::shared_ptr<OutputExchangeState>(st, &st->o);
+            const int s = ex->split.s(), h = ex->split.h();
             st->q = Tensor4("q", 1, S, h, dqk);
             st->k = Tensor4("k", 1, S, h, dqk);
             st->v = Tensor4("v", 1, S, h, dv);
-            st->attention_output = Tensor4("attention output", 1, S, h, dv);
             st->lse = Kokkos::View<T***, Mem>("lse", 1, h, S);
-            st->local_output = destination<Tensor4>(mesh, "local output", 1, s, H, dv);
-            st->tokens = Tensor4("o tokens", 1, s, H, dv);
-            st->received = Tensor4("received", 1, s, H, dv);
-            st->y = Tensor3("y", 1, s, D);
-            st->w_o = Matrix("w_o", D, H * dv);
             mlacp::testing::synthetic::fill(st->q, 31, 1.0);
             mlacp::testing::synthetic::fill(st->k, 32, 1.0);
             mlacp::testing::synthetic::fill(st->v, 33, 1.0);
-            mlacp::testing::synthetic::fill(st->tokens, 34, 1.0);
-            mlacp::testing::synthetic::fill(st->w_o, 35, 0.1);
             Pair p;
             p.compute_name = mlacp::names::attention_fprop;
-            p.comm_name = mlacp::names::o_a2a;
-            p.panel_rows = s;
-            p.prepare = [st]() { st->invocation.emplace(); };
-            p.compute = [space, st, s, D, H, dv]() {
-              st->core.forward(space, mlacp::attention_problem(st->q, st->k, st->v, st->attention_output, st->lse));
-              mlacp::detail::linear_forward(space, mlacp::detail::as_matrix(st->tokens, s, H * dv), st->w_o, Vector(),
-                                            mlacp::detail::as_matrix(st->y, s, D));
+            set_output_exchange(p, ex, mesh);
+            p.compute = [space, st, ex]() {
+              st->core.forward(space, mlacp::attention_problem(st->q, st->k, st->v, ex->attention_output, st->lse));
+              ex->w_o_gemm(space);
             };
-            p.collective = [space, st, &mesh, h, dv]() {
-              launch_o_exchange(space, mesh, st->split, st->attention_output.data(), st->received.data(), h, dv)();
-            };
-            p.piece = [space, st, &mesh](bool overlap) {
+            p.piece = [space, st, ex, &mesh](bool overlap) {
               const auto produce = [&](int owner) {
                 mlacp::detail::ComputePhase<Space> phase(space, mlacp::names::attention_fprop);
                 st->core.forward(
-                    space, mlacp::attention_rows_problem(st->q, st->k, st->v, st->attention_output, st->lse,
-                                                         st->split.seq.offset(owner), st->split.seq.count(owner)));
+                    space, mlacp::attention_rows_problem(st->q, st->k, st->v, ex->attention_output, st->lse,
+                                                         ex->split.seq.offset(owner), ex->split.seq.count(owner)));
               };
-              st->invocation->forward_as_computed(space, produce, st->attention_output, st->w_o, Vector(), mesh,
-                                                  st->split.seq, st->split.heads, st->y, st->local_output,
-                                                  mlacp::WireCodec::same, &st->buffers, overlap);
+              ex->invocation->forward_as_computed(space, produce, ex->attention_output, ex->w_o, Vector(), mesh,
+                                                  ex->split.seq, ex->split.heads, ex->y, ex->local_output,
+                                                  mlacp::WireCodec::same, &ex->buffers, overlap);
             };
-            p.launch_raw = raw_launcher(st->attention_output.size(), mesh.comm(), P);
             p.sizes = [=]() {
               const double pairs = static_cast<double>(S) * static_cast<double>(S + 1) / 2;
-              return st->split.counts_json()
+              return ex->split.counts_json()
                   .num("dqk", dqk)
                   .num("dv", dv)
                   .num("D", D)
