@@ -1,13 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 //
 // mlacp-perf-overlap, the forward's pair: the O exchange with the w_o GEMMs that consume its blocks as they arrive
-// (OutputProjection::forward).
+// (OutputProjection::forward); and the O exchange's state both forward pairs share (o_exchange_state.hpp).
 #include <mlacp/mla/names.hpp>
 #include <mlacp/mla/pieces/output_projection.hpp>
 #include <mlacp/send_recv.hpp>
 #include <mlacp/testing/synthetic.hpp>
-
-#include <optional>
 
 #include "o_exchange_state.hpp"
 

@@ -18,12 +18,11 @@ namespace mlacp::perf::overlap {
 // last, then the w_o GEMMs, the own block's first and each received one after its wait. Shapes: h = 8 heads per rank
 // (H = 8P) of DeepSeek-V3's head dims (dqk = 192, dv = 128), D = 512, the BLAS path at its default tiles. (At 2 Gbit/s
 // the compute matches the exchange near s = 200 tokens in double; 8 heads put the exchange above the link's 256 kB
-// token-bucket burst there, which a smaller one would pass at memory speed.) The compute
-// alone is the whole attention (the square problem) and the same y = o_tokens w_o^T as one GEMM; the collective alone
-// the same per-peer sends and receives (pair_o's); the raw ceiling an MPI_Ialltoall of the same bytes. Overlapped:
-// each block travels while the next is computed (the last peer's block while the own rows and the own GEMM run);
-// blocking: each block waited right after its launch. The free dimension is the tokens per rank s (compute ~ s^2,
-// comm ~ s).
+// token-bucket burst there, which a smaller one would pass at memory speed.) The compute alone is the whole attention
+// (the square problem) and the same y = o_tokens w_o^T as one GEMM; the collective alone the same per-peer sends and
+// receives (pair_o's); the raw ceiling an MPI_Ialltoall of the same bytes. Overlapped: each block travels while the
+// next is computed (the last peer's block while the own rows and the own GEMM run); blocking: each block waited right
+// after its launch. The free dimension is the tokens per rank s (compute ~ s^2, comm ~ s).
 PairSpec pair_o_attention(const mlacp::Mesh& mesh, bool quick) {
   const int P = mesh.size(), H = 8 * P, dqk = 192, dv = 128, D = 512;
   return {"attention + O exchange + w_o fprop", quick ? 128 : 256, [&mesh, P, H, dqk, dv, D](int s_rank) {
