@@ -43,6 +43,17 @@ RingLayout parse_ring_layout(const std::string& name) {
   throw InvalidArgument("mlacp: ring layout '" + name + "' is not known; expected 'contiguous' or 'zigzag'");
 }
 
+const char* to_string(Bf16Compute compute) noexcept {
+  return compute == Bf16Compute::automatic ? "auto" : compute == Bf16Compute::bfloat16 ? "bf16" : "float";
+}
+
+Bf16Compute parse_bf16_compute(const std::string& name) {
+  if (name == "auto") return Bf16Compute::automatic;
+  if (name == "bf16") return Bf16Compute::bfloat16;
+  if (name == "float") return Bf16Compute::float32;
+  throw InvalidArgument("mlacp: bf16 compute '" + name + "' is not known; expected 'auto', 'bf16' or 'float'");
+}
+
 std::string MlaConfig::error(int /*group_size: any positive S and H run on any group*/) const {
   std::ostringstream out;
   for_each_config_field(*this, [&](const ConfigField& field, const auto& value) {

@@ -67,6 +67,7 @@ bool bf16_gemm_setting(const std::string& value) {
     return false;
   }
 }
+bool bf16_compute_setting(const std::string& value) { return value == "auto" || value == "bf16" || value == "float"; }
 bool positive_integer_setting(const std::string& value) { return positive_integer(value) > 0; }
 bool seconds_setting(const std::string& value) { return parse_seconds(value) >= 0; }
 }  // namespace detail
@@ -101,6 +102,8 @@ std::array<int, 2> Settings::attention_tiles() const {
 }
 
 std::string Settings::bf16_gemm() const { return value("MLACP_BF16_GEMM"); }
+
+std::string Settings::bf16_compute() const { return value("MLACP_BF16_COMPUTE"); }
 
 int Settings::wgrad_panels() const {
   const std::size_t i = index_of("MLACP_WGRAD_PANELS");

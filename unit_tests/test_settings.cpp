@@ -76,6 +76,7 @@ TEST(Settings, DefaultsWhereUnset) {
   EXPECT_EQ(settings.reduce_scatter(), "");
   EXPECT_EQ(settings.attention_tiles(), (std::array<int, 2>{0, 0}));
   EXPECT_EQ(settings.bf16_gemm(), "");
+  EXPECT_EQ(settings.bf16_compute(), "");
   EXPECT_EQ(settings.wgrad_panels(), 0);
   EXPECT_EQ(settings.trace(), "");
   EXPECT_EQ(settings.wait_timeout_s(42.0), 42.0);
@@ -85,7 +86,8 @@ TEST(Settings, DefaultsWhereUnset) {
 
 TEST(Settings, TypedValues) {
   Environment checked("MLACP_CHECKED", "0"), finite("MLACP_CHECK_FINITE", "1"), tiles("MLACP_ATTENTION_TILES", "48x96"),
-      panels("MLACP_WGRAD_PANELS", "7"), timeout("MLACP_WAIT_TIMEOUT_S", "2.5"), gemm("MLACP_BF16_GEMM", "float_blas");
+      panels("MLACP_WGRAD_PANELS", "7"), timeout("MLACP_WAIT_TIMEOUT_S", "2.5"), gemm("MLACP_BF16_GEMM", "float_blas"),
+      compute("MLACP_BF16_COMPUTE", "float");
   const auto settings = mlacp::Settings::from_environment();
   EXPECT_FALSE(settings.checked());
   EXPECT_TRUE(settings.check_finite());
@@ -93,6 +95,7 @@ TEST(Settings, TypedValues) {
   EXPECT_EQ(settings.wgrad_panels(), 7);
   EXPECT_EQ(settings.wait_timeout_s(1.0), 2.5);
   EXPECT_EQ(settings.bf16_gemm(), "float_blas");
+  EXPECT_EQ(settings.bf16_compute(), "float");
   EXPECT_EQ(settings.error(), "");
 }
 
@@ -120,6 +123,9 @@ TEST(Settings, AValueThatDoesNotParseIsNamedWithWhatWasExpected) {
   Environment gemm("MLACP_BF16_GEMM", "mkl");
   EXPECT_EQ(mlacp::Settings::from_environment().error(),
             "MLACP_BF16_GEMM='mkl'; expected auto, onednn, float_blas, kokkos_kernels or cublas");
+  Environment fine_gemm("MLACP_BF16_GEMM", "auto");
+  Environment compute("MLACP_BF16_COMPUTE", "fast");
+  EXPECT_EQ(mlacp::Settings::from_environment().error(), "MLACP_BF16_COMPUTE='fast'; expected auto, bf16 or float");
 }
 
 // A value that does not parse on one rank: every rank refuses the mesh, that rank with the value, the others naming

@@ -25,6 +25,7 @@ bool any_setting(const std::string& value);             ///< every value means s
 bool reduce_scatter_setting(const std::string& value);  ///< 'pairwise' or 'mpi'
 bool tiles_setting(const std::string& value);           ///< QxK, two positive integers
 bool bf16_gemm_setting(const std::string& value);       ///< a Bf16GemmBackend's name
+bool bf16_compute_setting(const std::string& value);    ///< a Bf16Compute's name: 'auto', 'bf16' or 'float'
 bool positive_integer_setting(const std::string& value);
 bool seconds_setting(const std::string& value);  ///< a finite number >= 0
 }  // namespace detail
@@ -38,12 +39,13 @@ struct SettingInfo {
 };
 
 /// The variables, in the order of Settings' fields.
-inline constexpr std::array<SettingInfo, 8> setting_table{{
+inline constexpr std::array<SettingInfo, 9> setting_table{{
     {"MLACP_CHECKED", true, "0 (off) or anything else (on, the default)", &detail::any_setting},
     {"MLACP_CHECK_FINITE", true, "0 (off, the default) or anything else (on)", &detail::any_setting},
     {"MLACP_REDUCE_SCATTER", true, "'pairwise' or 'mpi'", &detail::reduce_scatter_setting},
     {"MLACP_ATTENTION_TILES", true, "QxK with two positive integers, e.g. 128x256", &detail::tiles_setting},
     {"MLACP_BF16_GEMM", true, "auto, onednn, float_blas, kokkos_kernels or cublas", &detail::bf16_gemm_setting},
+    {"MLACP_BF16_COMPUTE", true, "auto, bf16 or float", &detail::bf16_compute_setting},
     {"MLACP_WGRAD_PANELS", false, "a positive integer (1: no panels)", &detail::positive_integer_setting},
     {"MLACP_TRACE", false, "a writable file path", &detail::any_setting},
     {"MLACP_WAIT_TIMEOUT_S", false, "seconds, 0 to turn the watchdog off", &detail::seconds_setting},
@@ -66,6 +68,8 @@ struct Settings {
   /// MLACP_ATTENTION_TILES as {query tile, key tile}; {0, 0} where unset. Throws InvalidArgument where malformed.
   std::array<int, 2> attention_tiles() const;
   std::string bf16_gemm() const;  ///< "" where unset (the automatic choice)
+  /// MLACP_BF16_COMPUTE: what a bf16 layer configured with Bf16Compute::automatic does ("" where unset: it times both).
+  std::string bf16_compute() const;
   /// MLACP_WGRAD_PANELS; 0 where unset. Throws InvalidArgument where it is not a positive integer.
   int wgrad_panels() const;
   std::string trace() const;  ///< "" where unset

@@ -20,7 +20,7 @@ import atexit as _atexit
 from mpi4py import MPI as _MPI  # noqa: F401
 
 from . import _mlacp
-from ._mlacp import (CommunicationError, Error, InvalidArgument, MlaConfig, MlaRequiresGrad, MlaStrategy,
+from ._mlacp import (Bf16Compute, CommunicationError, Error, InvalidArgument, MlaConfig, MlaRequiresGrad, MlaStrategy,
                      OutOfMemoryError, ReduceScatterAlgorithm, RingLayout, UsageError, WireDtype, events, names,
                      overlap_policy, set_overlap_policy, set_wait_timeout, wait_timeout)
 from .attention import MlaAttention
@@ -37,7 +37,7 @@ __version__ = _mlacp.__version__
 _atexit.register(_mlacp._finalize_kokkos)
 
 __all__ = [
-    "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
+    "Bf16Compute", "CommunicationError", "Error", "InvalidArgument", "Mesh", "MlaAttention", "MlaConfig", "MlaRequiresGrad",
     "MlaStrategy", "OutOfMemoryError", "Plan", "ReduceScatterAlgorithm", "RingLayout", "TokenMap", "UsageError",
     "WireDtype",
     "all_reduce_grads", "events", "from_deepseek_state_dict", "names", "overlap_policy", "plan", "read_machine", "set_overlap_policy",

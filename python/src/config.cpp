@@ -54,6 +54,8 @@ T field_from(const char* name, const py::handle& value) {
       return ring_layout_of(value);
     } else if constexpr (std::is_same_v<T, WireDtype>) {
       return wire_dtype_of(value);
+    } else if constexpr (std::is_same_v<T, Bf16Compute>) {
+      return py::isinstance<py::str>(value) ? parse_bf16_compute(value.cast<std::string>()) : value.cast<Bf16Compute>();
     } else {
       return value.cast<T>();
     }
@@ -150,6 +152,10 @@ void bind_config(py::module_& m) {
   // The values and their names from the wire policy's table (mla/wire_policy.hpp).
   py::enum_<WireDtype> wire_dtype(m, "WireDtype", "What a float layer's collectives move (mlacp::WireDtype).");
   for (const auto& row : wire_policies) wire_dtype.value(row.name, row.dtype);
+  py::enum_<Bf16Compute>(m, "Bf16Compute", "How a bf16 layer computes (mlacp::Bf16Compute).")
+      .value("auto", Bf16Compute::automatic)
+      .value("bf16", Bf16Compute::bfloat16)
+      .value("float", Bf16Compute::float32);
 
   auto config =
       py::class_<MlaConfig>(m, "MlaConfig",

@@ -9,7 +9,8 @@ from conftest import small_config
 import mlacp
 
 FIELDS = ("batch", "seq", "hidden", "heads", "nope", "rope", "vdim", "latent", "q_lora_rank", "softmax_scale", "bias",
-          "strategy", "rope_base", "rms_eps", "overlap", "cu_seqlens", "max_documents", "wire_dtype", "ring_layout")
+          "strategy", "rope_base", "rms_eps", "overlap", "cu_seqlens", "max_documents", "wire_dtype", "ring_layout",
+          "bf16_compute")
 
 
 def test_every_field_is_a_keyword_and_an_attribute():
@@ -31,6 +32,10 @@ def test_every_field_is_a_keyword_and_an_attribute():
     c.wire_dtype = "fp8"  # the fp8 codec's row of the wire policy (forward in fp8, backward in bf16)
     assert c.wire_dtype == mlacp.WireDtype.fp8 and "wire=fp8" in c.describe()
     assert [v.name for v in mlacp.WireDtype.__members__.values()] == ["same", "bf16", "bf16_all", "fp8"]
+    assert c.bf16_compute == mlacp.Bf16Compute.auto and "bf16_compute" not in c.describe()  # the default
+    c.bf16_compute = "float"
+    assert c.bf16_compute == mlacp.Bf16Compute.float and "bf16_compute=float" in c.describe()
+    assert [v.name for v in mlacp.Bf16Compute.__members__.values()] == ["auto", "bf16", "float"]
 
 
 def test_repr_rebuilds_the_configuration():

@@ -45,6 +45,8 @@ T parse_value(const std::string& text) {
     return parse_wire_dtype(text);
   } else if constexpr (std::is_same_v<T, RingLayout>) {
     return parse_ring_layout(text);
+  } else if constexpr (std::is_same_v<T, Bf16Compute>) {
+    return parse_bf16_compute(text);
   } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
     // Comma-separated offsets 0 < a < b < ... < S (checked with the configuration).
     std::size_t begin = 0;

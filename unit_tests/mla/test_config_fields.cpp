@@ -29,6 +29,8 @@ struct Changed {
       member = mlacp::WireDtype::bfloat16;
     } else if constexpr (std::is_same_v<T, mlacp::RingLayout>) {
       member = mlacp::RingLayout::contiguous;
+    } else if constexpr (std::is_same_v<T, mlacp::Bf16Compute>) {
+      member = mlacp::Bf16Compute::float32;
     } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
       member = {0, 1};
     } else {
@@ -42,17 +44,17 @@ struct Changed {
 constexpr std::size_t config_members() {
   [[maybe_unused]] auto binding = [](const mlacp::MlaConfig& c) {  // maybe_unused: nvcc ignores (void)binding
     const auto& [batch, seq, hidden, heads, nope, rope, vdim, latent, bias, q_lora_rank, softmax_scale, strategy,
-                 rope_base, rms_eps, overlap, cu_seqlens, max_documents, wire_dtype, ring_layout, rope_factor,
-                 rope_original_max_position, rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim,
-                 rope_attention_factor, rope_interleave] = c;
+                 rope_base, rms_eps, overlap, cu_seqlens, max_documents, wire_dtype, ring_layout, bf16_compute,
+                 rope_factor, rope_original_max_position, rope_beta_fast, rope_beta_slow, rope_mscale,
+                 rope_mscale_all_dim, rope_attention_factor, rope_interleave] = c;
     (void)batch, (void)seq, (void)hidden, (void)heads, (void)nope, (void)rope, (void)vdim, (void)latent, (void)bias,
         (void)q_lora_rank, (void)softmax_scale, (void)strategy, (void)rope_base, (void)rms_eps, (void)overlap,
-        (void)cu_seqlens, (void)max_documents, (void)wire_dtype, (void)ring_layout, (void)rope_factor,
-        (void)rope_original_max_position, (void)rope_beta_fast, (void)rope_beta_slow, (void)rope_mscale,
-        (void)rope_mscale_all_dim, (void)rope_attention_factor, (void)rope_interleave;
+        (void)cu_seqlens, (void)max_documents, (void)wire_dtype, (void)ring_layout, (void)bf16_compute,
+        (void)rope_factor, (void)rope_original_max_position, (void)rope_beta_fast, (void)rope_beta_slow,
+        (void)rope_mscale, (void)rope_mscale_all_dim, (void)rope_attention_factor, (void)rope_interleave;
   };
   (void)binding;
-  return 27;
+  return 28;
 }
 
 TEST(ConfigFields, EveryMemberIsARowOnce) {

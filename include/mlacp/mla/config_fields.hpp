@@ -20,8 +20,8 @@ struct ConfigField {
 };
 
 /// The table: calls f(field, &MlaConfig::member) for each field, in the order describe() and the JSON list them.
-/// The members are int, double, bool, MlaStrategy, WireDtype, RingLayout and std::vector<std::int64_t>. A caller that
-/// keeps a field (the Python binding's attributes, a tool's flag) keeps its pointer to member.
+/// The members are int, double, bool, MlaStrategy, WireDtype, RingLayout, Bf16Compute and std::vector<std::int64_t>. A
+/// caller that keeps a field (the Python binding's attributes, a tool's flag) keeps its pointer to member.
 template <class F>
 void for_each_config_member(F&& f) {
   f(ConfigField{"batch", "B", "B, the largest batch size a call brings (0: any)", true, false, false, true},
@@ -70,6 +70,9 @@ void for_each_config_member(F&& f) {
     &MlaConfig::wire_dtype);
   f(ConfigField{"ring_layout", "ring_layout", "the ring's token layout: 'contiguous' or 'zigzag'", false, true},
     &MlaConfig::ring_layout);
+  f(ConfigField{"bf16_compute", "bf16_compute",
+                "how a bf16 layer computes: 'auto' (time both at the first forward), 'bf16' or 'float'"},
+    &MlaConfig::bf16_compute);
 }
 
 /// Calls f(field, member) for each field of `config` (an MlaConfig, const or not): the table over one object.
