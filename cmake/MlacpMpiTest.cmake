@@ -10,8 +10,10 @@
 # does both for CI). Nothing here forces them on a user's cluster.
 include_guard(GLOBAL)
 
-# The environment of every MPI test: one BLAS / OpenMP thread per rank.
-set(MLACP_TEST_ENVIRONMENT "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
+# The environment of every MPI test: one BLAS / OpenMP thread per rank, and bf16 layers on their bf16 path
+# (MLACP_BF16_COMPUTE=bf16), so that what a bf16 test checks does not depend on which path the machine times faster.
+# The tests of the choice itself (test_mla_bf16_compute) set their own value after this one.
+set(MLACP_TEST_ENVIRONMENT "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;MLACP_BF16_COMPUTE=bf16")
 
 function(mlacp_add_mpi_test name)
   cmake_parse_arguments(arg "" "TIMEOUT" "SOURCES;RANKS;LABELS;ARGS" ${ARGN})

@@ -18,10 +18,15 @@
 #include <mlacp/mla/kernels/flash_attention.hpp>
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/weights.hpp>
+#include <mlacp/mpi/agreement.hpp>
 #include <mlacp/progress.hpp>
+#include <mlacp/settings.hpp>
 #include <mlacp/view_types.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,7 +50,24 @@ void add_staged_gradient(const ExecSpace& space, const From& mine, const To& the
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(mine.size())),
       KOKKOS_LAMBDA(const std::int64_t i) { to[i] = static_cast<D>(static_cast<float>(to[i]) + from[i]); });
 }
+
+// A bf16 layer's float path (detail/bf16_as_float.hpp, included at the end: it holds an MlaAttention<float>).
+template <class ExecSpace, class Core>
+struct WidenedPass;
+template <class ExecSpace, class Core>
+class Bf16AsFloat;
 }  // namespace detail
+
+/// What a bf16 layer computes with (MlaAttention::bf16_compute_choice; MlaConfig::bf16_compute says how it is chosen).
+struct Bf16ComputeChoice {
+  /// The configuration's bf16_compute, or MLACP_BF16_COMPUTE's where the configuration says auto and it is set.
+  Bf16Compute requested = Bf16Compute::automatic;
+  /// bf16 or float; automatic until the first forward of an automatic layer has timed both.
+  Bf16Compute chosen = Bf16Compute::automatic;
+  /// The times that chose it (automatic only; 0 otherwise): each path's best timed pass (forward, and backward where
+  /// the first call needed gradients), the slowest rank's, in seconds.
+  double bf16_seconds = 0, float_seconds = 0;
+};
 
 /// Multi-head Latent Attention on a Ulysses group. Every rank holds all weights and its token shard x [B, s, D]:
 /// rank r owns the s = seq_partition().count(r) global tokens from seq_partition().offset(r), where the first S mod P
@@ -132,7 +154,7 @@ class MlaAttention {
     const tensor3& output() const { return y_; }
     bool backward_done() const { return backward_done_; }
     /// Whether this Forward still holds a workspace of its layer (from forward until backward consumes it).
-    bool holds_workspace() const { return ws_ != nullptr; }
+    bool holds_workspace() const { return ws_ != nullptr || widened_ != nullptr; }
 
    private:
     friend class MlaAttention;
@@ -140,6 +162,7 @@ class MlaAttention {
     void give_back() noexcept {
       if (ws_) ws_->release();
       ws_.reset();
+      widened_.reset();
       x_ = tensor3();
     }
 
@@ -154,6 +177,8 @@ class MlaAttention {
       x_ = std::exchange(other.x_, tensor3());
       ws_ = std::move(other.ws_);
       other.ws_.reset();
+      widened_ = std::move(other.widened_);
+      other.widened_.reset();
     }
 
     const MlaAttention* owner_ = nullptr;
@@ -161,7 +186,8 @@ class MlaAttention {
     MlaRequiresGrad flags_;
     int batch_ = 0, seq_ = 0;  // the pass's B and S, which its backward runs with
     tensor3 y_, x_;
-    std::shared_ptr<detail::ForwardWorkspace<T, ExecSpace>> ws_;  // the schedule's workspace type
+    std::shared_ptr<detail::ForwardWorkspace<T, ExecSpace>> ws_;     // the schedule's workspace type
+    std::shared_ptr<detail::WidenedPass<ExecSpace, Core>> widened_;  // a bf16 layer's pass computed in float
   };
 
   /// Collective over the mesh (checks the configuration and weights on every rank). The mesh must outlive the layer;
@@ -188,6 +214,11 @@ class MlaAttention {
         if (error.empty()) error = e.what();
       }
       fields.push_back({std::string("the bf16 GEMM backend asked for (") + bf16_gemm_env_var + ")", requested});
+      // MLACP_BF16_COMPUTE is an agreed setting (Mesh checks that it parses and is the same on every rank).
+      compute_.requested = config_.bf16_compute;
+      if (compute_.requested == Bf16Compute::automatic && !Settings::from_environment().bf16_compute().empty())
+        compute_.requested = parse_bf16_compute(Settings::from_environment().bf16_compute());
+      if (compute_.requested != Bf16Compute::automatic) compute_.chosen = compute_.requested;
     }
     if constexpr (core_capabilities_v<Core>.resolves_settings) {
       const std::string core_error = core_.template resolve<ExecSpace>();
@@ -255,19 +286,27 @@ class MlaAttention {
   /// The bf16 GEMM plan of a bf16 layer (its per-shape backend choices and oneDNN primitives, bf16_gemm.hpp); null for
   /// float and double layers. The layer installs it for each forward and backward (ScopedBf16GemmPlan).
   const Bf16GemmPlan<ExecSpace>* bf16_gemm_plan() const { return bf16_plan_ ? &*bf16_plan_ : nullptr; }
+  /// What a bf16 layer computes with, and the times an automatic one chose by (MlaConfig::bf16_compute). For float
+  /// and double layers: requested and chosen stay automatic.
+  const Bf16ComputeChoice& bf16_compute_choice() const { return compute_; }
   /// Bytes of the per-call scratch the bf16 attention core call holds (float copies; 0 for float and double).
   std::size_t core_scratch_bytes() const { return context_.core_scratch_bytes(); }
 
   /// Per-forward workspaces the layer owns, and how many of them a pending Forward holds (a held output holds none).
+  /// (A bf16 layer computing in float: its float layer's workspaces are counted too, and forward_workspace_bytes adds
+  /// the float copies of the weights and the buffers of the layer's edges.)
   std::size_t forward_workspaces() const {
-    return std::visit([](const auto& s) { return s.pool().size(); }, schedule_);
+    return std::visit([](const auto& s) { return s.pool().size(); }, schedule_) +
+           on_float_path([](const auto& p) { return p.layer().forward_workspaces(); });
   }
   std::size_t forward_workspaces_in_use() const {
-    return std::visit([](const auto& s) { return s.pool().in_use(); }, schedule_);
+    return std::visit([](const auto& s) { return s.pool().in_use(); }, schedule_) +
+           on_float_path([](const auto& p) { return p.layer().forward_workspaces_in_use(); });
   }
   /// Bytes of the buffers the per-forward workspaces own (outputs the caller holds are the caller's).
   std::size_t forward_workspace_bytes() const {
-    return std::visit([](const auto& s) { return s.pool().bytes(); }, schedule_);
+    return std::visit([](const auto& s) { return s.pool().bytes(); }, schedule_) +
+           on_float_path([](const auto& p) { return p.layer().forward_workspace_bytes() + p.own_bytes(); });
   }
   /// How many free per-forward workspaces the layer keeps for reuse (default 2: forward, forward, backward, backward
   /// allocates nothing after its first iteration). More forwards pending at once still work; the workspaces beyond the
@@ -277,10 +316,18 @@ class MlaAttention {
   }
   void set_max_free_forward_workspaces(std::size_t n) {
     std::visit([n](const auto& s) { s.pool().set_max_free(n); }, schedule_);
+    on_float_path([n](auto& p) {
+      p.layer().set_max_free_forward_workspaces(n);
+      return std::size_t{0};
+    });
   }
   /// Releases every free per-forward workspace now (pending Forwards keep theirs); the next forward allocates again.
   void release_memory() {
     std::visit([](const auto& s) { s.pool().trim(0); }, schedule_);
+    on_float_path([](auto& p) {
+      p.release_memory();
+      return std::size_t{0};
+    });
   }
 
   /// x [B, s, D] -> Forward (y and saved state). Any B and S per call: S is the sum of the ranks' s, and each rank
@@ -316,6 +363,9 @@ class MlaAttention {
     detail::check_input(context_, space, "forward", "x", x, requires_grad, "", documents_problem,
                         {{"cu_seqlens.size()", static_cast<std::int64_t>(cu_seqlens.size())},
                          {"cu_seqlens (FNV-1a hash of the offsets)", detail::hash_offsets(cu_seqlens)}});
+    if constexpr (is_bf16) {
+      if (compute_.chosen == Bf16Compute::automatic) choose_bf16_compute(space, x, requires_grad, cu_seqlens);
+    }
     const std::uint64_t parked = diagnostics::parked_handles();
     try {
       compat::ScopedRegion region("mlacp::MlaAttention::forward");
@@ -326,6 +376,12 @@ class MlaAttention {
       f.batch_ = shape.batch;
       f.seq_ = shape.seq;
       f.x_ = x;
+      if constexpr (is_bf16) {
+        if (compute_.chosen == Bf16Compute::float32) {
+          f.widened_ = float_path().forward(space, x, f.flags_, cu_seqlens, f.y_);
+          return f;
+        }
+      }
       f.y_ = std::visit(
           [&](const auto& schedule) {
             auto ws = schedule.pool().acquire();
@@ -417,6 +473,8 @@ class MlaAttention {
               schedule.backward(space, {f.x_, f.flags_, static_cast<W&>(*f.ws_)}, dy, *target);
             },
             schedule_);
+      } else if (f.widened_) {
+        if constexpr (is_bf16) as_float_->backward(space, *f.widened_, dy, *target);
       }
       if constexpr (staged) add_staged_gradients(space, grads);
       f.give_back();
@@ -537,6 +595,71 @@ class MlaAttention {
     staged_.dx = tensor3();
   }
 
+  // f(the float path) where a bf16 layer has built one; 0 otherwise (and for float and double layers, which never
+  // instantiate it).
+  template <class F>
+  std::size_t on_float_path(F&& f) const {
+    if constexpr (is_bf16) {
+      if (as_float_) return f(*as_float_);
+    }
+    return 0;
+  }
+
+  // The float path of a bf16 layer, built on first use (collective: every rank's forward reaches it with the same
+  // choice, agreed or configured).
+  detail::Bf16AsFloat<ExecSpace, Core>& float_path() const {
+    if (!as_float_)
+      as_float_ = std::make_shared<detail::Bf16AsFloat<ExecSpace, Core>>(config_, weights_, *mesh_, core_);
+    return *as_float_;
+  }
+
+  // Bf16Compute::automatic, at the first forward (on every rank, after the call's checks): a warm-up pass of each path,
+  // then two timed rounds alternating (a pass: this forward, and backward with dy = y where the call needs gradients).
+  // Each path's best time, the slowest rank's (one allreduce of the maximum), chooses; the other path's memory goes.
+  void choose_bf16_compute(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad,
+                           const std::vector<std::int64_t>& cu_seqlens) const {
+    const bool backward_too = detail::needs_backward(flags_for(config_, requires_grad));
+    gradients_type g;  // accumulated over the passes (the same work in each)
+    const auto pass = [&](Bf16Compute path) {
+      compute_.chosen = path;
+      compat::fence(space, "mlacp: before a timed pass of the bf16 compute choice");
+      const auto start = std::chrono::steady_clock::now();
+      {
+        Forward f = forward(space, x, requires_grad, cu_seqlens);
+        if (backward_too) backward(space, f, f.output(), g);
+      }
+      compat::fence(space, "mlacp: after a timed pass of the bf16 compute choice");
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    std::vector<double> best(2, std::numeric_limits<double>::infinity());
+    try {
+      pass(Bf16Compute::bfloat16);
+      pass(Bf16Compute::float32);
+      for (int round = 0; round < 2; ++round) {
+        best[0] = std::min(best[0], pass(Bf16Compute::bfloat16));
+        best[1] = std::min(best[1], pass(Bf16Compute::float32));
+      }
+    } catch (...) {
+      compute_.chosen = Bf16Compute::automatic;
+      throw;
+    }
+    if (mesh_->size() > 1) {
+      CollectiveInfo info;
+      info.name = "mlacp::MlaAttention: the bf16 compute choice";
+      info.operation = "MPI_Iallreduce(MAX) of the two paths' times";
+      info.bytes = static_cast<std::int64_t>(best.size() * sizeof(double));
+      mpi::allreduce_max(mesh_->comm(), best, info, "mlacp::MlaAttention::forward: the bf16 compute choice");
+    }
+    compute_.bf16_seconds = best[0];
+    compute_.float_seconds = best[1];
+    compute_.chosen = best[1] < best[0] ? Bf16Compute::float32 : Bf16Compute::bfloat16;
+    if (compute_.chosen == Bf16Compute::bfloat16) {
+      as_float_.reset();
+    } else {
+      std::visit([](const auto& s) { s.pool().trim(0); }, schedule_);
+    }
+  }
+
   // The layer's bf16 plan installed for one call (nothing for float and double).
   std::unique_ptr<ScopedBf16GemmPlan<ExecSpace>> bf16_gemm_scope() const {
     if (!bf16_plan_) return nullptr;
@@ -556,9 +679,13 @@ class MlaAttention {
   Core core_;
   DocumentLayout documents_;
   mutable std::optional<Bf16GemmPlan<ExecSpace>> bf16_plan_;  // bf16 layers only: a cache of shapes, like the pools
-  mutable gradients_type staged_;  // float weight gradients of a backward into bf16 ones (on request)
+  mutable gradients_type staged_;      // float weight gradients of a backward into bf16 ones (on request)
+  mutable Bf16ComputeChoice compute_;  // bf16 layers: what they compute with
+  mutable std::shared_ptr<detail::Bf16AsFloat<ExecSpace, Core>> as_float_;      // bf16 layers computing in float
   mutable context_type context_{config_, weights_, *mesh_, core_, documents_};  // its shape: the pass's
   schedule_type schedule_ = make_schedule();
 };
 
 }  // namespace mlacp
+
+#include <mlacp/mla/detail/bf16_as_float.hpp>
