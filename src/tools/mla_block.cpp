@@ -312,6 +312,14 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
       std::cout << "  bf16 GEMM backends (shapes):";
       for (const auto& [name, n] : backends) std::cout << " " << name << " " << n;
       std::cout << "; oneDNN ISA " << mlacp::onednn_cpu_isa() << "\n";
+      // How the layer computes (MlaConfig::bf16_compute), and the times an automatic choice took it by.
+      const auto& choice = layer.bf16_compute_choice();
+      std::cout << "  bf16 compute: " << mlacp::to_string(choice.chosen) << " (asked "
+                << mlacp::to_string(choice.requested);
+      if (choice.requested == mlacp::Bf16Compute::automatic)
+        std::cout << "; timed pass bf16 " << choice.bf16_seconds * 1e3 << " ms, float " << choice.float_seconds * 1e3
+                  << " ms";
+      std::cout << ")\n";
     }
 
     if (!o.dump.empty()) {
@@ -387,6 +395,7 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
                      {"dtype", o.dtype},
                      {"strategy", mlacp::to_string(c.strategy)},
                      {"wire_dtype", mlacp::to_string(c.wire_dtype)},
+                     {"bf16_compute", bf16 ? mlacp::to_string(layer.bf16_compute_choice().chosen) : "n/a"},
                      {"overlap", c.overlap},
                      {"polling", describe_polling(mesh)},
                      {"warmup", o.warmup},
