@@ -33,19 +33,6 @@ void convert_tensor3(const ExecSpace& space, const char* label, const Src& src, 
       });
 }
 
-/// dst = src widened, element by element over the span of two Views of one layout and the same extents, both
-/// contiguous (the parameter table's Views: the layer's weights and their float copies).
-template <class ExecSpace, class Src, class Dst>
-void widen_contiguous(const ExecSpace& space, const Src& src, const Dst& dst) {
-  using D = typename Dst::non_const_value_type;
-  const auto* from = src.data();
-  auto* to = dst.data();
-  Kokkos::parallel_for(
-      "mlacp::widen the bf16 weights",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(src.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) { to[i] = cast_value<D>(from[i]); });
-}
-
 /// One forward of the float layer: its Forward, and the widened x it saved for its backward.
 template <class ExecSpace, class Core>
 struct WidenedPass {
@@ -106,7 +93,8 @@ class Bf16AsFloat {
                                      const std::vector<std::int64_t>& cu_seqlens, bf16_tensor3& y) {
     for_each_parameter(
         [&](const ParameterInfo&, const auto& from, const auto& to) {
-          if (from.data() != nullptr) widen_contiguous(space, from, to);
+          // The parameter table's Views: one layout, the same extents, contiguous.
+          if (from.data() != nullptr) cast_span(space, "mlacp::widen the bf16 weights", from, to);
         },
         weights_, widened_);
     auto pass = std::make_shared<pass_type>();
