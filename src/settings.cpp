@@ -2,6 +2,7 @@
 // The library's only reader of its MLACP_* environment variables (settings.hpp).
 #include <mlacp/bf16_gemm.hpp>
 #include <mlacp/error.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/settings.hpp>
 
 #include <cerrno>
@@ -67,7 +68,14 @@ bool bf16_gemm_setting(const std::string& value) {
     return false;
   }
 }
-bool bf16_compute_setting(const std::string& value) { return value == "auto" || value == "bf16" || value == "float"; }
+bool bf16_compute_setting(const std::string& value) {
+  try {
+    parse_bf16_compute(value);
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
+  }
+}
 bool positive_integer_setting(const std::string& value) { return positive_integer(value) > 0; }
 bool seconds_setting(const std::string& value) { return parse_seconds(value) >= 0; }
 }  // namespace detail

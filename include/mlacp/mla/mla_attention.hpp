@@ -216,8 +216,9 @@ class MlaAttention {
       fields.push_back({std::string("the bf16 GEMM backend asked for (") + bf16_gemm_env_var + ")", requested});
       // MLACP_BF16_COMPUTE is an agreed setting (Mesh checks that it parses and is the same on every rank).
       compute_.requested = config_.bf16_compute;
-      if (compute_.requested == Bf16Compute::automatic && !Settings::from_environment().bf16_compute().empty())
-        compute_.requested = parse_bf16_compute(Settings::from_environment().bf16_compute());
+      if (const std::string env = Settings::from_environment().bf16_compute();
+          compute_.requested == Bf16Compute::automatic && !env.empty())
+        compute_.requested = parse_bf16_compute(env);
       if (compute_.requested != Bf16Compute::automatic) compute_.chosen = compute_.requested;
     }
     if constexpr (core_capabilities_v<Core>.resolves_settings) {

@@ -126,14 +126,17 @@ class Bf16AsFloat {
   }
 
  private:
+  template <class A, class B>
+  static bool same_extents(const A& a, const B& b) {
+    return a.extent(0) == b.extent(0) && a.extent(1) == b.extent(1) && a.extent(2) == b.extent(2);
+  }
+
   // A buffer of `like`'s extents that only `pool` holds (the caller dropped it), or a new one added to the pool.
   template <class Pool, class Like>
   static typename Pool::value_type free_or_new(Pool& pool, const Like& like, const char* label) {
     using View = typename Pool::value_type;
     for (const auto& v : pool)
-      if (v.use_count() == 1 && v.extent(0) == like.extent(0) && v.extent(1) == like.extent(1) &&
-          v.extent(2) == like.extent(2))
-        return v;
+      if (v.use_count() == 1 && same_extents(v, like)) return v;
     drop_free(pool);  // those of other shapes that nobody holds
     pool.push_back(View(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), like.extent(0),
                         like.extent(1), like.extent(2)));
@@ -150,9 +153,7 @@ class Bf16AsFloat {
 
   template <class Like>
   static void resize(float_tensor3& buffer, const Like& like, const char* label) {
-    if (buffer.extent(0) == like.extent(0) && buffer.extent(1) == like.extent(1) &&
-        buffer.extent(2) == like.extent(2) && buffer.data() != nullptr)
-      return;
+    if (buffer.data() != nullptr && same_extents(buffer, like)) return;
     buffer = float_tensor3(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), like.extent(0),
                            like.extent(1), like.extent(2));
   }
