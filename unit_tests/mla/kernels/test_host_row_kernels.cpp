@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -119,6 +120,42 @@ TYPED_TEST(HostRowKernels, EveryInstructionSetGivesTheGenericResults) {
   for (const HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512})
     if (mlacp::detail::host_isa_supported(isa))
       expect_same_as_generic<T>(isa, isa == HostIsa::baseline && baseline_exact);
+}
+
+// row_max (compared as integers, so that it vectorises) gives the largest value as comparisons do: rows of mixed signs,
+// all negative, with -Inf, with -0 and +0 (+0 wins, and -0 alone stays -0), at lengths around the vector widths, and
+// through every instruction set's softmax row, whose maximum m is scale times it.
+TYPED_TEST(HostRowKernels, RowMaxIsTheLargestValue) {
+  using T = TypeParam;
+  std::mt19937 gen(11);
+  std::normal_distribution<double> dist(0.0, 40.0);
+  const T inf = std::numeric_limits<T>::infinity();
+  for (std::int64_t n = 1; n <= 70; ++n) {
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<T> row(static_cast<std::size_t>(n));
+      for (auto& x : row) {
+        x = static_cast<T>(dist(gen));
+        if (kind >= 1) x = -std::abs(x);                // all negative
+        if (kind == 2 && gen() % 5 == 0) x = -inf;      // with -Inf
+        if (kind == 3) x = gen() % 2 ? T(-0.0) : -inf;  // -0 and -Inf only
+      }
+      const T want = *std::max_element(row.begin(), row.end());
+      const T got = mlacp::detail::row_max(row.data(), n);
+      EXPECT_EQ(got, want) << "n " << n << " kind " << kind;
+      EXPECT_EQ(std::signbit(got), std::signbit(want)) << "n " << n << " kind " << kind;
+    }
+  }
+  const T zeros[] = {T(-0.0), T(0.0), T(-0.0)};
+  EXPECT_FALSE(std::signbit(mlacp::detail::row_max(zeros, 3))) << "+0 is larger than -0";
+  EXPECT_TRUE(std::signbit(mlacp::detail::row_max(zeros, 1))) << "-0 alone";
+  const T ramp[] = {T(-3), T(-2.5), T(7), T(-100), T(6.75)};
+  for (const HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512}) {
+    if (!mlacp::detail::host_isa_supported(isa)) continue;
+    std::vector<T> s(std::begin(ramp), std::end(ramp));
+    double m = 0.0, l = 0.0;
+    mlacp::detail::host_row_kernels<T>(isa).online_softmax(s.data(), 5, 0, 4, 0.5, true, m, l);
+    EXPECT_EQ(m, 3.5) << mlacp::detail::host_isa_name(isa);
+  }
 }
 
 // The bf16 rounding of every copy gives mlacp::bfloat16's bits exactly (it feeds GEMMs whose results the tests pin):

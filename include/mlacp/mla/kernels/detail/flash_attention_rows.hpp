@@ -15,6 +15,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace mlacp::detail {
@@ -74,17 +75,28 @@ std::pair<std::int64_t, std::int64_t> flash_tile_pairs(const Docs& docs, std::in
   return {visited, causal};
 }
 
+/// The largest of s[0, n), n >= 1, found by comparing integers: a value's bits, with the magnitude bits flipped where
+/// the sign bit is set, order as the values do (-0 just below +0), and a maximum over integers vectorises where one
+/// over floating-point comparisons does not (without fast-math no compiler may reorder that chain; measured: the
+/// forward softmax row took 1.7 times as long with it, issue 36). The result is the largest value, +0 over -0; a NaN
+/// with its sign bit clear counts as larger than every number, one with it set as smaller.
 template <class T>
 KOKKOS_INLINE_FUNCTION T row_max(const T* s, std::int64_t n) {
-  T acc[8];
-  for (int j = 0; j < 8; ++j) acc[j] = s[0];
-  std::int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int j = 0; j < 8; ++j) acc[j] = s[c + j] > acc[j] ? s[c + j] : acc[j];
-  for (; c < n; ++c) acc[0] = s[c] > acc[0] ? s[c] : acc[0];
-  T mx = acc[0];
-  for (int j = 1; j < 8; ++j) mx = acc[j] > mx ? acc[j] : mx;
-  return mx;
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "row_max: float or double");
+  using Key = std::conditional_t<sizeof(T) == 8, std::int64_t, std::int32_t>;
+  constexpr int sign_shift = 8 * sizeof(T) - 1;
+  constexpr Key magnitude = static_cast<Key>(~static_cast<std::make_unsigned_t<Key>>(0) >> 1);  // all but the sign
+  Key mx = static_cast<Key>(-magnitude - 1);                                                    // the smallest Key
+  for (std::int64_t c = 0; c < n; ++c) {
+    Key k = 0;
+    std::memcpy(&k, &s[c], sizeof k);
+    k ^= (k >> sign_shift) & magnitude;
+    mx = k > mx ? k : mx;
+  }
+  mx ^= (mx >> sign_shift) & magnitude;
+  T out = 0;
+  std::memcpy(&out, &mx, sizeof out);
+  return out;
 }
 
 template <class T>
