@@ -25,6 +25,10 @@ def plan(tool, machine, P, G, S, dtype):
     cmd = [tool, "--batch", "1", "--heads", "128", "--nope", "128", "--rope", "64", "--vdim", "128", "--latent", "512",
            "--q-lora", "1536", "--hidden", "7168", "--seq", str(S), "--dtype", dtype, "--nodes", str(nodes),
            "--ranks-per-node", str(per_node), "--machine", machine]
+    if dtype == "bf16":
+        # Tensor cores: the bf16 path. (auto's first forward would time the float path too, and the memory model
+        # prices that: both paths' workspaces at once.)
+        cmd += ["--bf16-compute", "bf16"]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "plan.json")
         out = subprocess.run(cmd + ["--json", path], capture_output=True, text=True)

@@ -5,7 +5,9 @@
 
 #include <mlacp/error.hpp>
 #include <mlacp/mla/kernels/flash_attention_options.hpp>
+#include <mlacp/mla/mla_config.hpp>
 #include <mlacp/model/layer_model.hpp>
+#include <mlacp/settings.hpp>
 #include <mlacp/token_map.hpp>
 
 #include <algorithm>
@@ -42,12 +44,9 @@ double bf16_gemm_workspace(const Shape& x, bool latent) {
   return 4 * most;
 }
 
-}  // namespace
-
-MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster) {
+/// The memory of a layer of `dtype` that computes in that type (a bf16 layer: its bf16 schedule).
+MemoryEstimate schedule_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster) {
   const int q_lora = c.q_lora_rank;
-  const std::string why = choice_error(c, choice, cluster);
-  if (!why.empty()) throw InvalidArgument("mlacp::model::predict_memory: " + why);
   const TokenMap map(c.seq, choice.ulysses, choice.ring, choice.layout);
   const Shape x = shape_of(c, dtype, choice, cluster, q_lora, map);
   const bool latent = choice.strategy == MlaStrategy::latent, ring = choice.ring > 1, grouped = x.U > 1;
@@ -168,6 +167,49 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   m.activations = saved;
   m.scratch = scratch;
   m.communication = comm;
+  return m;
+}
+
+/// What a bf16 layer computes with (MlaConfig::bf16_compute, or MLACP_BF16_COMPUTE where that says auto and the
+/// variable is set): the layer's own rule (mla_attention.hpp), so that the model prices the path the layer will take.
+Bf16Compute bf16_path(const MlaConfig& c) {
+  if (c.bf16_compute != Bf16Compute::automatic) return c.bf16_compute;
+  const std::string env = Settings::from_environment().bf16_compute();
+  return env.empty() ? Bf16Compute::automatic : parse_bf16_compute(env);
+}
+
+}  // namespace
+
+MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster) {
+  const std::string why = choice_error(c, choice, cluster);
+  if (!why.empty()) throw InvalidArgument("mlacp::model::predict_memory: " + why);
+  const MemoryEstimate own = schedule_memory(c, dtype, choice, cluster);
+  if (dtype != Dtype::bfloat16) return own;
+  const Bf16Compute path = bf16_path(c);
+  if (path == Bf16Compute::bfloat16) return own;
+  // The float path (mla/detail/bf16_as_float.hpp): a float layer inside, with bf16 on the wire (bf16_all where asked;
+  // shape_of says where the transport cannot sum it), over float copies of the weights ("mlacp::widened ..."), with
+  // float copies of x, dy and dx and the float layer's y at the edges. The caller's bf16 weights, gradients (float
+  // either way), x, dy, y and dx and what a loop holds of the last step stay the bf16 layer's.
+  MlaConfig f = c;
+  f.wire_dtype = c.wire_dtype == WireDtype::bfloat16_all ? WireDtype::bfloat16_all : WireDtype::bfloat16;
+  const MemoryEstimate inner = schedule_memory(f, Dtype::float32, choice, cluster);
+  MemoryEstimate m = own;
+  m.weights += inner.weights;
+  m.inputs += inner.inputs;
+  if (path == Bf16Compute::float32) {
+    m.activations = inner.activations;
+    m.scratch = inner.scratch;
+    m.communication = inner.communication;
+    return m;
+  }
+  // auto: the first forward times both paths, so both hold their workspaces until it frees the slower one's. The
+  // collectives' buffers come from one pool (buffer_pool.hpp), which serves either path's by size: the larger set.
+  // The two paths also share the attention core's tiles (one core, one scratch), which this counts for each: on the
+  // safe side (test_memory_model: 8-9% over the measured peak at its small shape).
+  m.activations += inner.activations;
+  m.scratch += inner.scratch;
+  m.communication = std::max(own.communication, inner.communication);
   return m;
 }
 

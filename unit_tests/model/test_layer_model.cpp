@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 namespace {
@@ -364,10 +365,40 @@ TEST(LayerModel, MemoryWeightsAndGradients) {
   const double params = 4 * 12 * 32 + 16 * 32 + 12 + 4 * 14 * 12 + 32 * 4 * 6;
   EXPECT_DOUBLE_EQ(m32.weights, 4 * params);
   EXPECT_DOUBLE_EQ(m32.gradients, 4 * params);
-  // bf16: weights in 2 bytes, gradients in float.
+  // bf16 on its bf16 path: weights in 2 bytes, gradients in float.
+  c.bf16_compute = mlacp::Bf16Compute::bfloat16;
   const MemoryEstimate m16 = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
   EXPECT_DOUBLE_EQ(m16.weights, 2 * params);
   EXPECT_DOUBLE_EQ(m16.gradients, 4 * params);
+  // On its float path: the float copies of the weights too, and the float layer's workspaces (a float layer with a
+  // bf16 wire) in place of the bf16 schedule's; auto holds both paths' workspaces (the first forward times both).
+  c.bf16_compute = mlacp::Bf16Compute::float32;
+  const MemoryEstimate m16f = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
+  EXPECT_DOUBLE_EQ(m16f.weights, 6 * params);
+  EXPECT_DOUBLE_EQ(m16f.gradients, 4 * params);
+  MlaConfig wired = c;
+  wired.wire_dtype = mlacp::WireDtype::bfloat16;
+  const MemoryEstimate inner = predict_memory(wired, Dtype::float32, choice, Cluster{1, 2});
+  EXPECT_DOUBLE_EQ(m16f.activations, inner.activations);
+  EXPECT_DOUBLE_EQ(m16f.scratch, inner.scratch);
+  EXPECT_DOUBLE_EQ(m16f.inputs, m16.inputs + inner.inputs);
+  // auto follows MLACP_BF16_COMPUTE where it is set, as the layer does (the suite pins bf16).
+  c.bf16_compute = mlacp::Bf16Compute::automatic;
+  const char* pinned = std::getenv("MLACP_BF16_COMPUTE");
+  const std::string restore = pinned != nullptr ? pinned : "";
+  ::setenv("MLACP_BF16_COMPUTE", "auto", 1);
+  const MemoryEstimate m16a = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
+  ::setenv("MLACP_BF16_COMPUTE", "bf16", 1);
+  const MemoryEstimate m16b = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
+  if (pinned != nullptr)
+    ::setenv("MLACP_BF16_COMPUTE", restore.c_str(), 1);
+  else
+    ::unsetenv("MLACP_BF16_COMPUTE");
+  EXPECT_DOUBLE_EQ(m16a.weights, 6 * params);
+  EXPECT_DOUBLE_EQ(m16a.activations, m16.activations + inner.activations);
+  EXPECT_DOUBLE_EQ(m16a.scratch, m16.scratch + inner.scratch);
+  EXPECT_GT(m16a.total(), m16f.total());
+  EXPECT_DOUBLE_EQ(m16b.total(), m16.total());
   // A ring holds less of the sequence's keys than the flat layout at long S.
   c.seq = 4096;
   Choice flat;

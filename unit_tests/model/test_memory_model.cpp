@@ -4,8 +4,9 @@
 // pooled buffers warm after the first iteration), its peak Kokkos bytes counted from before the weights as the tool
 // counts them (diagnostics::view_peak_bytes), and the prediction must be at least 95% of that peak (a planner that
 // trusts it must not run out of memory) and at most 1.5 times it (nor refuse what fits). Configurations: both
-// strategies, flat and ring C = 2 (both layouts) at 2 ranks, q-LoRA, float, bf16, float with the bf16 wire, batch 2. On
-// a miss the test prints the live allocations at the peak by label, largest first: what the model does not count.
+// strategies, flat and ring C = 2 (both layouts) at 2 ranks, q-LoRA, float, bf16 (its bf16 path, its float path,
+// and auto, whose first forward holds both), float with the bf16 wire, batch 2. On a miss the test prints the live
+// allocations at the peak by label, largest first: what the model does not count.
 #include "mpi_test_harness.hpp"
 
 #include <gtest/gtest.h>
@@ -23,8 +24,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -108,6 +111,34 @@ struct Case {
   int q_lora;
   bool deepseek;  // the DeepSeek-like head dimensions (else perf_block's)
   int batch = 1;
+  // A bf16 layer's path; `automatic` runs with MLACP_BF16_COMPUTE=auto (the suite pins bf16), so that the first
+  // forward times both paths.
+  std::optional<mlacp::Bf16Compute> bf16_compute = std::nullopt;
+};
+
+// MLACP_BF16_COMPUTE=auto for the life of the object where `on`, restored after.
+class ScopedBf16ComputeAuto {
+ public:
+  explicit ScopedBf16ComputeAuto(bool on) : on_(on) {
+    if (!on_) return;
+    const char* pinned = std::getenv("MLACP_BF16_COMPUTE");
+    had_ = pinned != nullptr;
+    if (had_) value_ = pinned;
+    ::setenv("MLACP_BF16_COMPUTE", "auto", 1);
+  }
+  ~ScopedBf16ComputeAuto() {
+    if (!on_) return;
+    if (had_)
+      ::setenv("MLACP_BF16_COMPUTE", value_.c_str(), 1);
+    else
+      ::unsetenv("MLACP_BF16_COMPUTE");
+  }
+  ScopedBf16ComputeAuto(const ScopedBf16ComputeAuto&) = delete;
+  ScopedBf16ComputeAuto& operator=(const ScopedBf16ComputeAuto&) = delete;
+
+ private:
+  bool on_ = false, had_ = false;
+  std::string value_;
 };
 
 mlacp::MlaConfig config_of(const Case& k) {
@@ -131,6 +162,7 @@ mlacp::MlaConfig config_of(const Case& k) {
   c.strategy = k.strategy;
   c.ring_layout = k.layout;
   c.wire_dtype = k.wire;
+  if (k.bf16_compute) c.bf16_compute = *k.bf16_compute;
   return c;
 }
 
@@ -186,6 +218,8 @@ void check(const Case& k) {
   const int P = mlacp::test::world_size();
   if (P % k.ring != 0 || (k.ring > 1 && P < 2)) GTEST_SKIP() << k.name << ": needs ranks divisible by C";
   const mlacp::MlaConfig c = config_of(k);
+  // The suite pins MLACP_BF16_COMPUTE=bf16; an automatic case runs the layer and the model under auto.
+  const ScopedBf16ComputeAuto scoped(k.bf16_compute == mlacp::Bf16Compute::automatic);
   mlacp::Mesh mesh(MPI_COMM_WORLD, k.ring);
   std::uint64_t base = 0;
   const std::uint64_t measured = k.dtype == model::Dtype::bfloat16 ? measured_peak<mlacp::bf16>(c, mesh, base)
@@ -243,6 +277,19 @@ TEST(MemoryModel, LatentRingBf16QLora) {
 }
 TEST(MemoryModel, ExpandedRingBf16WireQLora) {
   check({"expanded ring zigzag, bf16 wire, q-lora", S::expanded, 2, L::zigzag, D::float32, W::bfloat16, 64, true});
+}
+// A bf16 layer that computes in float (detail/bf16_as_float.hpp): the float layer inside with a bf16 wire, the widened
+// weights and the float edges; and one that times both paths at its first forward, which holds both at once.
+using C = mlacp::Bf16Compute;
+TEST(MemoryModel, LatentFlatBf16FloatPath) {
+  check({"latent flat bf16, float path", S::latent, 1, L::zigzag, D::bfloat16, W::same, 0, true, 1, C::float32});
+}
+TEST(MemoryModel, ExpandedRingBf16FloatPathQLora) {
+  check({"expanded ring bf16, float path, q-lora", S::expanded, 2, L::zigzag, D::bfloat16, W::same, 64, false, 1,
+         C::float32});
+}
+TEST(MemoryModel, LatentFlatBf16AutoHoldsBothPaths) {
+  check({"latent flat bf16, auto", S::latent, 1, L::zigzag, D::bfloat16, W::same, 0, false, 1, C::automatic});
 }
 // Two sequences: the collectives pack both sides of their blocks (B > 1).
 TEST(MemoryModel, LatentFlatBatch2Bf16Wire) {

@@ -91,7 +91,10 @@ std::string choice_error(const MlaConfig& config, const Choice& choice, const Cl
 /// the whole sequence's. Causal within each document of config.cu_seqlens.
 std::vector<double> ring_step_pairs(const MlaConfig& config, const Choice& choice);
 
-/// The memory of `choice` per rank (no machine needed).
+/// The memory of `choice` per rank (no machine needed). A bf16 layer is priced on the path it computes with
+/// (MlaConfig::bf16_compute, or MLACP_BF16_COMPUTE where that says auto and is set): its bf16 schedule; the float
+/// layer inside, the widened weights and the float edges (float); or both at once (auto: the first forward times both
+/// paths and frees the slower one's memory only then).
 MemoryEstimate predict_memory(const MlaConfig& config, Dtype dtype, const Choice& choice, const Cluster& cluster);
 
 /// The model's prediction; throws InvalidArgument with choice_error's message when the choice cannot run.
