@@ -413,8 +413,8 @@ struct CountingTransport final : mlacp::detail::PendingTransport {
   void progress() noexcept override { ++progressed; }
 };
 
-/// While a collective is pending, the BLAS path calls mlacp::progress() once per query tile (forward) and per key tile
-/// (backward) of each (batch, head), and not at all when none is; a block with no visible pair runs no tile.
+/// While a collective is pending, the BLAS path calls mlacp::progress() once per (query tile, key tile) pair it
+/// computes, forward and backward, and not at all when none is; a block with no visible pair runs no tile.
 TEST(BlockAttention, ProgressesPendingCollectivesPerTile) {
   const std::int64_t s = 40;
   const auto q_rows = TokenSegments::contiguous(20, 20), k_rows = TokenSegments::contiguous(0, 20);
@@ -425,26 +425,26 @@ TEST(BlockAttention, ProgressesPendingCollectivesPerTile) {
   from_vec(q, random_vec(q.span(), 1));
   from_vec(k, random_vec(k.span(), 2));
   from_vec(v, random_vec(v.span(), 3));
-  const auto core = flash(8, 8);  // 3 query tiles and 3 key tiles of 20 rows
+  const auto core = flash(8, 8);  // 3 query tiles and 3 key tiles of 20 rows: 9 pairs, all visible
   ExecSpace space;
   CountingTransport pending;
   mlacp::detail::register_pending(&pending);
   forward_block(core, space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
   space.fence();
-  EXPECT_EQ(pending.progressed, n_b * n_h * 3);
+  EXPECT_EQ(pending.progressed, n_b * n_h * 9);
   backward_block(core, space, q, k, v, o, lse, o, dq, dk, dv, q_rows, k_rows, mlacp::DocumentLayout(), s);
   space.fence();
-  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
+  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 9);
   // A block whose keys all follow its queries is skipped without any tile work: no tile loop, so no progress call.
   forward_block(core, space, q, k, v, o, lse, k_rows, q_rows, mlacp::DocumentLayout(), s, true);
   backward_block(core, space, q, k, v, o, lse, o, dq, dk, dv, k_rows, q_rows, mlacp::DocumentLayout(), s);
   space.fence();
-  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
+  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 9);
   for (const double x : to_vec(lse)) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
   mlacp::detail::unregister_pending(&pending);
   forward_block(core, space, q, k, v, o, lse, q_rows, k_rows, mlacp::DocumentLayout(), s, true);
   space.fence();
-  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 3);
+  EXPECT_EQ(pending.progressed, 2 * n_b * n_h * 9);
 }
 
 }  // namespace

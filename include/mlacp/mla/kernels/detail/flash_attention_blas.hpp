@@ -165,7 +165,10 @@ bool flash_range_visible(const Docs& docs, const FlashRange& rg) {
 }
 
 /// Lets the collectives in flight progress between tiles while one worth polling is pending (host spaces;
-/// progress.hpp says why, OverlapPolicy when).
+/// progress.hpp says why, OverlapPolicy when). Both BLAS paths call it once per (query tile, key tile) pair they
+/// compute: a transfer beside the core is polled every few hundred microseconds whatever the tile sizes (per key tile
+/// only, the 256 x 256 tiles left the ring's backward transfer half the polls, twice as far apart, and it finished
+/// late on a 2 Gbit/s link).
 inline void flash_progress() {
   if (mlacp::polled_collectives() > 0) mlacp::progress();
 }
@@ -200,7 +203,6 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
   for (std::int64_t b = 0; b < n_b; ++b) {
     for (std::int64_t hd = 0; hd < n_h; ++hd) {
       for (std::int64_t i0 = 0; i0 < rg.n_q; i0 += tile_q) {
-        flash_progress();
         const std::int64_t nq = std::min(tile_q, rg.n_q - i0);
         const std::int64_t p0 = rg.q_pos + i0, r0 = rg.q_row + i0;  // position and row of the tile's first query
         const auto o_i = head_rows(o, b, hd, r0, nq);
@@ -221,6 +223,7 @@ void flash_forward_blas_range(const ExecSpace& space, const Q& q, const K& k, co
           // outside are never needed.
           const std::int64_t j_begin = k_end > k_first ? k_first / tile_k * tile_k : k_end;
           for (std::int64_t j0 = j_begin; j0 < k_end; j0 += tile_k) {
+            flash_progress();
             const bool tile_first = j0 == j_begin;
             const std::int64_t kp0 = rg.k_pos + j0;  // position of the key tile's first key
             for_each_row_block(
@@ -400,7 +403,6 @@ void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, c
           zero_head_rows(space, dq, b, hd, rg.q_row, rg.n_q);
       }
       for (std::int64_t jt = 0; jt < rg.n_k; jt += tile_k) {
-        flash_progress();
         const std::int64_t j0 = rg.k_pos + jt;  // position of the key tile's first key
         const std::int64_t nk_tile = std::min(tile_k, rg.n_k - jt);
         // dK_j and dV_j accumulate over the query blocks; the masked blocks reach only part of the key rows.
@@ -421,6 +423,7 @@ void flash_backward_blas_range(const ExecSpace& space, const Q& q, const K& k, c
         const std::int64_t i_first = std::max(std::int64_t(0), j0 - rg.q_pos);
         const std::int64_t i_end = std::min(rg.n_q, query_end(docs, j0, nk_tile) - rg.q_pos);
         for (std::int64_t it = i_first / tile_q * tile_q; it < i_end; it += tile_q) {
+          flash_progress();
           const std::int64_t i0 = rg.q_pos + it;  // position of the query tile's first query
           for_each_row_block(
               docs, i0, std::min(tile_q, rg.n_q - it), j0, nk_tile,
