@@ -3,6 +3,8 @@
 // same bf16 inputs, for the four transpose combinations, beta 0 and 1, alpha other than 1, odd shapes, row-strided
 // windows, float and bf16 C; zero extents (empty C untouched, k = 0 giving beta*C); float accumulation (a sum that a
 // bf16 running sum could not reach); the per-shape choice made once and kept; the backend override and its refusals.
+#include "scoped_environment.hpp"
+
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
 #include <mlacp/bf16_gemm.hpp>
@@ -129,8 +131,8 @@ std::vector<Bf16GemmBackend> backends_to_test() {
 
 class Bf16Gemm : public ::testing::Test {
  protected:
-  // No override from the environment the tests run in: the tests choose.
-  void SetUp() override { unsetenv(mlacp::bf16_gemm_env_var); }
+  // No override from the environment the tests run in: the tests choose (and the run's own value comes back after).
+  mlacp::test::ScopedEnvironment environment_{mlacp::bf16_gemm_env_var, nullptr};
 };
 
 TEST_F(Bf16Gemm, FloatBlasIsAlwaysAvailableAndKokkosKernelsOnlyWhereItTakesBf16) {
@@ -353,7 +355,6 @@ TEST_F(Bf16Gemm, EnvironmentOverrideIsReadAndBadValuesAreRefused) {
     EXPECT_NE(what.find("MLACP_BF16_GEMM='mkl'"), std::string::npos) << what;
     EXPECT_NE(what.find("auto, onednn, float_blas, kokkos_kernels, cublas"), std::string::npos) << what;
   }
-  unsetenv(mlacp::bf16_gemm_env_var);
   EXPECT_THROW(mlacp::parse_bf16_gemm_backend("ONEDNN"), mlacp::InvalidArgument);
   for (const auto b : {Bf16GemmBackend::automatic, Bf16GemmBackend::onednn, Bf16GemmBackend::float_blas,
                        Bf16GemmBackend::kokkos_kernels, Bf16GemmBackend::cublas})

@@ -2,6 +2,7 @@
 // launch_reduce_scatter (include/mlacp/reduce_scatter.hpp): the adjoint of the all-gather, even and uneven, its
 // algorithms and their configuration.
 #include "collective_test_helpers.hpp"
+#include "scoped_environment.hpp"
 
 #include <chrono>
 #include <optional>
@@ -59,12 +60,15 @@ TYPED_TEST(Collectives, ReduceScatterAlgorithmsAgreeAlongEveryDimension) {
 }
 
 TEST(CollectiveConfiguration, UnknownReduceScatterAlgorithmInTheEnvironmentIsRefused) {
-  ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "ring", 1), 0);
-  mlacp::test::expect_error<mlacp::InvalidArgument>([] { mlacp::Mesh mesh(MPI_COMM_WORLD); },
-                                                    "MLACP_REDUCE_SCATTER='ring'; expected 'pairwise' or 'mpi'");
-  ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "mpi", 1), 0);
-  EXPECT_EQ(mlacp::Mesh(MPI_COMM_WORLD).reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::mpi);
-  ASSERT_EQ(unsetenv("MLACP_REDUCE_SCATTER"), 0);
+  {
+    const mlacp::test::ScopedEnvironment env("MLACP_REDUCE_SCATTER", "ring");
+    mlacp::test::expect_error<mlacp::InvalidArgument>([] { mlacp::Mesh mesh(MPI_COMM_WORLD); },
+                                                      "MLACP_REDUCE_SCATTER='ring'; expected 'pairwise' or 'mpi'");
+  }
+  {
+    const mlacp::test::ScopedEnvironment env("MLACP_REDUCE_SCATTER", "mpi");
+    EXPECT_EQ(mlacp::Mesh(MPI_COMM_WORLD).reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::mpi);
+  }
   EXPECT_EQ(mlacp::Mesh(MPI_COMM_WORLD).reduce_scatter_algorithm(), mlacp::ReduceScatterAlgorithm::pairwise);
 }
 
@@ -195,13 +199,12 @@ TEST(Bf16Collectives, MpiReduceScatterAlgorithmIsRefusedForBf16OnEveryRank) {
   mlacp::test::expect_error<mlacp::InvalidArgument>([&] { mlacp::launch_reduce_scatter(space, x, 1, library); },
                                                     refusal);
   library.set_checked(true);
-  ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "mpi", 1), 0);
   {
+    const mlacp::test::ScopedEnvironment env("MLACP_REDUCE_SCATTER", "mpi");
     mlacp::Mesh from_environment(MPI_COMM_WORLD);
     mlacp::test::expect_error<mlacp::InvalidArgument>(
         [&] { mlacp::launch_reduce_scatter(space, x, 1, from_environment); }, refusal);
   }
-  ASSERT_EQ(unsetenv("MLACP_REDUCE_SCATTER"), 0);
   // The same mesh still sums float (by MPI) and moves bf16; the pairwise mesh sums bf16.
   Kokkos::View<float***, Kokkos::LayoutRight> f("f", 2, static_cast<std::size_t>(3 * p), 4);
   Kokkos::deep_copy(f, 1.0f);

@@ -2,6 +2,7 @@
 // The MLACP_* settings (settings.hpp): one table, one reader, typed values that name the variable and its value when
 // they do not parse, and a Mesh that refuses a malformed or disagreeing setting on every rank before anything runs.
 #include "mpi_test_harness.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -22,32 +23,7 @@
 
 namespace {
 
-/// Sets a variable for the scope, on this rank only (or unsets it with nullptr), and restores what was there.
-class Environment {
- public:
-  Environment(const char* variable, const char* value) : variable_(variable) {
-    if (const char* old = std::getenv(variable)) old_ = old, had_ = true;
-    if (value != nullptr) {
-      ::setenv(variable, value, 1);
-    } else {
-      ::unsetenv(variable);
-    }
-  }
-  ~Environment() {
-    if (had_) {
-      ::setenv(variable_, old_.c_str(), 1);
-    } else {
-      ::unsetenv(variable_);
-    }
-  }
-  Environment(const Environment&) = delete;
-  Environment& operator=(const Environment&) = delete;
-
- private:
-  const char* variable_;
-  std::string old_;
-  bool had_ = false;
-};
+using Environment = mlacp::test::ScopedEnvironment;
 
 std::string invalid_message(const std::function<void()>& f) {
   try {

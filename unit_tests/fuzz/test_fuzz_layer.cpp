@@ -16,6 +16,7 @@
 #include "../mla/layer_reference_checks.hpp"
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -31,6 +32,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -447,7 +449,8 @@ Outcome run_case(const Draw& d) {
   const int rank = world_rank();
   Outcome out;
   const bool env_here = !d.env_name.empty() && rank == d.divergent_rank;
-  if (env_here) setenv(d.env_name.c_str(), d.env_value.c_str(), 1);
+  std::optional<mlacp::test::ScopedEnvironment> env;
+  if (env_here) env.emplace(d.env_name.c_str(), d.env_value.c_str());
   try {
     mlacp::Mesh mesh(MPI_COMM_WORLD, mlacp::Ring(d.ring));
     const std::string& dtype = d.dtype_on(rank);
@@ -468,7 +471,6 @@ Outcome run_case(const Draw& d) {
   } catch (const mlacp::Error& e) {
     out = {'E', e.what(), ""};
   }
-  if (env_here) unsetenv(d.env_name.c_str());
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include "layer_reference_checks.hpp"
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -273,15 +275,11 @@ TEST(MlaBf16Backends, ForcedBackendsAgree) {
   std::vector<double> first;
   // The environment's own value comes back after each layer is built: the tests after this one run with what the run
   // pinned (MLACP_BF16_GEMM=float_blas makes the suite's bf16 outputs reproducible; unset, auto's timed choice is not).
-  const char* pinned = std::getenv(mlacp::bf16_gemm_env_var);
-  const std::string restored = pinned != nullptr ? pinned : "";
   for (const auto backend : mlacp::Bf16GemmPlan<Space>::available_backends()) {
-    ::setenv(mlacp::bf16_gemm_env_var, mlacp::bf16_gemm_backend_name(backend), 1);
+    std::optional<mlacp::test::ScopedEnvironment> env(std::in_place, mlacp::bf16_gemm_env_var,
+                                                      mlacp::bf16_gemm_backend_name(backend));
     mlacp::MlaAttention<bf16> layer(config, w, mesh);
-    if (pinned != nullptr)
-      ::setenv(mlacp::bf16_gemm_env_var, restored.c_str(), 1);
-    else
-      ::unsetenv(mlacp::bf16_gemm_env_var);
+    env.reset();
     EXPECT_EQ(layer.bf16_gemm_plan()->requested(), backend);
     const auto y = host_values(layer.forward(Space(), x, mlacp::MlaRequiresGrad::none()).output());
     if (first.empty())

@@ -6,6 +6,7 @@
 // request).
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -27,12 +28,9 @@ mlacp::MlaConfig few_heads_config(mlacp::MlaStrategy strategy = mlacp::MlaStrate
   return mlacp::test::make_config(1, 12, 16, 1, 4, 2, 3, 6, false, strategy);
 }
 
-// Sets MLACP_ATTENTION_TILES for the scope (unset after).
-struct TilesEnvironment {
-  explicit TilesEnvironment(const char* value) { ::setenv("MLACP_ATTENTION_TILES", value, 1); }
-  ~TilesEnvironment() { ::unsetenv("MLACP_ATTENTION_TILES"); }
-  TilesEnvironment(const TilesEnvironment&) = delete;
-  TilesEnvironment& operator=(const TilesEnvironment&) = delete;
+// Sets MLACP_ATTENTION_TILES for the scope (restored after).
+struct TilesEnvironment : mlacp::test::ScopedEnvironment {
+  explicit TilesEnvironment(const char* value) : ScopedEnvironment("MLACP_ATTENTION_TILES", value) {}
 };
 
 // The command: MLACP_ATTENTION_TILES=128X128 with heads < P. Before, the ranks with heads raised inside the

@@ -9,6 +9,8 @@
 #include <mlacp/model/layer_model.hpp>
 #include <mlacp/token_map.hpp>
 
+#include "scoped_environment.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -384,16 +386,14 @@ TEST(LayerModel, MemoryWeightsAndGradients) {
   EXPECT_DOUBLE_EQ(m16f.inputs, m16.inputs + inner.inputs);
   // auto follows MLACP_BF16_COMPUTE where it is set, as the layer does (the suite pins bf16).
   c.bf16_compute = mlacp::Bf16Compute::automatic;
-  const char* pinned = std::getenv("MLACP_BF16_COMPUTE");
-  const std::string restore = pinned != nullptr ? pinned : "";
-  ::setenv("MLACP_BF16_COMPUTE", "auto", 1);
-  const MemoryEstimate m16a = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
-  ::setenv("MLACP_BF16_COMPUTE", "bf16", 1);
-  const MemoryEstimate m16b = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
-  if (pinned != nullptr)
-    ::setenv("MLACP_BF16_COMPUTE", restore.c_str(), 1);
-  else
-    ::unsetenv("MLACP_BF16_COMPUTE");
+  const MemoryEstimate m16a = [&] {
+    const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", "auto");
+    return predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
+  }();
+  const MemoryEstimate m16b = [&] {
+    const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", "bf16");
+    return predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
+  }();
   EXPECT_DOUBLE_EQ(m16a.weights, 6 * params);
   EXPECT_DOUBLE_EQ(m16a.activations, m16.activations + inner.activations);
   EXPECT_DOUBLE_EQ(m16a.scratch, m16.scratch + inner.scratch);

@@ -8,6 +8,7 @@
 // and auto, whose first forward holds both), float with the bf16 wire, batch 2. On a miss the test prints the live
 // allocations at the peak by label, largest first: what the model does not count.
 #include "mpi_test_harness.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -116,31 +117,6 @@ struct Case {
   std::optional<mlacp::Bf16Compute> bf16_compute = std::nullopt;
 };
 
-// MLACP_BF16_COMPUTE=auto for the life of the object where `on`, restored after.
-class ScopedBf16ComputeAuto {
- public:
-  explicit ScopedBf16ComputeAuto(bool on) : on_(on) {
-    if (!on_) return;
-    const char* pinned = std::getenv("MLACP_BF16_COMPUTE");
-    had_ = pinned != nullptr;
-    if (had_) value_ = pinned;
-    ::setenv("MLACP_BF16_COMPUTE", "auto", 1);
-  }
-  ~ScopedBf16ComputeAuto() {
-    if (!on_) return;
-    if (had_)
-      ::setenv("MLACP_BF16_COMPUTE", value_.c_str(), 1);
-    else
-      ::unsetenv("MLACP_BF16_COMPUTE");
-  }
-  ScopedBf16ComputeAuto(const ScopedBf16ComputeAuto&) = delete;
-  ScopedBf16ComputeAuto& operator=(const ScopedBf16ComputeAuto&) = delete;
-
- private:
-  bool on_ = false, had_ = false;
-  std::string value_;
-};
-
 mlacp::MlaConfig config_of(const Case& k) {
   mlacp::MlaConfig c;
   c.batch = k.batch;
@@ -219,7 +195,8 @@ void check(const Case& k) {
   if (P % k.ring != 0 || (k.ring > 1 && P < 2)) GTEST_SKIP() << k.name << ": needs ranks divisible by C";
   const mlacp::MlaConfig c = config_of(k);
   // The suite pins MLACP_BF16_COMPUTE=bf16; an automatic case runs the layer and the model under auto.
-  const ScopedBf16ComputeAuto scoped(k.bf16_compute == mlacp::Bf16Compute::automatic);
+  std::optional<mlacp::test::ScopedEnvironment> scoped;
+  if (k.bf16_compute == mlacp::Bf16Compute::automatic) scoped.emplace("MLACP_BF16_COMPUTE", "auto");
   mlacp::Mesh mesh(MPI_COMM_WORLD, k.ring);
   std::uint64_t base = 0;
   const std::uint64_t measured = k.dtype == model::Dtype::bfloat16 ? measured_peak<mlacp::bf16>(c, mesh, base)

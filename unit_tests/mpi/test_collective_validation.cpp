@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception
 // Every invalid argument of the collectives is raised, with its message, on every rank, before anything is sent.
 #include "mpi_test_harness.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace {
@@ -183,33 +185,27 @@ TEST(MeshSettings, EnvironmentThatDiffersAcrossRanksIsRefusedOnEveryRank) {
   const int last = size - 1;
   const bool on_last = mlacp::test::world_rank() == last;
   const auto communicators = mlacp::diagnostics::open_communicators();
-  if (on_last) {
-    ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "mpi", 1), 0);
-  }
+  std::optional<mlacp::test::ScopedEnvironment> env;
+  if (on_last) env.emplace("MLACP_REDUCE_SCATTER", "mpi");
   expect_invalid([] { mlacp::Mesh mesh(MPI_COMM_WORLD); },
                  {"mlacp::Mesh: the ranks of the mesh disagree on the reduce-scatter algorithm "
                   "(MLACP_REDUCE_SCATTER or set_reduce_scatter_algorithm): pairwise on rank(s) " +
                       all_but_last(size) + "; mpi on rank(s) " + std::to_string(last),
                   "[the mesh was not created]"});
   if (on_last) {
-    ASSERT_EQ(setenv("MLACP_REDUCE_SCATTER", "ring", 1), 0);
+    env.reset();
+    env.emplace("MLACP_REDUCE_SCATTER", "ring");
   }
   expect_invalid([] { mlacp::Mesh mesh(MPI_COMM_WORLD, mlacp::Mesh::Ownership::borrow); },
                  {on_last ? "MLACP_REDUCE_SCATTER='ring'; expected 'pairwise' or 'mpi'"
                           : "MLACP_REDUCE_SCATTER does not parse on rank(s) " + std::to_string(last) +
                                 " (expected 'pairwise' or 'mpi')"});
-  if (on_last) {
-    ASSERT_EQ(unsetenv("MLACP_REDUCE_SCATTER"), 0);
-  }
-  if (on_last) {
-    ASSERT_EQ(setenv("MLACP_CHECKED", "0", 1), 0);
-  }
+  env.reset();
+  if (on_last) env.emplace("MLACP_CHECKED", "0");
   expect_invalid([] { mlacp::Mesh mesh(MPI_COMM_WORLD); },
                  {"disagree on checked mode (MLACP_CHECKED or set_checked): off on rank(s) " + std::to_string(last) +
                   "; on on rank(s) " + all_but_last(size)});
-  if (on_last) {
-    ASSERT_EQ(unsetenv("MLACP_CHECKED"), 0);
-  }
+  env.reset();
   EXPECT_EQ(mlacp::diagnostics::open_communicators(), communicators) << "a refused mesh freed its communicator";
 }
 

@@ -6,6 +6,7 @@
 // tile options. Packed documents (DocumentLayout): every path and tiling against the reference core on random packings,
 // packed documents against separate runs, the tiles across document boundaries skipped, and the layout's checks.
 #include "kernel_test_support.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <Kokkos_Core.hpp>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -582,19 +584,20 @@ TEST(FlashAttentionOptions, TilesFromOptionsEnvironmentAndDefaults) {
             std::make_pair(mlacp::flash_default_query_tile_blas, mlacp::flash_default_key_tile_blas));
   EXPECT_EQ(mlacp::detail::flash_tiles(o, false),
             std::make_pair(mlacp::flash_default_query_tile_team, mlacp::flash_default_key_tile_team));
-  ::setenv("MLACP_ATTENTION_TILES", "48x96", 1);
-  EXPECT_EQ(mlacp::detail::flash_tiles(o, true), std::make_pair(48, 96));
-  o.key_tile = 7;  // explicit options win over the environment
-  EXPECT_EQ(mlacp::detail::flash_tiles(o, true), std::make_pair(48, 7));
+  {
+    const mlacp::test::ScopedEnvironment tiles("MLACP_ATTENTION_TILES", "48x96");
+    EXPECT_EQ(mlacp::detail::flash_tiles(o, true), std::make_pair(48, 96));
+    o.key_tile = 7;  // explicit options win over the environment
+    EXPECT_EQ(mlacp::detail::flash_tiles(o, true), std::make_pair(48, 7));
+  }
   for (const char* bad : {"48", "0x8", "8x", "x8", "8x8x8", "-4x8", "abc"}) {
-    ::setenv("MLACP_ATTENTION_TILES", bad, 1);
+    const mlacp::test::ScopedEnvironment tiles("MLACP_ATTENTION_TILES", bad);
     EXPECT_NE(invalid_argument_message([&] {
                 mlacp::detail::flash_tiles({}, true);
               }).find(std::string("MLACP_ATTENTION_TILES='") + bad + "'; expected QxK"),
               std::string::npos)
         << bad;
   }
-  ::unsetenv("MLACP_ATTENTION_TILES");
   o = {};
   o.query_tile = -1;
   EXPECT_NE(invalid_argument_message([&] { mlacp::detail::flash_tiles(o, true); }).find("query_tile = -1"),
@@ -606,7 +609,8 @@ TEST(FlashAttentionOptions, TilesFromOptionsEnvironmentAndDefaults) {
 TEST(FlashAttentionOptions, ResolveFixesTheTilesOnceAndReportsABadSetting) {
   constexpr bool blas = mlacp::FlashAttentionCore::runs_blas<ExecSpace>(FlashAttentionPath::automatic);
   mlacp::FlashAttentionCore core;
-  ::setenv("MLACP_ATTENTION_TILES", "8x16", 1);
+  std::optional<mlacp::test::ScopedEnvironment> tiles;
+  tiles.emplace("MLACP_ATTENTION_TILES", "8x16");
   EXPECT_EQ(core.resolve<ExecSpace>(), "");
   const auto settings = core.settings();
   ASSERT_EQ(settings.size(), 4u);
@@ -616,7 +620,8 @@ TEST(FlashAttentionOptions, ResolveFixesTheTilesOnceAndReportsABadSetting) {
   EXPECT_EQ(settings[3].second, blas ? 1 : 0);
   // A bad value set after resolve() is not read: the tile walk is still that of 8 x 16 (S = 40: query tiles ending
   // at 8, 16, 24, 32, 40 see 1, 1, 2, 2, 3 key tiles of 16).
-  ::setenv("MLACP_ATTENTION_TILES", "128X128", 1);
+  tiles.reset();
+  tiles.emplace("MLACP_ATTENTION_TILES", "128X128");
   EXPECT_EQ(core.tile_pairs<ExecSpace>(40, mlacp::DocumentLayout()).second, 9)
       << "(query tile, key tile) pairs visited at 8 x 16";
   mlacp::FlashAttentionCore copy = core;  // a copy keeps what was resolved
@@ -625,7 +630,7 @@ TEST(FlashAttentionOptions, ResolveFixesTheTilesOnceAndReportsABadSetting) {
   mlacp::FlashAttentionCore fresh;
   EXPECT_NE(fresh.resolve<ExecSpace>().find("MLACP_ATTENTION_TILES='128X128'; expected QxK"), std::string::npos);
   EXPECT_EQ(fresh.settings()[0].second, 0);
-  ::unsetenv("MLACP_ATTENTION_TILES");
+  tiles.reset();
   // None set: the BLAS path chooses by shape, and says so.
   mlacp::FlashAttentionCore by_shape;
   EXPECT_EQ(by_shape.resolve<ExecSpace>(), "");
@@ -654,9 +659,8 @@ TEST(FlashAttentionOptions, DefaultTilesFollowTheShapeOnTheBlasPath) {
   mlacp::FlashAttentionOptions o;
   o.key_tile = 64;
   EXPECT_EQ(mlacp::detail::flash_tile_choice(o, true).for_problem(4096, 192, false), Tiles(128, 64));
-  ::setenv("MLACP_ATTENTION_TILES", "48x96", 1);
+  const mlacp::test::ScopedEnvironment tiles("MLACP_ATTENTION_TILES", "48x96");
   EXPECT_EQ(mlacp::detail::flash_tile_choice({}, true).for_problem(4096, 192, true), Tiles(48, 96));
-  ::unsetenv("MLACP_ATTENTION_TILES");
 }
 
 TEST(FlashAttentionOptions, RejectsMismatchedShapes) {
