@@ -4,6 +4,7 @@
 #include <mlacp/mla/document_layout.hpp>
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/mla/wire_policy.hpp>
+#include <mlacp/settings.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -52,6 +53,12 @@ Bf16Compute parse_bf16_compute(const std::string& name) {
   if (name == "bf16") return Bf16Compute::bfloat16;
   if (name == "float") return Bf16Compute::float32;
   throw InvalidArgument("mlacp: bf16 compute '" + name + "' is not known; expected 'auto', 'bf16' or 'float'");
+}
+
+Bf16Compute requested_bf16_compute(Bf16Compute configured) {
+  if (configured != Bf16Compute::automatic) return configured;
+  const std::string env = Settings::from_environment().bf16_compute();
+  return env.empty() ? Bf16Compute::automatic : parse_bf16_compute(env);
 }
 
 std::string MlaConfig::error(int /*group_size: any positive S and H run on any group*/) const {

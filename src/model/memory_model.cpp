@@ -7,7 +7,6 @@
 #include <mlacp/mla/kernels/flash_attention_options.hpp>
 #include <mlacp/mla/mla_config.hpp>
 #include <mlacp/model/layer_model.hpp>
-#include <mlacp/settings.hpp>
 #include <mlacp/token_map.hpp>
 
 #include <algorithm>
@@ -170,14 +169,6 @@ MemoryEstimate schedule_memory(const MlaConfig& c, Dtype dtype, const Choice& ch
   return m;
 }
 
-/// What a bf16 layer computes with (MlaConfig::bf16_compute, or MLACP_BF16_COMPUTE where that says auto and the
-/// variable is set): the layer's own rule (mla_attention.hpp), so that the model prices the path the layer will take.
-Bf16Compute bf16_path(const MlaConfig& c) {
-  if (c.bf16_compute != Bf16Compute::automatic) return c.bf16_compute;
-  const std::string env = Settings::from_environment().bf16_compute();
-  return env.empty() ? Bf16Compute::automatic : parse_bf16_compute(env);
-}
-
 }  // namespace
 
 MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& choice, const Cluster& cluster) {
@@ -185,7 +176,7 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   if (!why.empty()) throw InvalidArgument("mlacp::model::predict_memory: " + why);
   const MemoryEstimate own = schedule_memory(c, dtype, choice, cluster);
   if (dtype != Dtype::bfloat16) return own;
-  const Bf16Compute path = bf16_path(c);
+  const Bf16Compute path = requested_bf16_compute(c.bf16_compute);  // the path the layer will take
   if (path == Bf16Compute::bfloat16) return own;
   // The float path (mla/detail/bf16_as_float.hpp): a float layer inside, with bf16 on the wire (bf16_all where asked;
   // shape_of says where the transport cannot sum it), over float copies of the weights ("mlacp::widened ..."), with

@@ -8,6 +8,7 @@
 #include "layer_reference_checks.hpp"
 #include "mla_test_data.hpp"
 #include "mpi_test_harness.hpp"
+#include "scoped_environment.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -277,6 +278,28 @@ TEST(Bf16ComputeChoice, NamesParseAndABadOneIsNamed) {
   } catch (const mlacp::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("'fast'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("'auto', 'bf16' or 'float'"), std::string::npos) << e.what();
+  }
+}
+
+// The one rule the layer and the memory model follow: a fixed configuration wins; auto takes MLACP_BF16_COMPUTE where
+// it is set, and stays auto (the first forward chooses) where it is not. The layer reports what it was asked.
+TEST(Bf16ComputeChoice, RequestedIsTheConfigurationElseTheEnvironment) {
+  using mlacp::Bf16Compute;
+  using mlacp::requested_bf16_compute;
+  {
+    const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", "float");
+    EXPECT_EQ(requested_bf16_compute(Bf16Compute::bfloat16), Bf16Compute::bfloat16);
+    EXPECT_EQ(requested_bf16_compute(Bf16Compute::automatic), Bf16Compute::float32);
+    auto config = config_of(mlacp::MlaStrategy::latent, Bf16Compute::automatic);
+    mlacp::Mesh mesh(MPI_COMM_WORLD);
+    mlacp::MlaAttention<bf16> layer(config, mlacp::test::make_weights<bf16, Mem>(config, 7), mesh);
+    EXPECT_EQ(layer.bf16_compute_choice().requested, Bf16Compute::float32);
+    EXPECT_EQ(layer.bf16_compute_choice().chosen, Bf16Compute::float32);
+  }
+  {
+    const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", nullptr);
+    EXPECT_EQ(requested_bf16_compute(Bf16Compute::automatic), Bf16Compute::automatic);
+    EXPECT_EQ(requested_bf16_compute(Bf16Compute::float32), Bf16Compute::float32);
   }
 }
 

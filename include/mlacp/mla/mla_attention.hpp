@@ -20,7 +20,6 @@
 #include <mlacp/mla/weights.hpp>
 #include <mlacp/mpi/agreement.hpp>
 #include <mlacp/progress.hpp>
-#include <mlacp/settings.hpp>
 #include <mlacp/view_types.hpp>
 
 #include <algorithm>
@@ -215,10 +214,7 @@ class MlaAttention {
       }
       fields.push_back({std::string("the bf16 GEMM backend asked for (") + bf16_gemm_env_var + ")", requested});
       // MLACP_BF16_COMPUTE is an agreed setting (Mesh checks that it parses and is the same on every rank).
-      compute_.requested = config_.bf16_compute;
-      if (const std::string env = Settings::from_environment().bf16_compute();
-          compute_.requested == Bf16Compute::automatic && !env.empty())
-        compute_.requested = parse_bf16_compute(env);
+      compute_.requested = requested_bf16_compute(config_.bf16_compute);
       if (compute_.requested != Bf16Compute::automatic) compute_.chosen = compute_.requested;
     }
     if constexpr (core_capabilities_v<Core>.resolves_settings) {

@@ -64,6 +64,10 @@ enum class Bf16Compute {
 const char* to_string(Bf16Compute compute) noexcept;
 /// "auto", "bf16" or "float"; throws InvalidArgument naming the value otherwise.
 Bf16Compute parse_bf16_compute(const std::string& name);
+/// What a bf16 layer configured with `configured` is asked to compute with: `configured`, or MLACP_BF16_COMPUTE where
+/// `configured` is auto and the variable is set (automatic: neither fixes it, the first forward chooses). The one
+/// rule the layer (MlaAttention's constructor) and the memory model (model::predict_memory) both follow.
+Bf16Compute requested_bf16_compute(Bf16Compute configured);
 
 /// The dimensions of one MLA attention block (docs/spec.md "Names"). `seq` is the global sequence length S.
 ///
