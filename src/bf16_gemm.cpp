@@ -43,6 +43,7 @@ Bf16GemmBackend bf16_gemm_backend_from_env() {
 
 #if !MLACP_HAVE_ONEDNN
 std::string onednn_cpu_isa() { return "none (built without oneDNN)"; }
+bool onednn_has_amx() { return false; }
 #endif
 
 }  // namespace mlacp

@@ -149,4 +149,6 @@ std::string onednn_cpu_isa() {
   }
 }
 
+bool onednn_has_amx() { return dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx; }
+
 }  // namespace mlacp

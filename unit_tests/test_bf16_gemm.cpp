@@ -12,6 +12,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -337,6 +340,33 @@ TEST_F(Bf16Gemm, ForcedBackendIsUsedForEveryShape) {
     EXPECT_TRUE(choice.timings.empty());
   }
   EXPECT_GT(plan.workspace_bytes(), 0u);
+}
+
+// bf16 matrix hardware (what lets a bf16 layer's auto compute skip timing): oneDNN on AMX for a host plan that may
+// take oneDNN, never a plan forced onto float BLAS, never below AMX (the ONEDNN_MAX_CPU_ISA=AVX2 run), and AMX only
+// where the CPU has it.
+TEST_F(Bf16Gemm, Bf16HardwareIsOneDnnOnAmxOrCublas) {
+  EXPECT_FALSE(Plan(Bf16GemmBackend::float_blas).on_bf16_hardware());
+  const bool amx = mlacp::onednn_has_amx();
+  EXPECT_EQ(amx, mlacp::onednn_cpu_isa() == "avx512_core_amx");
+  if (amx) {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    const std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+    if (!text.empty()) {
+      EXPECT_NE(text.find("amx_bf16"), std::string::npos) << "oneDNN found AMX the CPU lacks";
+    }
+  }
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap != nullptr && std::string(cap) == "AVX2") {
+    EXPECT_FALSE(amx);
+  }
+  const bool host_onednn = Plan::available(Bf16GemmBackend::onednn);
+  EXPECT_EQ(Plan(Bf16GemmBackend::automatic).on_bf16_hardware(),
+            Plan::available(Bf16GemmBackend::cublas) || (host_onednn && amx));
+  if (host_onednn) {
+    EXPECT_EQ(Plan(Bf16GemmBackend::onednn).on_bf16_hardware(), amx);
+  }
+  std::cout << "oneDNN ISA " << mlacp::onednn_cpu_isa() << ", bf16 matrix hardware: " << amx << "\n";
 }
 
 TEST_F(Bf16Gemm, EnvironmentOverrideIsReadAndBadValuesAreRefused) {

@@ -62,6 +62,9 @@ namespace mlacp {
 /// The instruction set oneDNN dispatches to on this CPU (after ONEDNN_MAX_CPU_ISA), e.g. "avx512_core_bf16"; a note
 /// when built without oneDNN.
 std::string onednn_cpu_isa();
+/// Whether oneDNN dispatches bf16 matmuls to AMX tiles on this CPU (after ONEDNN_MAX_CPU_ISA); false when built without
+/// oneDNN.
+bool onednn_has_amx();
 
 namespace detail {
 
@@ -196,6 +199,17 @@ class Bf16GemmPlan {
       throw mlacp::InvalidArgument(std::string("mlacp: bf16 GEMM backend '") + bf16_gemm_backend_name(requested_) +
                                    "' is not available in this build for this execution space (" + why_not(requested_) +
                                    "); available: " + available_names());
+  }
+
+  /// Whether the plan's bf16 GEMMs run on bf16 matrix hardware: cuBLAS on a CUDA space (tensor cores), or oneDNN on a
+  /// CPU with AMX, where the plan may take them (auto, or that backend forced). There a bf16 layer computes in bf16
+  /// without timing the float path (Bf16Compute::automatic). AVX512-BF16 alone does not count: a bf16 dot product
+  /// per lane is not known to beat float BLAS there, so that is timed.
+  bool on_bf16_hardware() const {
+    const auto may = [&](Bf16GemmBackend b) {
+      return available(b) && (requested_ == Bf16GemmBackend::automatic || requested_ == b);
+    };
+    return may(Bf16GemmBackend::cublas) || (may(Bf16GemmBackend::onednn) && onednn_has_amx());
   }
 
   /// Whether this build has the backend for ExecSpace (automatic: always): Backend<ExecSpace>::has_bf16_gemm.

@@ -3,6 +3,7 @@
 // configuration, counted from the same dimensions as the time model (layer_shape.hpp).
 #include "layer_shape.hpp"
 
+#include <mlacp/bf16_gemm.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/kernels/flash_attention_options.hpp>
 #include <mlacp/mla/mla_config.hpp>
@@ -176,7 +177,12 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   if (!why.empty()) throw InvalidArgument("mlacp::model::predict_memory: " + why);
   const MemoryEstimate own = schedule_memory(c, dtype, choice, cluster);
   if (dtype != Dtype::bfloat16) return own;
-  const Bf16Compute path = requested_bf16_compute(c.bf16_compute);  // the path the layer will take
+  // The path the layer will take: auto on bf16 matrix hardware takes bf16 untimed (MlaAttention's first forward). The
+  // model asks this machine's host plan, as a layer on a host space would (a GPU layer's cuBLAS is not seen from here:
+  // set bf16 to price that).
+  Bf16Compute path = requested_bf16_compute(c.bf16_compute);
+  if (path == Bf16Compute::automatic && Bf16GemmPlan<Kokkos::DefaultHostExecutionSpace>().on_bf16_hardware())
+    path = Bf16Compute::bfloat16;
   if (path == Bf16Compute::bfloat16) return own;
   // The float path (mla/detail/bf16_as_float.hpp): a float layer inside, with bf16 on the wire (bf16_all where asked;
   // shape_of says where the transport cannot sum it), over float copies of the weights ("mlacp::widened ..."), with

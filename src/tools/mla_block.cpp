@@ -316,7 +316,9 @@ int run(const Options& o, const mlacp::Mesh& mesh, const ModelReport& model) {
       const auto& choice = layer.bf16_compute_choice();
       std::cout << "  bf16 compute: " << mlacp::to_string(choice.chosen) << " (asked "
                 << mlacp::to_string(choice.requested);
-      if (choice.requested == mlacp::Bf16Compute::automatic)
+      if (choice.by_hardware)
+        std::cout << "; bf16 matrix hardware on every rank, untimed";
+      else if (choice.requested == mlacp::Bf16Compute::automatic)
         std::cout << "; timed pass bf16 " << choice.bf16_seconds * 1e3 << " ms, float " << choice.float_seconds * 1e3
                   << " ms";
       std::cout << ")\n";

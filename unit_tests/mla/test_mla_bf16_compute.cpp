@@ -193,11 +193,20 @@ TEST_P(Bf16Compute, AutomaticTimesBothAgreesAndKeepsTheFaster) {
   auto f = layer.forward(space, x_local);
   const auto choice = layer.bf16_compute_choice();
   ASSERT_TRUE(choice.chosen == mlacp::Bf16Compute::bfloat16 || choice.chosen == mlacp::Bf16Compute::float32);
-  if (choice.requested == mlacp::Bf16Compute::automatic) {
+  // bf16 matrix hardware on every rank: bf16 without timing (the suite's ranks share one CPU).
+  const bool hardware = layer.bf16_gemm_plan()->on_bf16_hardware();
+  if (choice.requested == mlacp::Bf16Compute::automatic && hardware) {
+    EXPECT_TRUE(choice.by_hardware);
+    EXPECT_EQ(choice.chosen, mlacp::Bf16Compute::bfloat16);
+    EXPECT_EQ(choice.bf16_seconds, 0.0) << "nothing timed";
+    EXPECT_EQ(choice.float_seconds, 0.0);
+  } else if (choice.requested == mlacp::Bf16Compute::automatic) {
+    EXPECT_FALSE(choice.by_hardware);
     EXPECT_GT(choice.bf16_seconds, 0.0);
     EXPECT_GT(choice.float_seconds, 0.0);
     EXPECT_EQ(choice.chosen == mlacp::Bf16Compute::float32, choice.float_seconds < choice.bf16_seconds);
   } else {
+    EXPECT_FALSE(choice.by_hardware);
     EXPECT_EQ(choice.bf16_seconds, 0.0) << "nothing timed";
     EXPECT_EQ(choice.float_seconds, 0.0);
   }

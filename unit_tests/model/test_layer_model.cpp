@@ -3,6 +3,7 @@
 // collectives' alpha-beta costs per level, where groups and rings sit, the ring steps' visible pairs against a brute
 // force count, the simulated schedule's order and overlap, the bytes per level against the library's own count, and
 // the memory's weights.
+#include <mlacp/bf16_gemm.hpp>
 #include <mlacp/error.hpp>
 #include <mlacp/mla/names.hpp>
 #include <mlacp/model/collective_cost.hpp>
@@ -384,12 +385,19 @@ TEST(LayerModel, MemoryWeightsAndGradients) {
   EXPECT_DOUBLE_EQ(m16f.activations, inner.activations);
   EXPECT_DOUBLE_EQ(m16f.scratch, inner.scratch);
   EXPECT_DOUBLE_EQ(m16f.inputs, m16.inputs + inner.inputs);
-  // auto follows MLACP_BF16_COMPUTE where it is set, as the layer does (the suite pins bf16).
+  // auto follows MLACP_BF16_COMPUTE where it is set, as the layer does (the suite pins bf16). Timed (bf16 GEMMs on
+  // float BLAS), it holds both paths; on bf16 matrix hardware (AMX here) it is the bf16 path.
   c.bf16_compute = mlacp::Bf16Compute::automatic;
   const MemoryEstimate m16a = [&] {
-    const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", "auto");
+    const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", "auto"), gemm("MLACP_BF16_GEMM", "float_blas");
     return predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
   }();
+  {
+    const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", "auto"), gemm("MLACP_BF16_GEMM", nullptr);
+    const MemoryEstimate here = predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});
+    const bool hardware = mlacp::Bf16GemmPlan<Kokkos::DefaultHostExecutionSpace>().on_bf16_hardware();
+    EXPECT_DOUBLE_EQ(here.total(), hardware ? m16.total() : m16a.total()) << "bf16 matrix hardware: " << hardware;
+  }
   const MemoryEstimate m16b = [&] {
     const mlacp::test::ScopedEnvironment env("MLACP_BF16_COMPUTE", "bf16");
     return predict_memory(c, Dtype::bfloat16, choice, Cluster{1, 2});

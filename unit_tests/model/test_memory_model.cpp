@@ -5,8 +5,8 @@
 // counts them (diagnostics::view_peak_bytes), and the prediction must be at least 95% of that peak (a planner that
 // trusts it must not run out of memory) and at most 1.5 times it (nor refuse what fits). Configurations: both
 // strategies, flat and ring C = 2 (both layouts) at 2 ranks, q-LoRA, float, bf16 (its bf16 path, its float path,
-// and auto, whose first forward holds both), float with the bf16 wire, batch 2. On a miss the test prints the live
-// allocations at the peak by label, largest first: what the model does not count.
+// and auto: timed, whose first forward holds both, and on this machine), float with the bf16 wire, batch 2. On a miss
+// the test prints the live allocations at the peak by label, largest first: what the model does not count.
 #include "mpi_test_harness.hpp"
 #include "scoped_environment.hpp"
 
@@ -112,9 +112,10 @@ struct Case {
   int q_lora;
   bool deepseek;  // the DeepSeek-like head dimensions (else perf_block's)
   int batch = 1;
-  // A bf16 layer's path; `automatic` runs with MLACP_BF16_COMPUTE=auto (the suite pins bf16), so that the first
-  // forward times both paths.
+  // A bf16 layer's path; `automatic` runs with MLACP_BF16_COMPUTE=auto (the suite pins bf16): the first forward
+  // times both paths, or takes bf16 untimed on bf16 matrix hardware (AMX), which MLACP_BF16_GEMM=float_blas rules out.
   std::optional<mlacp::Bf16Compute> bf16_compute = std::nullopt;
+  const char* bf16_gemm = nullptr;  // MLACP_BF16_GEMM for the case (nullptr: as the run has it)
 };
 
 mlacp::MlaConfig config_of(const Case& k) {
@@ -197,6 +198,8 @@ void check(const Case& k) {
   // The suite pins MLACP_BF16_COMPUTE=bf16; an automatic case runs the layer and the model under auto.
   std::optional<mlacp::test::ScopedEnvironment> scoped;
   if (k.bf16_compute == mlacp::Bf16Compute::automatic) scoped.emplace("MLACP_BF16_COMPUTE", "auto");
+  std::optional<mlacp::test::ScopedEnvironment> gemm;
+  if (k.bf16_gemm != nullptr) gemm.emplace("MLACP_BF16_GEMM", k.bf16_gemm);
   mlacp::Mesh mesh(MPI_COMM_WORLD, k.ring);
   std::uint64_t base = 0;
   const std::uint64_t measured = k.dtype == model::Dtype::bfloat16 ? measured_peak<mlacp::bf16>(c, mesh, base)
@@ -265,7 +268,12 @@ TEST(MemoryModel, ExpandedRingBf16FloatPathQLora) {
   check({"expanded ring bf16, float path, q-lora", S::expanded, 2, L::zigzag, D::bfloat16, W::same, 64, false, 1,
          C::float32});
 }
-TEST(MemoryModel, LatentFlatBf16AutoHoldsBothPaths) {
+TEST(MemoryModel, LatentFlatBf16AutoTimedHoldsBothPaths) {
+  check({"latent flat bf16, auto, timed", S::latent, 1, L::zigzag, D::bfloat16, W::same, 0, false, 1, C::automatic,
+         "float_blas"});
+}
+// On this machine's GEMMs: on AMX the bf16 path alone (untimed), elsewhere both; the model follows either way.
+TEST(MemoryModel, LatentFlatBf16AutoOnThisMachine) {
   check({"latent flat bf16, auto", S::latent, 1, L::zigzag, D::bfloat16, W::same, 0, false, 1, C::automatic});
 }
 // Two sequences: the collectives pack both sides of their blocks (B > 1).

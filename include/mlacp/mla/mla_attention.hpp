@@ -61,10 +61,13 @@ class Bf16AsFloat;
 struct Bf16ComputeChoice {
   /// The configuration's bf16_compute, or MLACP_BF16_COMPUTE's where the configuration says auto and it is set.
   Bf16Compute requested = Bf16Compute::automatic;
-  /// bf16 or float; automatic until the first forward of an automatic layer has timed both.
+  /// bf16 or float; automatic until the first forward of an automatic layer has chosen.
   Bf16Compute chosen = Bf16Compute::automatic;
-  /// The times that chose it (automatic only; 0 otherwise): each path's best timed pass (forward, and backward where
-  /// the first call needed gradients), the slowest rank's, in seconds.
+  /// An automatic layer whose bf16 GEMMs run on bf16 matrix hardware on every rank (Bf16GemmPlan::on_bf16_hardware:
+  /// tensor cores, AMX) took bf16 at its first forward without timing (nothing of the float path was built).
+  bool by_hardware = false;
+  /// The times that chose it (automatic and timed only; 0 otherwise): each path's best timed pass (forward, and
+  /// backward where the first call needed gradients), the slowest rank's, in seconds.
   double bf16_seconds = 0, float_seconds = 0;
 };
 
@@ -610,11 +613,26 @@ class MlaAttention {
     return *as_float_;
   }
 
-  // Bf16Compute::automatic, at the first forward (on every rank, after the call's checks): a warm-up pass of each path,
-  // then two timed rounds alternating (a pass: this forward, and backward with dy = y where the call needs gradients).
-  // Each path's best time, the slowest rank's (one allreduce of the maximum), chooses; the other path's memory goes.
+  // Bf16Compute::automatic, at the first forward (on every rank, after the call's checks). bf16 matrix hardware on
+  // every rank (one allreduce): bf16, untimed. Otherwise a warm-up pass of each path, then two timed rounds alternating
+  // (a pass: this forward, and backward with dy = y where the call needs gradients). Each path's best time, the
+  // slowest rank's (one allreduce of the maximum), chooses; the other path's memory goes.
   void choose_bf16_compute(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad,
                            const std::vector<std::int64_t>& cu_seqlens) const {
+    std::vector<double> without_hardware{bf16_plan_->on_bf16_hardware() ? 0.0 : 1.0};
+    if (mesh_->size() > 1) {
+      CollectiveInfo info;
+      info.name = "mlacp::MlaAttention: the bf16 compute choice";
+      info.operation = "MPI_Iallreduce(MAX) of whether a rank lacks bf16 matrix hardware";
+      info.bytes = static_cast<std::int64_t>(sizeof(double));
+      mpi::allreduce_max(mesh_->comm(), without_hardware, info,
+                         "mlacp::MlaAttention::forward: the bf16 compute choice");
+    }
+    if (without_hardware[0] == 0.0) {
+      compute_.chosen = Bf16Compute::bfloat16;
+      compute_.by_hardware = true;
+      return;
+    }
     const bool backward_too = detail::needs_backward(flags_for(config_, requires_grad));
     gradients_type g;  // accumulated over the passes (the same work in each)
     const auto pass = [&](Bf16Compute path) {

@@ -52,9 +52,11 @@ RingLayout parse_ring_layout(const std::string& name);
 /// How a bf16 layer computes (MlaConfig::bf16_compute; float and double layers ignore it). Both store bf16 at the
 /// layer's edges (x, y, dx) and on the wire, and accumulate in float; they differ in where the GEMMs and the core run:
 enum class Bf16Compute {
-  automatic,  ///< "auto": MLACP_BF16_COMPUTE where set; otherwise the first forward times one pass of each (forward,
-              ///< and backward where the call needs gradients), takes the slower rank's times (one MPI allreduce of
-              ///< the maximum) and keeps the faster on every rank (MlaAttention::bf16_compute_choice)
+  automatic,  ///< "auto": MLACP_BF16_COMPUTE where set; otherwise the first forward takes bf16 untimed where the bf16
+              ///< GEMMs run on bf16 matrix hardware on every rank (Bf16GemmPlan::on_bf16_hardware: cuBLAS, AMX),
+              ///< else times one pass of each (forward, and backward where the call needs gradients), takes the
+              ///< slower rank's times (one MPI allreduce of the maximum) and keeps the faster on every rank
+              ///< (MlaAttention::bf16_compute_choice)
   bfloat16,   ///< "bf16": the GEMMs on bf16 operands (Bf16GemmPlan: oneDNN, cuBLAS, or float BLAS on widened copies
               ///< per call) and the core on bf16 where it can; activations saved in bf16
   float32,    ///< "float": a float layer inside: the weights widened to float at each forward (4 bytes a parameter
@@ -114,8 +116,9 @@ struct MlaConfig {
   /// The ring's token layout on a two-level mesh (RingLayout; ignored when the mesh's ring size is 1, where rank r
   /// holds the contiguous part r of the S tokens). Part of the configuration the ranks agree on.
   RingLayout ring_layout = RingLayout::zigzag;
-  /// How a bf16 layer computes (Bf16Compute; ignored by float and double layers): "auto" (the default) times both at
-  /// the first forward and keeps the faster. Part of the configuration the ranks agree on.
+  /// How a bf16 layer computes (Bf16Compute; ignored by float and double layers): "auto" (the default) takes bf16 on
+  /// bf16 matrix hardware, else times both at the first forward and keeps the faster. Part of the configuration the
+  /// ranks agree on.
   Bf16Compute bf16_compute = Bf16Compute::automatic;
   /// YaRN RoPE scaling (docs/spec.md step 4; Hugging Face's rope_scaling of type yarn, kernels/rope_frequencies.hpp):
   /// the factor f (1, the default: plain RoPE, and the other rope_* rows are not read; f < 1 is refused), the original
