@@ -61,6 +61,10 @@ Bf16Compute requested_bf16_compute(Bf16Compute configured) {
   return env.empty() ? Bf16Compute::automatic : parse_bf16_compute(env);
 }
 
+Bf16Compute untimed_bf16_compute(Bf16Compute requested, bool bf16_hardware) {
+  return requested == Bf16Compute::automatic && bf16_hardware ? Bf16Compute::bfloat16 : requested;
+}
+
 std::string MlaConfig::error(int /*group_size: any positive S and H run on any group*/) const {
   std::ostringstream out;
   for_each_config_field(*this, [&](const ConfigField& field, const auto& value) {

@@ -23,7 +23,7 @@
 
 namespace {
 
-using Environment = mlacp::test::ScopedEnvironment;
+using mlacp::test::ScopedEnvironment;
 
 std::string invalid_message(const std::function<void()>& f) {
   try {
@@ -44,8 +44,8 @@ TEST(Settings, TheTableNamesEachVariableOnce) {
 }
 
 TEST(Settings, DefaultsWhereUnset) {
-  std::vector<std::unique_ptr<Environment>> unset;
-  for (const auto& s : mlacp::setting_table) unset.push_back(std::make_unique<Environment>(s.variable, nullptr));
+  std::vector<std::unique_ptr<ScopedEnvironment>> unset;
+  for (const auto& s : mlacp::setting_table) unset.push_back(std::make_unique<ScopedEnvironment>(s.variable, nullptr));
   const auto settings = mlacp::Settings::from_environment();
   EXPECT_TRUE(settings.checked());
   EXPECT_FALSE(settings.check_finite());
@@ -61,8 +61,9 @@ TEST(Settings, DefaultsWhereUnset) {
 }
 
 TEST(Settings, TypedValues) {
-  Environment checked("MLACP_CHECKED", "0"), finite("MLACP_CHECK_FINITE", "1"), tiles("MLACP_ATTENTION_TILES", "48x96"),
-      panels("MLACP_WGRAD_PANELS", "7"), timeout("MLACP_WAIT_TIMEOUT_S", "2.5"), gemm("MLACP_BF16_GEMM", "float_blas"),
+  ScopedEnvironment checked("MLACP_CHECKED", "0"), finite("MLACP_CHECK_FINITE", "1"),
+      tiles("MLACP_ATTENTION_TILES", "48x96"), panels("MLACP_WGRAD_PANELS", "7"),
+      timeout("MLACP_WAIT_TIMEOUT_S", "2.5"), gemm("MLACP_BF16_GEMM", "float_blas"),
       compute("MLACP_BF16_COMPUTE", "float");
   const auto settings = mlacp::Settings::from_environment();
   EXPECT_FALSE(settings.checked());
@@ -77,7 +78,7 @@ TEST(Settings, TypedValues) {
 
 TEST(Settings, AValueThatDoesNotParseIsNamedWithWhatWasExpected) {
   {
-    Environment panels("MLACP_WGRAD_PANELS", "-3");
+    ScopedEnvironment panels("MLACP_WGRAD_PANELS", "-3");
     const auto settings = mlacp::Settings::from_environment();
     EXPECT_NE(invalid_message([&] { settings.wgrad_panels(); }).find("MLACP_WGRAD_PANELS='-3'; expected a positive"),
               std::string::npos);
@@ -85,22 +86,22 @@ TEST(Settings, AValueThatDoesNotParseIsNamedWithWhatWasExpected) {
               "MLACP_WGRAD_PANELS");
   }
   for (const char* bad : {"48", "0x8", "8x", "x8", "8x8x8", "-4x8", "abc", "128X128"}) {
-    Environment tiles("MLACP_ATTENTION_TILES", bad);
+    ScopedEnvironment tiles("MLACP_ATTENTION_TILES", bad);
     EXPECT_EQ(
         mlacp::Settings::from_environment().error(),
         std::string("MLACP_ATTENTION_TILES='") + bad + "'; expected QxK with two positive integers, e.g. 128x256");
   }
   for (const char* bad : {"soon", "-1", "1e999", "3s"}) {
-    Environment timeout("MLACP_WAIT_TIMEOUT_S", bad);
+    ScopedEnvironment timeout("MLACP_WAIT_TIMEOUT_S", bad);
     const auto settings = mlacp::Settings::from_environment();
     EXPECT_EQ(settings.wait_timeout_s(9.0), 9.0) << bad << ": read where nothing may throw, so the default stays";
     EXPECT_NE(settings.error().find(std::string("MLACP_WAIT_TIMEOUT_S='") + bad + "'"), std::string::npos) << bad;
   }
-  Environment gemm("MLACP_BF16_GEMM", "mkl");
+  ScopedEnvironment gemm("MLACP_BF16_GEMM", "mkl");
   EXPECT_EQ(mlacp::Settings::from_environment().error(),
             "MLACP_BF16_GEMM='mkl'; expected auto, onednn, float_blas, kokkos_kernels or cublas");
-  Environment fine_gemm("MLACP_BF16_GEMM", "auto");
-  Environment compute("MLACP_BF16_COMPUTE", "fast");
+  ScopedEnvironment fine_gemm("MLACP_BF16_GEMM", "auto");
+  ScopedEnvironment compute("MLACP_BF16_COMPUTE", "fast");
   EXPECT_EQ(mlacp::Settings::from_environment().error(), "MLACP_BF16_COMPUTE='fast'; expected auto, bf16 or float");
 }
 
@@ -112,7 +113,7 @@ TEST(Settings, TheMeshRefusesAMalformedSettingOnEveryRank) {
   const auto communicators = mlacp::diagnostics::open_communicators();
   for (const auto& [variable, value] : std::vector<std::pair<const char*, const char*>>{
            {"MLACP_WGRAD_PANELS", "many"}, {"MLACP_WAIT_TIMEOUT_S", "soon"}, {"MLACP_ATTENTION_TILES", "big"}}) {
-    Environment bad(variable, on_last ? value : nullptr);
+    ScopedEnvironment bad(variable, on_last ? value : nullptr);
     const std::string message = invalid_message([] { mlacp::Mesh mesh(MPI_COMM_WORLD); });
     if (on_last) {
       EXPECT_NE(message.find(std::string(variable) + "='" + value + "'; expected"), std::string::npos) << message;
@@ -132,7 +133,7 @@ TEST(Settings, TheMeshRefusesRanksThatDisagreeOnTheFinitenessCheck) {
   const int size = mlacp::test::world_size();
   if (size == 1) GTEST_SKIP() << "needs two ranks";
   const int last = size - 1;
-  Environment finite("MLACP_CHECK_FINITE", mlacp::test::world_rank() == last ? "1" : nullptr);
+  ScopedEnvironment finite("MLACP_CHECK_FINITE", mlacp::test::world_rank() == last ? "1" : nullptr);
   const std::string message = invalid_message([] { mlacp::Mesh mesh(MPI_COMM_WORLD); });
   EXPECT_NE(message.find("disagree on the finiteness check (MLACP_CHECK_FINITE or set_check_finite)"),
             std::string::npos)
@@ -142,7 +143,7 @@ TEST(Settings, TheMeshRefusesRanksThatDisagreeOnTheFinitenessCheck) {
 }
 
 TEST(Settings, TheMeshTakesCheckedModeAndTheFinitenessCheckFromTheEnvironment) {
-  Environment checked("MLACP_CHECKED", "0"), finite("MLACP_CHECK_FINITE", "1");
+  ScopedEnvironment checked("MLACP_CHECKED", "0"), finite("MLACP_CHECK_FINITE", "1");
   mlacp::Mesh mesh(MPI_COMM_WORLD);
   EXPECT_FALSE(mesh.checked());
   EXPECT_TRUE(mesh.check_finite());

@@ -180,9 +180,8 @@ MemoryEstimate predict_memory(const MlaConfig& c, Dtype dtype, const Choice& cho
   // The path the layer will take: auto on bf16 matrix hardware takes bf16 untimed (MlaAttention's first forward). The
   // model asks this machine's host plan, as a layer on a host space would (a GPU layer's cuBLAS is not seen from here:
   // set bf16 to price that).
-  Bf16Compute path = requested_bf16_compute(c.bf16_compute);
-  if (path == Bf16Compute::automatic && Bf16GemmPlan<Kokkos::DefaultHostExecutionSpace>().on_bf16_hardware())
-    path = Bf16Compute::bfloat16;
+  const Bf16Compute path = untimed_bf16_compute(requested_bf16_compute(c.bf16_compute),
+                                                Bf16GemmPlan<Kokkos::DefaultHostExecutionSpace>().on_bf16_hardware());
   if (path == Bf16Compute::bfloat16) return own;
   // The float path (mla/detail/bf16_as_float.hpp): a float layer inside, with bf16 on the wire (bf16_all where asked;
   // shape_of says where the transport cannot sum it), over float copies of the weights ("mlacp::widened ..."), with

@@ -312,6 +312,20 @@ TEST(Bf16ComputeChoice, RequestedIsTheConfigurationElseTheEnvironment) {
   }
 }
 
+// Before any timing: auto on bf16 matrix hardware takes bf16; auto without it stays auto (timed); a fixed request
+// stands either way. The layer's untimed choice (Bf16Compute.AutomaticTimesBothAgreesAndKeepsTheFaster) and the memory
+// model's priced path (test_memory_model) both come from this function.
+TEST(Bf16ComputeChoice, UntimedIsBf16OnlyForAutoOnBf16Hardware) {
+  using mlacp::Bf16Compute;
+  using mlacp::untimed_bf16_compute;
+  EXPECT_EQ(untimed_bf16_compute(Bf16Compute::automatic, true), Bf16Compute::bfloat16);
+  EXPECT_EQ(untimed_bf16_compute(Bf16Compute::automatic, false), Bf16Compute::automatic);
+  for (const bool hardware : {true, false}) {
+    EXPECT_EQ(untimed_bf16_compute(Bf16Compute::float32, hardware), Bf16Compute::float32) << hardware;
+    EXPECT_EQ(untimed_bf16_compute(Bf16Compute::bfloat16, hardware), Bf16Compute::bfloat16) << hardware;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, Bf16Compute,
                          ::testing::Values(mlacp::MlaStrategy::latent, mlacp::MlaStrategy::expanded),
                          [](const ::testing::TestParamInfo<mlacp::MlaStrategy>& strategy) {

@@ -619,17 +619,19 @@ class MlaAttention {
   // slowest rank's (one allreduce of the maximum), chooses; the other path's memory goes.
   void choose_bf16_compute(const ExecSpace& space, const tensor3& x, const MlaRequiresGrad& requires_grad,
                            const std::vector<std::int64_t>& cu_seqlens) const {
-    std::vector<double> without_hardware{bf16_plan_->on_bf16_hardware() ? 0.0 : 1.0};
-    if (mesh_->size() > 1) {
+    // One allreduce of the maximum of `values` over the ranks (none on one rank).
+    const auto agree_max = [this](std::vector<double>& values, const char* operation) {
+      if (mesh_->size() == 1) return;
       CollectiveInfo info;
       info.name = "mlacp::MlaAttention: the bf16 compute choice";
-      info.operation = "MPI_Iallreduce(MAX) of whether a rank lacks bf16 matrix hardware";
-      info.bytes = static_cast<std::int64_t>(sizeof(double));
-      mpi::allreduce_max(mesh_->comm(), without_hardware, info,
-                         "mlacp::MlaAttention::forward: the bf16 compute choice");
-    }
-    if (without_hardware[0] == 0.0) {
-      compute_.chosen = Bf16Compute::bfloat16;
+      info.operation = operation;
+      info.bytes = static_cast<std::int64_t>(values.size() * sizeof(double));
+      mpi::allreduce_max(mesh_->comm(), values, info, "mlacp::MlaAttention::forward: the bf16 compute choice");
+    };
+    std::vector<double> without_hardware{bf16_plan_->on_bf16_hardware() ? 0.0 : 1.0};
+    agree_max(without_hardware, "MPI_Iallreduce(MAX) of whether a rank lacks bf16 matrix hardware");
+    compute_.chosen = untimed_bf16_compute(Bf16Compute::automatic, without_hardware[0] == 0.0);
+    if (compute_.chosen != Bf16Compute::automatic) {
       compute_.by_hardware = true;
       return;
     }
@@ -658,13 +660,7 @@ class MlaAttention {
       compute_.chosen = Bf16Compute::automatic;
       throw;
     }
-    if (mesh_->size() > 1) {
-      CollectiveInfo info;
-      info.name = "mlacp::MlaAttention: the bf16 compute choice";
-      info.operation = "MPI_Iallreduce(MAX) of the two paths' times";
-      info.bytes = static_cast<std::int64_t>(best.size() * sizeof(double));
-      mpi::allreduce_max(mesh_->comm(), best, info, "mlacp::MlaAttention::forward: the bf16 compute choice");
-    }
+    agree_max(best, "MPI_Iallreduce(MAX) of the two paths' times");
     compute_.bf16_seconds = best[0];
     compute_.float_seconds = best[1];
     compute_.chosen = best[1] < best[0] ? Bf16Compute::float32 : Bf16Compute::bfloat16;

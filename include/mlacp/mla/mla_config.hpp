@@ -70,6 +70,11 @@ Bf16Compute parse_bf16_compute(const std::string& name);
 /// `configured` is auto and the variable is set (automatic: neither fixes it, the first forward chooses). The one
 /// rule the layer (MlaAttention's constructor) and the memory model (model::predict_memory) both follow.
 Bf16Compute requested_bf16_compute(Bf16Compute configured);
+/// The path a layer asked `requested` takes before any timing: bf16 where it is asked auto and its bf16 GEMMs run on
+/// bf16 matrix hardware on every rank (`bf16_hardware`: Bf16GemmPlan::on_bf16_hardware, agreed across ranks by the
+/// layer), else `requested` (automatic: the first forward times both paths). The one rule the layer
+/// (MlaAttention::bf16_compute_choice) and the memory model both follow.
+Bf16Compute untimed_bf16_compute(Bf16Compute requested, bool bf16_hardware);
 
 /// The dimensions of one MLA attention block (docs/spec.md "Names"). `seq` is the global sequence length S.
 ///
