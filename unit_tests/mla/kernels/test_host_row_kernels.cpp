@@ -42,20 +42,22 @@ std::vector<T> random_row(std::int64_t n, unsigned seed, double spread) {
 
 /// Whether a and b agree bit for bit (exact), or else to within a few units in the last place of Row, the row's value
 /// type (a fused multiply-add's rounding against a multiply and an add, through the exp polynomial and the row sums).
-/// T is Row for a row's values, double for its statistics.
+/// T is Row for a row's values, double for its statistics. `argument` bounds |scale * s - m|, the exponent formed in
+/// Row: a fused multiply-add rounds it once where a multiply and an add round twice, which moves exp(argument) by up
+/// to a unit in the last place of the argument, relative.
 template <class Row, class T>
-bool close(T a, T b, bool exact) {
+bool close(T a, T b, bool exact, double argument = 0.0) {
   if (exact) return std::memcmp(&a, &b, sizeof a) == 0;
-  const double eps = std::is_same_v<Row, float> ? 1e-6 : 1e-14;
+  const double eps = (std::is_same_v<Row, float> ? 1e-6 : 1e-14) * (1.0 + argument);
   return std::abs(static_cast<double>(a) - static_cast<double>(b)) <=
          eps * std::max({1.0, std::abs(static_cast<double>(a)), std::abs(static_cast<double>(b))});
 }
 
 template <class T>
-bool close(const std::vector<T>& a, const std::vector<T>& b, bool exact) {
+bool close(const std::vector<T>& a, const std::vector<T>& b, bool exact, double argument = 0.0) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
-    if (!close<T>(a[i], b[i], exact)) return false;
+    if (!close<T>(a[i], b[i], exact, argument)) return false;
   return true;
 }
 
@@ -80,14 +82,16 @@ void expect_same_as_generic(HostIsa isa, bool exact) {
     SCOPED_TRACE(::testing::Message() << mlacp::detail::host_isa_name(isa) << (exact ? " (bits)" : " (rounding)")
                                       << " nk " << rc.nk << " visible [" << rc.first << ", " << rc.last << "]");
     const std::vector<T> s = random_row<T>(rc.nk, ++seed, rc.spread);
+    const double argument = 2.0 * rc.spread * scale + 1.25;  // |scale * s - m| for m = 0.5, lse = 1.25 or a row max
     // The forward's online softmax, from a running state (m, l) or starting.
     std::vector<T> got = s, want = s;
     double m_got = 0.5, l_got = 3.0, m_want = 0.5, l_want = 3.0;
     const double f_got = kernels.online_softmax(got.data(), rc.nk, rc.first, rc.last, scale, rc.start, m_got, l_got);
     const double f_want =
         mlacp::detail::online_softmax_row(want.data(), rc.nk, rc.first, rc.last, scale, rc.start, m_want, l_want);
-    EXPECT_TRUE(close(got, want, exact));
-    EXPECT_TRUE(close<T>(f_got, f_want, exact) && close<T>(m_got, m_want, exact) && close<T>(l_got, l_want, exact))
+    EXPECT_TRUE(close(got, want, exact, argument));
+    EXPECT_TRUE(close<T>(f_got, f_want, exact) && close<T>(m_got, m_want, exact) &&
+                close<T>(l_got, l_want, exact, argument))
         << f_got << " " << f_want << " " << m_got << " " << m_want << " " << l_got << " " << l_want;
     // Outside the visible range a row is zero, whatever the copy.
     for (std::int64_t c = 0; c < rc.nk; ++c) {
@@ -100,11 +104,51 @@ void expect_same_as_generic(HostIsa isa, bool exact) {
     want = s;
     kernels.probabilities(got.data(), rc.nk, rc.first, rc.last, scale, 1.25);
     mlacp::detail::probabilities_row(want.data(), rc.nk, rc.first, rc.last, scale, 1.25);
-    EXPECT_TRUE(close(got, want, exact));
+    EXPECT_TRUE(close(got, want, exact, argument));
     std::vector<T> ds_got = random_row<T>(rc.nk, ++seed, 1.0), ds_want = ds_got;
     kernels.score_grad(ds_got.data(), want.data(), rc.nk, scale, -0.375);
     mlacp::detail::score_grad_row(ds_want.data(), want.data(), rc.nk, scale, -0.375);
     EXPECT_TRUE(close(ds_got, ds_want, exact));
+  }
+}
+
+// In float the exponent scale * s - m is formed in float (flash_attention_rows.hpp): each probability stays within a
+// few units in the last place of exp's exact value plus the argument's rounding, 6e-8 of |scale * s - m| per rounding,
+// relative. Checked against exp in double, in every copy the CPU runs, for scores up to |scale * s| = 22.
+TEST(HostRowKernelsFloat, ProbabilitiesWithinTheArgumentsRounding) {
+  const double scale = 0.0721687836;  // 1/sqrt(192)
+  for (const HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512}) {
+    if (!mlacp::detail::host_isa_supported(isa)) continue;
+    const auto& kernels = mlacp::detail::host_row_kernels<float>(isa);
+    for (const double spread : {1.0, 40.0, 300.0}) {
+      SCOPED_TRACE(::testing::Message() << mlacp::detail::host_isa_name(isa) << " spread " << spread);
+      const std::vector<float> s = random_row<float>(256, 7, spread);
+      std::vector<float> p = s;
+      double m = 0.0, l = 0.0;
+      kernels.online_softmax(p.data(), 256, 0, 255, scale, true, m, l);
+      EXPECT_EQ(m, static_cast<double>(static_cast<float>(m))) << "the running maximum is kept in float";
+      double sum = 0.0;
+      for (std::size_t c = 0; c < s.size(); ++c) {
+        const double argument = static_cast<double>(s[c]) * scale - m;
+        const double exact = std::exp(argument);
+        sum += static_cast<double>(p[c]);
+        if (exact < 1e-30) continue;  // below float's normal range the core may flush to zero
+        EXPECT_LE(std::abs(static_cast<double>(p[c]) - exact), (1e-6 + 2e-7 * std::abs(argument)) * exact)
+            << "column " << c << " argument " << argument;
+      }
+      EXPECT_NEAR(l, sum, 1e-12 * sum) << "l is the row's sum of its probabilities";
+      // The backward's probabilities of the same row against its log-sum-exp.
+      const double lse = m + std::log(l);
+      std::vector<float> q = s;
+      kernels.probabilities(q.data(), 256, 0, 255, scale, lse);
+      for (std::size_t c = 0; c < s.size(); ++c) {
+        const double argument = static_cast<double>(s[c]) * scale - lse;
+        const double exact = std::exp(argument);
+        if (exact < 1e-30) continue;
+        EXPECT_LE(std::abs(static_cast<double>(q[c]) - exact), (1e-6 + 2e-7 * std::abs(argument)) * exact)
+            << "column " << c << " argument " << argument;
+      }
+    }
   }
 }
 
